@@ -1,0 +1,86 @@
+"""The error tree shared by every layer of tkbox.
+
+```
+TkboxError                       everything tkbox raises on purpose
+├── UserError                    the person (or program) driving tkbox was wrong:
+│                                bad flag, unknown box, name in use, missing file
+├── HostError                    this host lacks something (QEMU, a kernel, KVM),
+│                                or a host resource failed (disk full, socket)
+├── RemoteError                  a party we do not control sent something bad;
+│   ├── GuestError               ... the VM (every byte from it is hostile)
+│   ├── RegistryError            ... an image registry
+│   ├── SignerUnavailable        ... the signer did not answer (fail closed)
+│   └── BundleError              ... a bundle or trust file under verification
+├── Refused                      a door or the signer said no; carries the reason
+└── InternalError                our own bug; never caused by input
+```
+
+Every message is one line for a person: what happened, and what to do next.
+Layers translate the errors below them into these; a parser never lets a bare
+`ValueError`, `KeyError` or `struct.error` escape. The guest can only ever cause
+a `GuestError` (or a `Refused`), never an `InternalError`.
+
+This module imports nothing but the standard library, so the guest agent and the
+offline verifier may use it.
+"""
+
+from __future__ import annotations
+
+
+class TkboxError(Exception):
+    """Base of every error tkbox raises on purpose."""
+
+    #: exit status the CLI uses for this kind of error
+    exit_code = 1
+
+    def __init__(self, message: str) -> None:
+        # One line, always: a multi-line message would break logs and tables.
+        super().__init__(" ".join(str(message).split()))
+
+    @property
+    def message(self) -> str:
+        return str(self)
+
+
+class UserError(TkboxError):
+    exit_code = 2
+
+
+class HostError(TkboxError):
+    exit_code = 3
+
+
+class RemoteError(TkboxError):
+    exit_code = 4
+
+
+class GuestError(RemoteError):
+    """The guest sent something we refuse to parse, or stopped answering."""
+
+
+class RegistryError(RemoteError):
+    """An image registry answered wrongly (bad digest, bad manifest, HTTP error)."""
+
+
+class SignerUnavailable(RemoteError):
+    """No answer from the signer; every crossing that needed it is refused."""
+
+
+class BundleError(RemoteError):
+    """A bundle or trust file under verification is malformed or does not verify."""
+
+
+class Refused(TkboxError):
+    """A door or the signer refused a crossing; `reason` is for a person."""
+
+    exit_code = 5
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = str(self)
+
+
+class InternalError(TkboxError):
+    """A bug in tkbox. Never raised because of input."""
+
+    exit_code = 70

@@ -1,0 +1,53 @@
+"""The three ports between host and guest, behind one interface.
+
+| port | direction      | use                                              |
+| ---- | -------------- | ------------------------------------------------ |
+| 1024 | host → guest   | agent RPC, one connection per request             |
+| 1025 | guest → host   | egress, one connection per proxied connection     |
+| 1026 | guest → host   | boot config, served once, then closed             |
+
+`Ports` is what each side sees: `connect(port)` opens a stream to the other
+side's listener, `serve(port, handler)` runs `handler(stream)` for every stream
+the other side opens to `port`. Transports behind it: the serial mux
+(`tkbox.protocol.mux`, used under QEMU anywhere), hybrid vsock (Firecracker's
+Unix-socket convention) and vhost vsock (`AF_VSOCK`).
+
+Standard library only: the guest agent imports this module.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Awaitable, Callable
+
+from tkbox.protocol.streams import ByteStream
+
+PORT_RPC = 1024
+PORT_EGRESS = 1025
+PORT_BOOT = 1026
+
+Handler = Callable[[ByteStream], Awaitable[None]]
+
+
+class PortError(Exception):
+    """A port stream could not be opened: no listener, transport gone, refused."""
+
+
+class Ports(ABC):
+    """Both directions of port streams between one host and one guest."""
+
+    @abstractmethod
+    async def connect(self, port: int) -> ByteStream:
+        """Open a stream to `port` on the other side. Raises PortError."""
+
+    @abstractmethod
+    def serve(self, port: int, handler: Handler) -> None:
+        """Run `handler(stream)` for each stream the other side opens to `port`.
+
+        The handler owns the stream and must close it. Each handler runs in a
+        task owned by the transport; all of them are cancelled by `aclose`.
+        """
+
+    @abstractmethod
+    async def aclose(self) -> None:
+        """Tear down every stream and stop serving. Idempotent."""

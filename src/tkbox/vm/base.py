@@ -1,0 +1,73 @@
+"""The launcher interface: start a VM, pause, resume, kill, wait.
+
+Implementations: `tkbox.vm.qemu` (QEMU microvm, KVM or software emulation),
+`tkbox.vm.firecracker` (REST API on a Unix socket, hybrid vsock) and
+`tkbox.vm.fake` (for tests above the launcher: it runs the guest agent's RPC
+in-process over memory streams).
+
+Each VM process runs in its own private (0700) working directory, with its
+own sockets, no inherited file descriptors, and is reaped when it ends.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tkbox.protocol.ports import Ports
+
+
+@dataclass(frozen=True)
+class Disk:
+    """A block device given to the guest, in order (vda, vdb, ...)."""
+
+    path: Path
+    read_only: bool
+    role: str  # "root", "lower", "upper": the guest learns roles from its boot config
+
+
+@dataclass(frozen=True)
+class VMSpec:
+    name: str
+    kernel: Path  # an ELF vmlinux (PVH) or a bzImage
+    initramfs: Path
+    workdir: Path  # private 0700 directory owned by this VM
+    disks: tuple[Disk, ...] = ()
+    memory_mib: int = 1024
+    vcpus: int = 1
+    cmdline: str = ""  # appended to the launcher's own kernel command line
+    extra: dict[str, str] = field(default_factory=dict)
+
+
+class VM(ABC):
+    """A running VM. `ports` reaches the guest agent."""
+
+    ports: Ports
+
+    @abstractmethod
+    async def pause(self) -> None: ...
+
+    @abstractmethod
+    async def resume(self) -> None: ...
+
+    @abstractmethod
+    async def kill(self) -> None:
+        """End the VM now (idempotent); `wait` returns afterwards."""
+
+    @abstractmethod
+    async def wait(self) -> int:
+        """Wait until the VMM process has ended and been reaped; its exit status."""
+
+    @property
+    @abstractmethod
+    def accel(self) -> str:
+        """"kvm", "tcg" (software emulation) or "fake"."""
+
+
+class Launcher(ABC):
+    name: str
+
+    @abstractmethod
+    async def start(self, spec: VMSpec) -> VM:
+        """Start the VMM; returns once the process runs (not once the guest is up)."""
