@@ -17,7 +17,7 @@ import subprocess
 import threading
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, BinaryIO
+from typing import IO
 
 from tkbox.errors import HostError
 

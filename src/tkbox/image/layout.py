@@ -1,0 +1,168 @@
+"""OCI image layouts (`oci:DIR[:TAG]`) and archives of them (`oci-archive:FILE[:TAG]`).
+
+image-spec `image-layout.md`: an `oci-layout` file (`imageLayoutVersion`
+1.0.0), an `index.json` (an OCI index), and `blobs/<alg>/<hex>`. A TAG picks
+the index entry whose `org.opencontainers.image.ref.name` annotation equals
+it; without one, the index must hold exactly one entry. An entry that is an
+index itself is resolved to linux/amd64.
+
+The layout is a local file someone gave us, so it is read like a registry:
+every document bounded and parsed strictly, every blob verified as it is
+copied into the store. An archive is read in place (a seekable tar, plain or
+gzip), member by member, never extracted.
+"""
+
+from __future__ import annotations
+
+import tarfile
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import IO, TYPE_CHECKING
+
+from tkbox.errors import RegistryError, UserError
+from tkbox.image import oci
+from tkbox.image.progress import ProgressEvent, ProgressSink
+from tkbox.image.reference import LayoutRef
+
+if TYPE_CHECKING:
+    from tkbox.image.store import ImageStore
+
+REF_NAME = "org.opencontainers.image.ref.name"
+_CHUNK = 1024 * 1024
+
+
+class Layout:
+    """A source of an OCI layout's files by relative name."""
+
+    def __init__(self, where: str) -> None:
+        self.where = where
+
+    def open(self, name: str) -> IO[bytes]:  # pragma: no cover - abstract
+        raise NotImplementedError
+
+    def read(self, name: str, limit: int) -> bytes:
+        with self.open(name) as f:
+            data = f.read(limit + 1)
+        if len(data) > limit:
+            raise RegistryError(f"{self.where}: {name} is larger than {limit} bytes")
+        return data
+
+    def _blob_name(self, digest: str) -> str:
+        return f"blobs/sha256/{oci.hex_of(digest)}"
+
+    def read_document(self, digest: str) -> bytes:
+        data = self.read(self._blob_name(digest), oci.MAX_MANIFEST)
+        if oci.sha256_digest(data) != digest:
+            raise RegistryError(f"{self.where}: blob {digest} does not match its digest")
+        return data
+
+    def resolve_manifest(
+        self, tag: str | None, store: ImageStore
+    ) -> tuple[str, str | None, oci.Manifest]:
+        marker = oci.parse_json(self.read("oci-layout", 4096), f"{self.where}: oci-layout", 4096)
+        if marker.get("imageLayoutVersion") != "1.0.0":
+            raise RegistryError(f"{self.where}: unsupported imageLayoutVersion")
+        index = oci.parse_document(self.read("index.json", oci.MAX_MANIFEST), oci.OCI_INDEX,
+                                   f"{self.where}: index.json")
+        if not isinstance(index, oci.Index):
+            raise RegistryError(f"{self.where}: index.json is not an index")
+        if tag is not None:
+            entries = [d for d in index.manifests if d.annotation(REF_NAME) == tag]
+            if not entries:
+                names = sorted({d.annotation(REF_NAME) or "" for d in index.manifests} - {""})
+                raise UserError(f"{self.where} has no image tagged {tag!r} "
+                                f"(it has: {', '.join(names) or 'no tags'})")
+        else:
+            entries = list(index.manifests)
+            if len(entries) != 1:
+                raise UserError(f"{self.where} holds {len(entries)} images; add :TAG")
+        entry = entries[0]
+        index_digest: str | None = None
+        body = self.read_document(entry.digest)
+        doc = oci.parse_document(body, entry.media_type, f"{self.where}: {entry.digest}")
+        if isinstance(doc, oci.Index):
+            store.put_bytes(body, entry.digest)
+            index_digest = entry.digest
+            chosen = oci.select_platform(doc)
+            body = self.read_document(chosen.digest)
+            doc = oci.parse_document(body, chosen.media_type, f"{self.where}: {chosen.digest}")
+            if isinstance(doc, oci.Index):
+                raise RegistryError(f"{self.where}: an index inside an index; not supported")
+        digest = store.put_bytes(body)
+        return digest, index_digest, doc
+
+    def copy_blob(self, desc: oci.Descriptor, store: ImageStore, sink: ProgressSink) -> None:
+        if store.has_blob(desc.digest):
+            sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
+                                    done=desc.size, state="cached"))
+            return
+        sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size, state="start"))
+        with self.open(self._blob_name(desc.digest)) as src, \
+                store.blob_writer(desc.digest, desc.size) as w:
+            while chunk := src.read(_CHUNK):
+                w.write(chunk)
+                sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
+                                        done=w.written, state="progress"))
+            w.commit()
+        sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size, done=desc.size,
+                                state="done"))
+
+
+class DirLayout(Layout):
+    def __init__(self, root: Path) -> None:
+        super().__init__(f"oci:{root}")
+        self.root = root
+
+    def open(self, name: str) -> IO[bytes]:
+        try:
+            return open(self.root / name, "rb")
+        except FileNotFoundError:
+            raise UserError(f"{self.where}: {name} is missing; is this an OCI layout?") from None
+        except OSError as e:
+            raise UserError(f"{self.where}: cannot read {name}: {e.strerror}") from None
+
+
+class ArchiveLayout(Layout):
+    def __init__(self, tf: tarfile.TarFile, where: str) -> None:
+        super().__init__(where)
+        self.tf = tf
+        self.members: dict[str, tarfile.TarInfo] = {}
+        for m in tf.getmembers():
+            name = m.name
+            while name.startswith("./"):
+                name = name[2:]
+            if m.isfile() and name in ("oci-layout", "index.json") or \
+                    name.startswith("blobs/sha256/"):
+                self.members[name] = m
+
+    def open(self, name: str) -> IO[bytes]:
+        m = self.members.get(name)
+        if m is None or not m.isfile():
+            raise UserError(f"{self.where}: {name} is missing; is this an OCI archive?")
+        f = self.tf.extractfile(m)
+        assert f is not None
+        return f
+
+
+@contextmanager
+def open_layout(ref: LayoutRef) -> Iterator[Layout]:
+    if not ref.archive:
+        if not ref.path.is_dir():
+            raise UserError(f"{ref}: {ref.path} is not a directory")
+        yield DirLayout(ref.path)
+        return
+    if not ref.path.is_file():
+        raise UserError(f"{ref}: {ref.path} is not a file")
+    try:
+        tf = tarfile.open(ref.path, "r:*")
+    except (tarfile.TarError, OSError, EOFError) as e:
+        raise UserError(f"{ref}: not a readable tar archive ({e})") from None
+    try:
+        try:
+            layout = ArchiveLayout(tf, str(ref))
+        except (tarfile.TarError, EOFError, OSError) as e:
+            raise UserError(f"{ref}: not a readable tar archive ({e})") from None
+        yield layout
+    finally:
+        tf.close()

@@ -1,0 +1,313 @@
+"""The registry HTTP API v2 client (OCI distribution spec), on httpx.
+
+What it does, and where:
+
+- `_send`: one request with the anonymous Bearer-token challenge (`auth`),
+  redirects followed by hand so that `Authorization` goes only to the
+  registry's own origin (a redirect to blob storage on another host gets no
+  credentials), https only, and bounded retries with backoff on 429, 5xx and
+  transport errors (honouring `Retry-After`, capped).
+- `resolve_manifest`: the manifest or index for a tag or digest (bounded at
+  `oci.MAX_MANIFEST`), checked against the digest asked for and the
+  `Docker-Content-Digest` header; an index resolved to linux/amd64. Both
+  documents go into the store by their digests.
+- `fetch_blob`: a blob streamed into the store through `BlobWriter` (bounded
+  by its descriptor's size, hashed, verified, fsynced, renamed); a transfer
+  broken halfway is restarted from byte 0, within the same retry budget.
+
+Nothing unverified reaches the store, and no token reaches a log or an error.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import random
+import ssl
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from types import TracebackType
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urljoin, urlsplit
+
+import httpx
+
+from tkbox.errors import RegistryError, UserError
+from tkbox.image import oci
+from tkbox.image._fs import Lock
+from tkbox.image.auth import parse_challenges, parse_token_response, token_request
+from tkbox.image.progress import ProgressEvent, ProgressSink
+
+if TYPE_CHECKING:
+    from tkbox.image.store import ImageStore
+
+MAX_ATTEMPTS = 5
+MAX_REDIRECTS = 5
+MAX_RETRY_AFTER = 30.0
+MAX_ERROR_BODY = 4096
+CONNECT_TIMEOUT = 15.0
+READ_TIMEOUT = 60.0
+
+Sleep = Callable[[float], Awaitable[None]]
+
+
+def ssl_context(ca_bundle: Path | None = None) -> ssl.SSLContext:
+    """Trust `ca_bundle`, else `SSL_CERT_FILE`, else the system's certificates."""
+    cafile = ca_bundle or (Path(os.environ["SSL_CERT_FILE"]) if os.environ.get("SSL_CERT_FILE")
+                           else None)
+    try:
+        return ssl.create_default_context(cafile=str(cafile) if cafile else None)
+    except (OSError, ssl.SSLError) as e:
+        raise UserError(f"cannot read the CA bundle {cafile}: {e}") from None
+
+
+def _origin(url: str) -> tuple[str, str, int]:
+    p = urlsplit(url)
+    return (p.scheme, (p.hostname or "").lower(), p.port or (443 if p.scheme == "https" else 80))
+
+
+class RegistryClient:
+    def __init__(
+        self, host: str, repository: str, *, ca_bundle: Path | None = None,
+        transport: httpx.AsyncBaseTransport | None = None, sleep: Sleep | None = None,
+        max_attempts: int = MAX_ATTEMPTS,
+    ) -> None:
+        self.host = host
+        self.repository = repository
+        self.base = f"https://{host}"
+        self._origin = _origin(self.base)
+        self._sleep: Sleep = sleep or asyncio.sleep
+        self._max_attempts = max_attempts
+        kwargs: dict[str, Any] = {}
+        if transport is not None:
+            kwargs["transport"] = transport
+        else:
+            kwargs["verify"] = ssl_context(ca_bundle)
+        self._client = httpx.AsyncClient(
+            follow_redirects=False, trust_env=False,
+            timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
+            headers={"User-Agent": "tkbox", "Accept-Encoding": "identity"}, **kwargs,
+        )
+        self._token: str | None = None
+        self._token_tried = False
+
+    async def __aenter__(self) -> RegistryClient:
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._client.aclose()
+
+    # --- one request --------------------------------------------------------------------
+
+    def _where(self) -> str:
+        return f"{self.host}/{self.repository}"
+
+    async def _backoff(self, attempt: int, retry_after: str | None = None) -> None:
+        delay = min(8.0, 0.5 * 2 ** attempt) * (0.5 + random.random() / 2)  # noqa: S311
+        if retry_after is not None and retry_after.strip().isdigit():
+            delay = max(delay, min(MAX_RETRY_AFTER, float(retry_after.strip())))
+        await self._sleep(delay)
+
+    async def _fetch_token(self, response: httpx.Response) -> None:
+        challenges = []
+        for value in response.headers.get_list("www-authenticate"):
+            challenges.extend(parse_challenges(value))
+        bearer = next((c for c in challenges if c.scheme == "bearer"), None)
+        if bearer is None or self._token_tried:
+            raise self._private()
+        self._token_tried = True
+        req = token_request(bearer, self.repository)
+        for attempt in range(self._max_attempts):
+            try:
+                async with self._client.stream("GET", req.url) as r:
+                    if r.status_code == 429 or r.status_code >= 500:
+                        retry_after = r.headers.get("retry-after")
+                        await r.aclose()
+                        await self._backoff(attempt, retry_after)
+                        continue
+                    if r.status_code in (401, 403):
+                        raise self._private()
+                    if r.status_code != 200:
+                        raise RegistryError(
+                            f"the token service of {self.host} answered {r.status_code}")
+                    body = await _read_bounded(r, 64 * 1024, "the token service's answer")
+                    self._token = parse_token_response(body)
+                    return
+            except httpx.TransportError:
+                await self._backoff(attempt)
+        raise RegistryError(f"the token service of {self.host} did not answer; try again later")
+
+    def _private(self) -> RegistryError:
+        return RegistryError(
+            f"{self._where()} needs credentials (it answered 401 to an anonymous token): "
+            "private registries and images are not supported yet"
+        )
+
+    async def _send(self, path: str, *, accept: str | None = None,
+                    attempt_box: list[int] | None = None) -> httpx.Response:
+        """GET `path` on the registry; returns a streaming 2xx response (caller closes)."""
+        attempts = attempt_box if attempt_box is not None else [0]
+        url = self.base + path
+        redirects = 0
+        while True:
+            headers = {}
+            if accept:
+                headers["Accept"] = accept
+            if self._token is not None and _origin(url) == self._origin:
+                headers["Authorization"] = f"Bearer {self._token}"
+            request = self._client.build_request("GET", url, headers=headers)
+            try:
+                r = await self._client.send(request, stream=True)
+            except httpx.TransportError as e:
+                attempts[0] += 1
+                if attempts[0] >= self._max_attempts:
+                    raise RegistryError(
+                        f"{self.host} could not be reached after {attempts[0]} attempts "
+                        f"({type(e).__name__}); check the name and your network"
+                    ) from None
+                await self._backoff(attempts[0])
+                continue
+            status = r.status_code
+            if status == 401 and _origin(url) == self._origin:
+                await r.aclose()
+                await self._fetch_token(r)
+                continue
+            if status in (301, 302, 303, 307, 308):
+                location = r.headers.get("location")
+                await r.aclose()
+                redirects += 1
+                if not location or redirects > MAX_REDIRECTS:
+                    raise RegistryError(f"{self.host} redirected too often or nowhere")
+                url = urljoin(url, location)
+                if urlsplit(url).scheme != "https":
+                    raise RegistryError(
+                        f"{self.host} redirected to a non-https URL; refused")
+                continue
+            if status == 429 or status >= 500:
+                retry_after = r.headers.get("retry-after")
+                await r.aclose()
+                attempts[0] += 1
+                if attempts[0] >= self._max_attempts:
+                    raise RegistryError(
+                        f"{self.host} kept answering {status} after {attempts[0]} attempts; "
+                        "try again later")
+                await self._backoff(attempts[0], retry_after)
+                continue
+            if status in (401, 403):
+                await r.aclose()
+                raise self._private()
+            if status == 404:
+                await r.aclose()
+                raise UserError(f"{self._where()}: not found ({path.rsplit('/', 1)[-1]}); "
+                                "check the image name and tag")
+            if not 200 <= status < 300:
+                await r.aclose()
+                raise RegistryError(f"{self.host} answered {status} for {path}")
+            return r
+
+    # --- manifests ----------------------------------------------------------------------
+
+    async def _document(self, reference: str) -> tuple[bytes, str | None, str]:
+        r = await self._send(f"/v2/{self.repository}/manifests/{reference}", accept=oci.ACCEPT)
+        try:
+            body = await _read_bounded(r, oci.MAX_MANIFEST, "the manifest")
+        finally:
+            await r.aclose()
+        digest = oci.sha256_digest(body)
+        if reference.startswith("sha256:") and digest != reference:
+            raise RegistryError(
+                f"{self._where()} sent a manifest that hashes to {digest}, not the "
+                f"{reference} asked for; refused")
+        header = r.headers.get("docker-content-digest")
+        if header and header.startswith("sha256:") and header != digest:
+            raise RegistryError(
+                f"{self._where()}: the manifest hashes to {digest} but the registry says "
+                f"{header}; refused")
+        return body, r.headers.get("content-type"), digest
+
+    async def resolve_manifest(
+        self, reference: str, store: ImageStore
+    ) -> tuple[str, str | None, oci.Manifest]:
+        """(manifest digest, index digest or None, manifest), both documents stored."""
+        body, ctype, digest = await self._document(reference)
+        doc = oci.parse_document(body, ctype, f"the manifest of {self._where()}")
+        index_digest: str | None = None
+        if isinstance(doc, oci.Index):
+            store.put_bytes(body, digest)
+            index_digest = digest
+            entry = oci.select_platform(doc)
+            body, ctype, digest = await self._document(entry.digest)
+            doc = oci.parse_document(body, ctype, f"the manifest of {self._where()}")
+            if isinstance(doc, oci.Index):
+                raise RegistryError(f"{self._where()}: an index inside an index; not supported")
+        store.put_bytes(body, digest)
+        return digest, index_digest, doc
+
+    # --- blobs ----------------------------------------------------------------------------
+
+    async def fetch_blob(self, desc: oci.Descriptor, store: ImageStore, sink: ProgressSink,
+                         *, limit: int | None = None) -> Path:
+        if limit is not None and desc.size > limit:
+            raise RegistryError(f"blob {desc.digest} is {desc.size} bytes, over {limit}")
+        path = store.blob_path(desc.digest)
+        if path.is_file():
+            sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
+                                    done=desc.size, state="cached"))
+            return path
+        lock = Lock(store.root / "locks" / f"blob-{oci.hex_of(desc.digest)}.lock")
+        while not lock.try_acquire():
+            await asyncio.sleep(0.1)
+        try:
+            if path.is_file():  # another process fetched it while we waited
+                sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
+                                        done=desc.size, state="cached"))
+                return path
+            sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size, state="start"))
+            with store.blob_writer(desc.digest, desc.size) as w:
+                attempts = [0]
+                while True:
+                    r = await self._send(f"/v2/{self.repository}/blobs/{desc.digest}",
+                                         attempt_box=attempts)
+                    try:
+                        async for chunk in r.aiter_raw(1024 * 1024):
+                            w.write(chunk)
+                            sink.emit(ProgressEvent("blob", digest=desc.digest,
+                                                    size=desc.size, done=w.written,
+                                                    state="progress"))
+                        if w.written < desc.size:
+                            raise httpx.RemoteProtocolError("the transfer ended early")
+                    except httpx.TransportError as e:
+                        attempts[0] += 1
+                        if attempts[0] >= self._max_attempts:
+                            raise RegistryError(
+                                f"blob {desc.digest} from {self.host} broke off "
+                                f"{attempts[0]} times ({type(e).__name__}); try again later"
+                            ) from None
+                        w.reset()
+                        await self._backoff(attempts[0])
+                        continue
+                    finally:
+                        await r.aclose()
+                    final = w.commit()
+                    break
+            sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
+                                    done=desc.size, state="done"))
+            return final
+        finally:
+            lock.release()
+
+
+async def _read_bounded(r: httpx.Response, limit: int, what: str) -> bytes:
+    declared = r.headers.get("content-length")
+    if declared is not None and declared.isdigit() and int(declared) > limit:
+        raise RegistryError(f"{what} is {declared} bytes, more than the {limit} allowed")
+    buf = bytearray()
+    try:
+        async for chunk in r.aiter_raw():
+            buf += chunk
+            if len(buf) > limit:
+                raise RegistryError(f"{what} is more than the {limit} bytes allowed")
+    except httpx.TransportError as e:
+        raise RegistryError(f"{what} broke off ({type(e).__name__}); try again") from None
+    return bytes(buf)
