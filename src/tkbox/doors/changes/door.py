@@ -1,0 +1,241 @@
+"""`apply_patch`: the six steps of DESIGN §7, in order (the asyncio shell).
+
+1. parse strictly (`patch.parse_patch`, `paths.check_path`); refuse the hooks
+   directory the checkout's git uses; refuse, per file, what it ignores;
+2. hold back sensitive files (`sensitive`) unless `allow_sensitive`;
+3. git, in an empty repository, must read the patch exactly as we do
+   (`git apply --numstat -z --summary` compared byte for byte with what our
+   parse predicts), with nothing on stderr;
+4. build the result: our own exact application of every hunk
+   (`plan.build`), and git's, in a scratch copy of the affected files with no
+   hooks, filters or configuration; the two must agree on every path;
+5. one `Write` decision per file; one refusal and nothing is applied;
+6. check the checkout again and write each file (`fs.write_all`).
+
+Whole-patch refusals raise `PatchRefused` (one line: what, why, where);
+held-back and per-file refusals are in the returned `ApplyReport`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import os
+import stat
+from collections.abc import Callable
+from pathlib import Path
+
+from tkbox.doors.changes import sensitive
+from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.fs import Checkout, Write, write_all
+from tkbox.doors.changes.git import Git
+from tkbox.doors.changes.patch import Limits, Patch, git_reading, parse_patch
+from tkbox.doors.changes.paths import folded_parts, under
+from tkbox.doors.changes.plan import FilePlan, Plan, State, build, classify
+from tkbox.doors.changes.report import ApplyReport, FileResult, Status
+from tkbox.errors import SignerUnavailable, UserError
+from tkbox.record.client import SignerClient, Verdict
+
+__all__ = ["apply_patch"]
+
+
+async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
+                      allow_sensitive: bool = False, dry_run: bool = False,
+                      limits: Limits | None = None) -> ApplyReport:
+    """Apply the guest's `patch` to `checkout`, writing only what the signer allows."""
+    limits = limits or Limits()
+    root = Path(os.path.realpath(checkout))
+    if not root.is_dir():
+        raise UserError(f"the checkout {str(checkout)!r} is not a directory")
+    parsed = parse_patch(patch, limits)  # (1)
+    notes: list[str] = []
+    if not parsed.sections:
+        return ApplyReport(str(root), parsed.sha256, dry_run, allow_sensitive,
+                           notes=("the patch is empty",))
+    git = Git()
+    try:
+        ignored = await _repo_rules(git, root, parsed, notes)  # (1)
+        await _git_reads_same(git, parsed)  # (3)
+        with Checkout(root) as co:
+            states = _states(co, parsed, limits)
+            plan = build(parsed, states, max_file_bytes=limits.max_file_bytes)  # (1), (4) ours
+            classify(plan, ignored=ignored, sensitive=sensitive.sensitive_reason,  # (1), (2)
+                     allow_sensitive=allow_sensitive)
+            await _git_builds_same(git, plan)  # (4) git's
+            if dry_run:
+                return _report(root, plan, dry_run, allow_sensitive, notes, "would apply")
+            verdicts = await _decide(signer, run_id, plan)  # (5)
+            try:
+                await asyncio.to_thread(write_all, co, _writes(plan), limits.max_file_bytes)  # (6)
+            except BaseException as exc:
+                await _complete(signer, run_id, verdicts, {"written": False,
+                                                           "reason": str(exc)[:500]})
+                raise
+            await _complete(signer, run_id, verdicts, {"written": True})
+            return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
+    finally:
+        git.close()
+
+
+async def _repo_rules(git: Git, root: Path, parsed: Patch, notes: list[str]) -> set[str]:
+    """Refuse the configured hooks directory; return the ignored paths."""
+    top = await git.toplevel(root)
+    if top is None:
+        notes.append("the checkout is not a git repository: no ignore rules apply")
+        return set()
+    hooks = await git.user_config(root, "core.hooksPath")
+    if hooks:
+        base = Path(top)
+        target = Path(os.path.realpath(base / hooks))
+        try:
+            rel = target.relative_to(root)
+        except ValueError:
+            rel = None
+        if rel is not None and str(rel) != ".":
+            prefix = folded_parts(rel.as_posix())
+            for s in parsed.sections:
+                if under(s.path, prefix):
+                    raise PatchRefused(f"{s.where}: inside the checkout's git hooks directory "
+                                       f"({rel.as_posix()!r}, core.hooksPath)")
+    excludes = await git.user_config(root, "core.excludesFile")
+    if excludes is None:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+        default = Path(xdg) / "git" / "ignore"
+        excludes = str(default) if default.is_file() else None
+    paths = sorted({s.raw_path for s in parsed.sections})
+    return {os.fsdecode(p) for p in await git.ignored(root, paths, excludes)}
+
+
+async def _git_reads_same(git: Git, parsed: Patch) -> None:
+    """Step 3: git's reading of every section must be ours, byte for byte."""
+    repo = git.tmp / "empty"
+    await git.init(repo)
+    patch_file = git.tmp / "patch.diff"
+    patch_file.write_bytes(parsed.data)
+    r = await git.run(repo, ["apply", "--numstat", "-z", "--summary", str(patch_file)])
+    if r.rc != 0 or r.err:
+        msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
+        raise PatchRefused("git and tkbox read the patch differently: git says "
+                           f"{(msg[0] if msg else f'exit status {r.rc}')!r}")
+    ours = git_reading(parsed.sections)
+    if r.out != ours:
+        where = _where(parsed, r.out, ours)
+        raise PatchRefused(f"git and tkbox read the patch differently at {where}")
+
+
+def _where(parsed: Patch, theirs: bytes, ours: bytes) -> str:
+    """The first section whose numstat record differs, for the message."""
+    t, o = theirs.split(b"\x00"), ours.split(b"\x00")
+    for i, s in enumerate(parsed.sections):
+        if i >= len(t) or i >= len(o) or t[i] != o[i]:
+            got = t[i][:80].decode("utf-8", "backslashreplace") if i < len(t) else "nothing"
+            return f"{s.where}: git read {got!r}"
+    return "the summary of creations, deletions and mode changes"
+
+
+def _states(co: Checkout, parsed: Patch, limits: Limits) -> dict[str, State]:
+    wanted: set[str] = set()
+    for s in parsed.sections:
+        parts = s.path.split("/")
+        wanted.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
+    return {p: co.state(p, limits.max_file_bytes) for p in sorted(wanted)}
+
+
+async def _git_builds_same(git: Git, plan: Plan) -> None:
+    """Step 4: git applies the kept sections to a scratch copy; it must match ours."""
+    kept = plan.kept()
+    if not kept:
+        return
+    scratch = git.tmp / "scratch"
+    await git.init(scratch)
+    for f in kept:
+        _populate(scratch, f)
+    patch_file = git.tmp / "kept.diff"
+    patch_file.write_bytes(plan.patch.subset(plan.kept_sections()))
+    r = await git.run(scratch, ["apply", "--whitespace=nowarn", str(patch_file)])
+    if r.rc != 0 or r.err:
+        msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
+        raise PatchRefused("git could not apply the patch to a copy of the checkout: "
+                           f"{(msg[0] if msg else f'exit status {r.rc}')!r}")
+    expected = {f.path: f.new for f in kept if f.new.kind != "absent"}
+    found = _tree(scratch)
+    for path in sorted(set(expected) | set(found)):
+        e, g = expected.get(path), found.get(path)
+        if e is None or g is None or (e.kind, e.content, e.exec) != (g.kind, g.content, g.exec):
+            raise PatchRefused(f"git and tkbox build different results for {path!r}; "
+                               "the patch is ambiguous")
+
+
+def _populate(scratch: Path, f: FilePlan) -> None:
+    old = f.old
+    if old.blocked_by is not None or old.kind not in ("file", "link"):
+        return
+    target = scratch / f.path
+    target.parent.mkdir(parents=True, exist_ok=True)
+    if old.kind == "link":
+        os.symlink(old.content, target)
+    else:
+        target.write_bytes(old.content)
+        os.chmod(target, 0o755 if old.exec else 0o644)
+
+
+def _tree(root: Path) -> dict[str, State]:
+    out: dict[str, State] = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        rel_dir = os.path.relpath(dirpath, root)
+        if rel_dir == ".":
+            dirnames[:] = [d for d in dirnames if d != ".git"]
+        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
+            full = os.path.join(dirpath, name)
+            rel = os.path.normpath(os.path.join(rel_dir, name))
+            st = os.lstat(full)
+            if stat.S_ISLNK(st.st_mode):
+                out[rel] = State("link", os.fsencode(os.readlink(full)))
+            else:
+                with open(full, "rb") as fh:
+                    out[rel] = State("file", fh.read(), exec=bool(st.st_mode & stat.S_IXUSR))
+    return out
+
+
+async def _decide(signer: SignerClient, run_id: str,
+                  plan: Plan) -> list[tuple[FilePlan, Verdict]]:
+    """Step 5: one Write decision per file; any refusal refuses the patch."""
+    verdicts: list[tuple[FilePlan, Verdict]] = []
+    for f in plan.kept():
+        resource = {"path": f.path, "sha256": f.sha256, "mode": f.mode}
+        context = {"patch_sha256": plan.patch.sha256, "kind": f.kind,
+                   "old_sha256": (hashlib.sha256(f.old.content).hexdigest()
+                                  if f.old.kind in ("file", "link") else None)}
+        try:
+            v = await signer.decide(run_id, "Write", resource, context)
+        except SignerUnavailable as e:
+            raise PatchRefused(f"nothing applied: the signer did not answer for {f.path!r} "
+                               f"({e}); try again when it is back") from e
+        if not v.allowed:
+            raise PatchRefused(f"nothing applied: the signer refused writing {f.path!r}: "
+                               f"{v.reason}")
+        verdicts.append((f, v))
+    return verdicts
+
+
+async def _complete(signer: SignerClient, run_id: str,
+                    verdicts: list[tuple[FilePlan, Verdict]], outcome: dict[str, object]) -> None:
+    for _, v in verdicts:
+        await signer.complete(run_id, v.decision_id, outcome)
+
+
+def _writes(plan: Plan) -> list[Write]:
+    def verifier(expected: str | None) -> Callable[[bytes], bool]:
+        return lambda content: hashlib.sha256(content).hexdigest() == expected
+    return [Write(f.path, f.new, f.old, verifier(f.sha256)) for f in plan.kept()]
+
+
+def _report(root: Path, plan: Plan, dry_run: bool, allow_sensitive: bool, notes: list[str],
+            done: Status) -> ApplyReport:
+    files = []
+    for f in plan.files:
+        status: Status = done if f.status == "apply" else f.status
+        files.append(FileResult(f.path, f.kind, status, f.reason, f.mode, f.sha256))
+    return ApplyReport(str(root), plan.patch.sha256, dry_run, allow_sensitive, tuple(files),
+                       tuple(notes))
+

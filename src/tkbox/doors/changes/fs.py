@@ -1,0 +1,407 @@
+"""Reading and writing the checkout without ever following a symlink.
+
+Every directory is opened with `O_DIRECTORY|O_NOFOLLOW` relative to its
+parent's descriptor, starting from the checkout root, so a symlinked parent
+(planted before or swapped in during the apply) fails the walk instead of
+redirecting it. Files are read with `O_NOFOLLOW`; each new file is written to
+a temporary file created with `O_CREAT|O_EXCL|O_NOFOLLOW|O_WRONLY` in its
+target directory and then renamed into place.
+
+`write_all` is a transaction: originals are moved aside into a
+private staging directory at the checkout root, every step is journalled, and
+a failure at any step undoes the journal in reverse, leaving the checkout as
+it was. On success the staging directory is removed. (If the process dies
+mid-way, the staging directory `.tkbox-apply-*` holds the originals.)
+"""
+
+from __future__ import annotations
+
+import errno
+import os
+import secrets
+import stat
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.plan import ABSENT, State
+from tkbox.errors import HostError
+
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+_READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC | os.O_NONBLOCK
+_CREATE = os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY | os.O_CLOEXEC
+_MAX_BELOW = 100_000  # entries listed below a directory the patch replaces
+
+
+def _ident(st: os.stat_result) -> tuple[int, ...]:
+    return (st.st_dev, st.st_ino, st.st_mode, st.st_size, st.st_mtime_ns)
+
+
+class Checkout:
+    """The checkout root, held open; every path is walked from it."""
+
+    def __init__(self, root: Path) -> None:
+        self.root = root
+        try:
+            self.fd = os.open(root, _DIR)
+        except OSError as e:
+            raise PatchRefused(f"cannot open the checkout {str(root)!r}: {e.strerror}") from None
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+    def __enter__(self) -> Checkout:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def open_parent(self, path: str) -> tuple[int | None, str, str | None]:
+        """(fd of the parent or None, the name, the first ancestor that is not a dir)."""
+        *dirs, name = path.split("/")
+        fd = os.dup(self.fd)
+        walked: list[str] = []
+        for d in dirs:
+            walked.append(d)
+            try:
+                nfd = os.open(d, _DIR, dir_fd=fd)
+            except FileNotFoundError:
+                os.close(fd)
+                return None, name, None
+            except OSError as e:
+                os.close(fd)
+                if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                    return None, name, "/".join(walked)
+                raise
+            os.close(fd)
+            fd = nfd
+        return fd, name, None
+
+    def state(self, path: str, max_bytes: int) -> State:
+        """What is at `path` now, read without following symlinks."""
+        fd, name, blocked = self.open_parent(path)
+        if fd is None:
+            return State("absent", blocked_by=blocked)
+        try:
+            return _state_at(fd, name, path, max_bytes)
+        finally:
+            os.close(fd)
+
+
+def _state_at(dirfd: int, name: str, path: str, max_bytes: int) -> State:
+    try:
+        st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
+    except FileNotFoundError:
+        return ABSENT
+    if stat.S_ISLNK(st.st_mode):
+        return State("link", os.fsencode(os.readlink(name, dir_fd=dirfd)), ident=_ident(st))
+    if stat.S_ISDIR(st.st_mode):
+        return State("dir", ident=_ident(st), below=frozenset(_below(dirfd, name, path)))
+    if not stat.S_ISREG(st.st_mode):
+        return State("other", ident=_ident(st))
+    if st.st_size > max_bytes:
+        raise PatchRefused(f"{path}: the checkout's file is larger than {max_bytes} bytes")
+    fd = os.open(name, _READ, dir_fd=dirfd)
+    try:
+        fst = os.fstat(fd)
+        if _ident(fst) != _ident(st):
+            raise PatchRefused(f"{path}: changed while being read; try again")
+        chunks = []
+        while chunk := os.read(fd, 1 << 20):
+            chunks.append(chunk)
+    finally:
+        os.close(fd)
+    return State("file", b"".join(chunks), exec=bool(st.st_mode & stat.S_IXUSR),
+                 perm=stat.S_IMODE(st.st_mode), ident=_ident(st))
+
+
+def _below(dirfd: int, name: str, path: str) -> list[str]:
+    out: list[str] = []
+    fd = os.open(name, _DIR, dir_fd=dirfd)
+    try:
+        for child in sorted(os.listdir(fd)):
+            cpath = f"{path}/{child}"
+            st = os.stat(child, dir_fd=fd, follow_symlinks=False)
+            if stat.S_ISDIR(st.st_mode):
+                out.extend(_below(fd, child, cpath))
+            else:
+                out.append(cpath)
+            if len(out) > _MAX_BELOW:
+                raise PatchRefused(f"{path}: the directory the patch replaces is too large")
+    finally:
+        os.close(fd)
+    return out
+
+
+# --- the transaction ----------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Write:
+    """One path's final state: what was decided."""
+
+    path: str
+    new: State  # absent (delete), file or link
+    old: State  # as it was when decided
+    verify: Callable[[bytes], bool]  # the content still hashes to what was decided
+
+
+@dataclass
+class _Txn:
+    co: Checkout
+    stage: str = ""
+    stage_fd: int = -1
+    undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    counter: int = 0
+
+    def backup_name(self) -> str:
+        self.counter += 1
+        return f"{self.counter}"
+
+    def dir_fd(self, path_dirs: list[str], create: bool) -> int:
+        fd = os.dup(self.co.fd)
+        try:
+            for i, d in enumerate(path_dirs):
+                try:
+                    nfd = os.open(d, _DIR, dir_fd=fd)
+                except FileNotFoundError:
+                    if not create:
+                        raise
+                    os.mkdir(d, 0o755, dir_fd=fd)
+                    self.undo.append((f"mkdir {'/'.join(path_dirs[: i + 1])}",
+                                      _rmdir(self.co, path_dirs[:i], d)))
+                    nfd = os.open(d, _DIR, dir_fd=fd)
+                os.close(fd)
+                fd = nfd
+        except BaseException:
+            os.close(fd)
+            raise
+        return fd
+
+
+def _rmdir(co: Checkout, parent: list[str], name: str) -> Callable[[], None]:
+    def run() -> None:
+        fd = _walk(co, parent)
+        try:
+            os.rmdir(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    return run
+
+
+def _walk(co: Checkout, dirs: list[str]) -> int:
+    fd = os.dup(co.fd)
+    for d in dirs:
+        nfd = os.open(d, _DIR, dir_fd=fd)
+        os.close(fd)
+        fd = nfd
+    return fd
+
+
+def _split(path: str) -> tuple[list[str], str]:
+    *dirs, name = path.split("/")
+    return dirs, name
+
+
+def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
+    """Apply every write or none; raise PatchRefused if the checkout moved."""
+    writes = list(writes)
+    txn = _Txn(co)
+    txn.stage = f".tkbox-apply-{secrets.token_hex(8)}"
+    try:
+        os.mkdir(txn.stage, 0o700, dir_fd=co.fd)
+    except OSError as e:
+        raise HostError(f"cannot create the staging directory in the checkout: {e.strerror}") \
+            from None
+    txn.stage_fd = os.open(txn.stage, _DIR, dir_fd=co.fd)
+    try:
+        try:
+            _run(txn, writes, max_bytes)
+        except BaseException as exc:
+            _rollback(txn, exc)
+            raise
+    finally:
+        os.close(txn.stage_fd)
+    _cleanup(txn)
+
+
+def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
+    co = txn.co
+    for w in writes:  # the checkout must be as it was decided
+        if co.state(w.path, max_bytes) != w.old:
+            raise PatchRefused(f"{w.path}: the checkout changed after the decision; "
+                               "nothing was written, run tkbox apply again")
+        if w.new.kind != "absent" and not w.verify(w.new.content):
+            raise PatchRefused(f"{w.path}: the content is no longer what was decided")
+    deletions = sorted((w for w in writes if w.new.kind == "absent" and w.old.kind != "absent"
+                        and w.old.blocked_by is None and w.old.kind != "dir"),
+                       key=lambda w: w.path.split("/"), reverse=True)
+    emptied: set[tuple[str, ...]] = set()
+    for w in deletions:
+        dirs, name = _split(w.path)
+        fd = txn.dir_fd(dirs, create=False)
+        try:
+            _move_aside(txn, fd, dirs, name, w.old)
+        finally:
+            os.close(fd)
+        for i in range(len(dirs), 0, -1):
+            emptied.add(tuple(dirs[:i]))
+    # like git, remove the directories the deletions left empty, deepest first
+    for dirs_t in sorted(emptied, key=lambda d: (len(d), d), reverse=True):
+        dirs = list(dirs_t)
+        fd = txn.dir_fd(dirs[:-1], create=False)
+        try:
+            st = os.stat(dirs[-1], dir_fd=fd, follow_symlinks=False)
+            if not stat.S_ISDIR(st.st_mode):
+                continue
+            try:
+                os.rmdir(dirs[-1], dir_fd=fd)
+            except OSError as e:
+                if e.errno in (errno.ENOTEMPTY, errno.EEXIST):
+                    continue
+                raise
+            perm = stat.S_IMODE(st.st_mode)
+            txn.undo.append((f"rmdir {'/'.join(dirs)}", _mkdir(co, dirs[:-1], dirs[-1], perm)))
+        finally:
+            os.close(fd)
+    for w in sorted((w for w in writes if w.new.kind != "absent"),
+                    key=lambda w: w.path.split("/")):
+        dirs, name = _split(w.path)
+        fd = txn.dir_fd(dirs, create=True)
+        try:
+            _put(txn, fd, dirs, name, w)
+        finally:
+            os.close(fd)
+
+
+def _mkdir(co: Checkout, parent: list[str], name: str, perm: int) -> Callable[[], None]:
+    def run() -> None:
+        fd = _walk(co, parent)
+        try:
+            os.mkdir(name, perm, dir_fd=fd)
+        finally:
+            os.close(fd)
+    return run
+
+
+def _check_ident(fd: int, name: str, old: State, path: str) -> None:
+    try:
+        st = os.stat(name, dir_fd=fd, follow_symlinks=False)
+    except FileNotFoundError:
+        st = None
+    now = () if st is None else _ident(st)
+    if now != old.ident:
+        raise PatchRefused(f"{path}: the checkout changed while writing; nothing was kept, "
+                           "run tkbox apply again")
+
+
+def _move_aside(txn: _Txn, fd: int, dirs: list[str], name: str, old: State) -> None:
+    path = "/".join([*dirs, name])
+    _check_ident(fd, name, old, path)
+    backup = txn.backup_name()
+    os.rename(name, backup, src_dir_fd=fd, dst_dir_fd=txn.stage_fd)
+    txn.undo.append((f"restore {path}", _restore(txn, dirs, name, backup)))
+
+
+def _restore(txn: _Txn, dirs: list[str], name: str, backup: str) -> Callable[[], None]:
+    def run() -> None:
+        fd = _walk(txn.co, dirs)
+        try:
+            os.rename(backup, name, src_dir_fd=txn.stage_fd, dst_dir_fd=fd)
+        finally:
+            os.close(fd)
+    return run
+
+
+def _unlink(txn: _Txn, dirs: list[str], name: str) -> Callable[[], None]:
+    def run() -> None:
+        fd = _walk(txn.co, dirs)
+        try:
+            os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
+    return run
+
+
+def _put(txn: _Txn, fd: int, dirs: list[str], name: str, w: Write) -> None:
+    tmp = f".tkbox-{secrets.token_hex(8)}.tmp"
+    if w.new.kind == "link":
+        os.symlink(w.new.content, tmp, dir_fd=fd)
+    else:
+        if w.old.kind == "file" and w.old.blocked_by is None:
+            perm = w.old.perm & 0o777
+            perm = perm | ((perm & 0o444) >> 2) if w.new.exec else perm & ~0o111
+        else:
+            perm = 0o755 if w.new.exec else 0o644
+        tfd = os.open(tmp, _CREATE, 0o600, dir_fd=fd)
+        try:
+            txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
+            view = memoryview(w.new.content)
+            while view:
+                view = view[os.write(tfd, view):]
+            os.fchmod(tfd, perm)
+            os.fsync(tfd)
+        finally:
+            os.close(tfd)
+    if w.new.kind == "link":
+        txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
+    path = "/".join([*dirs, name])
+    present = w.old.kind != "absent" and w.old.blocked_by is None and w.old.kind != "dir"
+    if present:
+        _move_aside(txn, fd, dirs, name, w.old)
+    else:
+        _check_ident(fd, name, ABSENT, path)
+    # link() fails if something appeared at `name` meanwhile; rename() would replace it
+    try:
+        os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
+    except OSError as e:
+        if e.errno == errno.EEXIST:
+            raise PatchRefused(f"{path}: appeared in the checkout while writing; nothing was "
+                               "kept, run tkbox apply again") from None
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        _check_ident(fd, name, ABSENT, path)
+        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
+    else:
+        os.unlink(tmp, dir_fd=fd)
+    txn.undo.append((f"remove new {path}", _unlink(txn, dirs, name)))
+
+
+def _unlink_quiet(txn: _Txn, dirs: list[str], name: str) -> Callable[[], None]:
+    def run() -> None:
+        try:
+            _unlink(txn, dirs, name)()
+        except FileNotFoundError:
+            pass
+    return run
+
+
+def _rollback(txn: _Txn, exc: BaseException) -> None:
+    failed: list[str] = []
+    for what, step in reversed(txn.undo):
+        try:
+            step()
+        except OSError as e:
+            failed.append(f"{what} ({e.strerror})")
+    if failed:
+        raise HostError(
+            f"writing the patch failed ({exc}) and undoing it failed too: {'; '.join(failed)}; "
+            f"the originals are in {txn.stage!r} in the checkout"
+        ) from exc
+    try:
+        os.rmdir(txn.stage, dir_fd=txn.co.fd)
+    except OSError as e:
+        raise HostError(f"writing the patch failed ({exc}); the checkout is restored but "
+                        f"{txn.stage!r} could not be removed: {e.strerror}") from exc
+
+
+def _cleanup(txn: _Txn) -> None:
+    """Drop the originals kept for undo: only files we put in the staging dir."""
+    fd = os.open(txn.stage, _DIR, dir_fd=txn.co.fd)
+    try:
+        for name in os.listdir(fd):
+            os.unlink(name, dir_fd=fd)
+    finally:
+        os.close(fd)
+    os.rmdir(txn.stage, dir_fd=txn.co.fd)

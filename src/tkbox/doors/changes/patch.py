@@ -1,0 +1,621 @@
+"""A strict parser of the git-format patches the guest writes (pure, no I/O).
+
+Hand-written: no maintained Python library parses git's patch format
+(binary literals, C-quoted names, mode lines) strictly enough to be the gate
+in front of a user's checkout. It accepts only the canonical form that
+`git diff --binary --full-index` and `tkbox.guest.diff` write:
+
+```
+patch    := section*                       (nothing before the first section)
+section  := "diff --git " A " " B LF       A = quote("a/" P), B = quote("b/" P)
+            ( "old mode " M LF "new mode " M LF [index LF]
+            | "new file mode " M LF [index LF]
+            | "deleted file mode " M LF [index LF]
+            | index-with-mode LF )
+            [ text | binary ]
+index    := "index " H ".." H [" " M]      H: 7..40 lowercase hex, both the same length
+text     := "--- " (A [TAB] | "/dev/null") LF "+++ " (B [TAB] | "/dev/null") LF hunk+
+hunk     := "@@ -" range " +" range " @@" [" " heading] LF line+
+line     := (" " | "-" | "+") bytes LF ["\\ No newline at end of file" LF]
+binary   := "GIT binary patch" LF literal [literal]      (forward, optional reverse)
+literal  := "literal " N LF base85-line+ LF              (zlib data of exactly N bytes)
+M        := "100644" | "100755" | "120000"
+```
+
+A TAB ends a `---`/`+++` name exactly when the name holds a space (git writes
+it so). Quoting is git's `quote_c_style`; a name is quoted exactly when git
+would quote it. Refused with `PatchRefused` naming the line: anything else,
+including CR in any line but hunk content, renames and copies, `delta` binary
+hunks, `Binary files ... differ` (no data), setuid and other modes,
+submodules, a `diff --git` header that disagrees with its `---`/`+++` lines,
+hunks that overlap, miscount or name a position inconsistent with the hunks
+before them, and every size over `Limits`.
+
+`apply_section` applies one section to the file's old state exactly (no
+offsets, no fuzz), checking the blob names on the `index` line; the door then
+compares its result with what git builds from the same patch.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import re
+import zlib
+from dataclasses import dataclass, field
+
+from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.paths import check_path, fold_ntfs
+
+MODE_FILE = 0o100644
+MODE_EXEC = 0o100755
+MODE_LINK = 0o120000
+_MODES = {b"100644": MODE_FILE, b"100755": MODE_EXEC, b"120000": MODE_LINK}
+_NO_EOL = b"\\ No newline at end of file\n"
+_HUNK = re.compile(
+    rb"@@ -(0|[1-9][0-9]{0,9})(?:,(0|[02-9]|[1-9][0-9]{1,9}))? "
+    rb"\+(0|[1-9][0-9]{0,9})(?:,(0|[02-9]|[1-9][0-9]{1,9}))? @@(?: [^\r\n]*)?\n"
+)
+_INDEX = re.compile(rb"index ([0-9a-f]{7,40})\.\.([0-9a-f]{7,40})(?: ([0-9]{6}))?\n")
+_LITERAL = re.compile(rb"(literal|delta) (0|[1-9][0-9]{0,11})\n")
+_RENAME_COPY = (b"rename from ", b"rename to ", b"copy from ", b"copy to ", b"similarity index ",
+                b"dissimilarity index ", b"rename old ", b"rename new ")
+_BINARY_LINE = 52
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Every size the parser accepts, checked before reading past it."""
+
+    max_patch_bytes: int = 256 << 20
+    max_sections: int = 100_000
+    max_hunks: int = 1_000_000  # over the whole patch
+    max_file_bytes: int = 64 << 20  # one file's new content (binary literal, text result)
+    max_binary_bytes: int = 512 << 20  # all binary literals of the patch, decoded
+
+
+@dataclass(frozen=True)
+class Hunk:
+    old_start: int
+    old_count: int
+    new_start: int
+    new_count: int
+    lines: tuple[tuple[bytes, bytes], ...]  # (b" " | b"-" | b"+", content incl. LF if any)
+
+
+@dataclass(frozen=True)
+class Section:
+    """One `diff --git` section: one change to one path."""
+
+    path: str
+    raw_path: bytes
+    line: int  # line number of its `diff --git` header, from 1
+    start: int  # byte offsets of the section in the patch
+    end: int
+    old_mode: int | None  # None: the section creates the path
+    new_mode: int | None  # None: the section deletes the path
+    old_oid: str | None = None
+    new_oid: str | None = None
+    binary: bytes | None = None  # the forward literal's content, for a binary section
+    hunks: tuple[Hunk, ...] = ()
+    added: int = 0  # lines, as git --numstat counts them
+    deleted: int = 0
+
+    @property
+    def is_new(self) -> bool:
+        return self.old_mode is None
+
+    @property
+    def is_delete(self) -> bool:
+        return self.new_mode is None
+
+    @property
+    def is_binary(self) -> bool:
+        return self.binary is not None
+
+    @property
+    def where(self) -> str:
+        return f"patch line {self.line} ({self.path})"
+
+
+@dataclass(frozen=True)
+class Patch:
+    data: bytes
+    sha256: str
+    sections: tuple[Section, ...] = field(default_factory=tuple)
+
+    def subset(self, keep: list[Section]) -> bytes:
+        """The patch made of only these sections, byte for byte as they were."""
+        return b"".join(self.data[s.start : s.end] for s in keep)
+
+
+def quote_path(name: bytes) -> bytes:
+    """Git's quote_c_style (core.quotePath on): the only quoting we accept."""
+    if not any(c < 0x20 or c in (0x22, 0x5C) or c >= 0x7F for c in name):
+        return name
+    esc = {7: b"\\a", 8: b"\\b", 9: b"\\t", 10: b"\\n", 11: b"\\v", 12: b"\\f", 13: b"\\r",
+           0x22: b'\\"', 0x5C: b"\\\\"}
+    out = bytearray(b'"')
+    for c in name:
+        if c in esc:
+            out += esc[c]
+        elif c < 0x20 or c >= 0x7F:
+            out += b"\\%03o" % c
+        else:
+            out.append(c)
+    return bytes(out + b'"')
+
+
+_UNESCAPE = {ord("a"): 7, ord("b"): 8, ord("t"): 9, ord("n"): 10, ord("v"): 11, ord("f"): 12,
+             ord("r"): 13, ord('"'): 0x22, ord("\\"): 0x5C}
+
+
+def unquote_path(text: bytes, where: str) -> tuple[bytes, int]:
+    """Git's unquote_c_style of a name starting at text[0] == '"'.
+
+    Returns the name and the index just past the closing quote.
+    """
+    out = bytearray()
+    i = 1
+    while i < len(text):
+        c = text[i]
+        if c == 0x22:
+            return bytes(out), i + 1
+        if c == 0x5C:
+            if i + 1 >= len(text):
+                break
+            e = text[i + 1]
+            if e in _UNESCAPE:
+                out.append(_UNESCAPE[e])
+                i += 2
+                continue
+            oct3 = text[i + 1 : i + 4]
+            if len(oct3) == 3 and oct3[0] in b"0123" and all(d in b"01234567" for d in oct3):
+                out.append(int(oct3, 8))
+                i += 4
+                continue
+            raise PatchRefused(f"{where}: bad escape in a quoted name")
+        out.append(c)
+        i += 1
+    raise PatchRefused(f"{where}: unterminated quoted name")
+
+
+class _Reader:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+        self.pos = 0
+        self.lineno = 0  # of the last line returned by next()
+
+    def peek(self) -> bytes | None:
+        if self.pos >= len(self.data):
+            return None
+        end = self.data.find(b"\n", self.pos)
+        return self.data[self.pos : end + 1]
+
+    def next(self) -> bytes | None:
+        line = self.peek()
+        if line is not None:
+            self.pos += len(line)
+            self.lineno += 1
+        return line
+
+    def where(self, ahead: int = 1) -> str:
+        return f"patch line {self.lineno + ahead}"
+
+
+def _show(line: bytes | None) -> str:
+    if line is None:
+        return "the end of the patch"
+    return repr(line[:60].decode("utf-8", errors="backslashreplace"))
+
+
+def _mode(text: bytes, where: str) -> int:
+    mode = _MODES.get(text)
+    if mode is None:
+        shown = text[:20].decode("ascii", errors="backslashreplace")
+        raise PatchRefused(
+            f"{where}: mode {shown} refused: only 100644, 100755 and 120000 are applied "
+            "(no setuid or other bits, no submodules)"
+        )
+    return mode
+
+
+def _header_path(rest: bytes, where: str) -> bytes:
+    """P from `A B` of `diff --git A B`, checking both name the same path canonically."""
+    if rest.startswith(b'"'):
+        a, end = unquote_path(rest, where)
+    else:
+        n = (len(rest) - 5) // 2
+        if n < 1 or len(rest) != 2 * n + 5:
+            raise PatchRefused(f"{where}: cannot read the two names of the 'diff --git' header")
+        a = rest[: n + 2]
+    if not a.startswith(b"a/"):
+        raise PatchRefused(f"{where}: the old name must start with 'a/'")
+    path = a[2:]
+    if rest != quote_path(b"a/" + path) + b" " + quote_path(b"b/" + path):
+        raise PatchRefused(
+            f"{where}: the 'diff --git' header names two different paths (a rename or copy?) "
+            "or is not quoted as git quotes it"
+        )
+    return path
+
+
+def _file_name(prefix: bytes, raw: bytes) -> bytes:
+    return quote_path(prefix + raw) + (b"\t" if b" " in raw else b"")
+
+
+def _refuse_unexpected(line: bytes | None, where: str) -> PatchRefused:
+    if line is not None and line.startswith(_RENAME_COPY):
+        return PatchRefused(f"{where}: rename and copy sections are refused; "
+                            "a patch must name each file it changes")
+    if line is not None and line.startswith(b"Binary files "):
+        return PatchRefused(f"{where}: a binary change without its data; "
+                            "the patch must be written with --binary")
+    if line is not None and b"\r" in line:
+        return PatchRefused(f"{where}: CR in a patch header line (CRLF line endings?)")
+    return PatchRefused(f"{where}: unexpected {_show(line)}")
+
+
+def parse_patch(data: bytes, limits: Limits | None = None) -> Patch:
+    """Parse `data` completely, or raise PatchRefused naming the first fault."""
+    limits = limits or Limits()
+    if len(data) > limits.max_patch_bytes:
+        raise PatchRefused(
+            f"the patch is {len(data)} bytes, more than the limit of {limits.max_patch_bytes}; "
+            "apply it in parts or raise the limit"
+        )
+    if data and not data.endswith(b"\n"):
+        raise PatchRefused("the patch does not end with a newline (truncated?)")
+    r = _Reader(data)
+    sections: list[Section] = []
+    budget = _Budget(limits)
+    while r.peek() is not None:
+        if not r.peek().startswith(b"diff --git "):  # type: ignore[union-attr]
+            raise PatchRefused(f"{r.where()}: expected 'diff --git', found {_show(r.peek())}")
+        if len(sections) >= limits.max_sections:
+            raise PatchRefused(f"the patch has more than {limits.max_sections} sections")
+        sections.append(_section(r, budget))
+    _check_duplicates(sections)
+    return Patch(data, hashlib.sha256(data).hexdigest(), tuple(sections))
+
+
+@dataclass
+class _Budget:
+    limits: Limits
+    hunks: int = 0
+    binary: int = 0
+
+
+def _section(r: _Reader, budget: _Budget) -> Section:
+    start = r.pos
+    header = r.next()
+    assert header is not None
+    line = r.lineno
+    where = f"patch line {line}"
+    rest = header[len(b"diff --git ") : -1]
+    if b"\r" in rest:
+        raise PatchRefused(f"{where}: CR in a patch header line (CRLF line endings?)")
+    raw = _header_path(rest, where)
+    path = check_path(raw, where)
+    where = f"{where} ({path})"
+
+    old_mode: int | None = None
+    new_mode: int | None = None
+    mode_lines = False
+    nxt = r.peek()
+    if nxt is not None and nxt.startswith(b"old mode "):
+        r.next()
+        old_mode = _mode(nxt[9:-1], r.where(0))
+        nxt2 = r.next()
+        if nxt2 is None or not nxt2.startswith(b"new mode "):
+            raise _refuse_unexpected(nxt2, r.where(0))
+        new_mode = _mode(nxt2[9:-1], r.where(0))
+        if old_mode == new_mode:
+            raise PatchRefused(f"{where}: 'old mode' and 'new mode' are the same")
+        if (old_mode == MODE_LINK) != (new_mode == MODE_LINK):
+            raise PatchRefused(f"{where}: a type change must be a deletion and a creation")
+        mode_lines = True
+    elif nxt is not None and nxt.startswith(b"new file mode "):
+        r.next()
+        new_mode = _mode(nxt[14:-1], r.where(0))
+    elif nxt is not None and nxt.startswith(b"deleted file mode "):
+        r.next()
+        old_mode = _mode(nxt[18:-1], r.where(0))
+
+    old_oid: str | None = None
+    new_oid: str | None = None
+    nxt = r.peek()
+    if nxt is not None and nxt.startswith(b"index "):
+        r.next()
+        m = _INDEX.fullmatch(nxt)
+        if m is None or len(m[1]) != len(m[2]):
+            raise PatchRefused(f"{r.where(0)}: malformed 'index' line")
+        old_oid, new_oid = m[1].decode(), m[2].decode()
+        plain = not mode_lines and old_mode is None and new_mode is None
+        if m[3] is not None:
+            if not plain:
+                raise PatchRefused(f"{r.where(0)}: a mode on the 'index' line of this section")
+            old_mode = new_mode = _mode(m[3], r.where(0))
+        elif plain:
+            raise PatchRefused(f"{r.where(0)}: the 'index' line lacks the file's mode")
+        if old_mode is None and set(old_oid) != {"0"}:
+            raise PatchRefused(f"{r.where(0)}: a new file must have an all-zero old blob")
+        if new_mode is None and set(new_oid) != {"0"}:
+            raise PatchRefused(f"{r.where(0)}: a deletion must have an all-zero new blob")
+    if old_mode is None and new_mode is None:
+        raise _refuse_unexpected(r.peek(), r.where())
+
+    nxt = r.peek()
+    binary: bytes | None = None
+    hunks: tuple[Hunk, ...] = ()
+    added = deleted = 0
+    if nxt == b"GIT binary patch\n":
+        r.next()
+        if old_oid is None or len(old_oid) != 40:
+            raise PatchRefused(f"{where}: a binary section needs a full 'index' line")
+        binary = _binary(r, budget, where, old_oid)
+    elif nxt is not None and nxt.startswith(b"--- "):
+        hunks, added, deleted = _text(r, budget, raw, old_mode, new_mode, where)
+    elif nxt is not None and not nxt.startswith(b"diff --git "):
+        raise _refuse_unexpected(nxt, r.where())
+    elif old_oid is not None and old_mode is not None and new_mode is not None:
+        raise PatchRefused(f"{where}: an 'index' line with no change below it")
+    if old_mode is not None and new_mode is not None and not mode_lines and not hunks \
+            and binary is None:
+        raise PatchRefused(f"{where}: the section changes nothing")
+    return Section(path=path, raw_path=raw, line=line, start=start, end=r.pos,
+                   old_mode=old_mode, new_mode=new_mode, old_oid=old_oid, new_oid=new_oid,
+                   binary=binary, hunks=hunks, added=added, deleted=deleted)
+
+
+def _text(r: _Reader, budget: _Budget, raw: bytes, old_mode: int | None,
+          new_mode: int | None, where: str) -> tuple[tuple[Hunk, ...], int, int]:
+    minus = r.next()
+    want = b"--- " + (_file_name(b"a/", raw) if old_mode is not None else b"/dev/null") + b"\n"
+    if minus != want:
+        raise PatchRefused(
+            f"{r.where(0)}: the '---' line does not match the 'diff --git' header "
+            f"(expected {_show(want)}, found {_show(minus)})"
+        )
+    plus = r.next()
+    want = b"+++ " + (_file_name(b"b/", raw) if new_mode is not None else b"/dev/null") + b"\n"
+    if plus != want:
+        raise PatchRefused(
+            f"{r.where(0)}: the '+++' line does not match the 'diff --git' header "
+            f"(expected {_show(want)}, found {_show(plus)})"
+        )
+    hunks: list[Hunk] = []
+    added = deleted = 0
+    old_end = 0  # lines of the old file consumed by earlier hunks
+    delta = 0  # new - old lines so far
+    old_eof = new_eof = False
+    while (nxt := r.peek()) is not None and nxt.startswith(b"@@"):
+        budget.hunks += 1
+        if budget.hunks > budget.limits.max_hunks:
+            raise PatchRefused(f"the patch has more than {budget.limits.max_hunks} hunks")
+        if old_eof or new_eof:
+            raise PatchRefused(f"{r.where()}: a hunk after the end of the file")
+        r.next()
+        m = _HUNK.fullmatch(nxt)
+        if m is None:
+            raise PatchRefused(f"{r.where(0)}: malformed hunk header {_show(nxt)}")
+        os_, oc = int(m[1]), 1 if m[2] is None else int(m[2])
+        ns, nc = int(m[3]), 1 if m[4] is None else int(m[4])
+        # unified diff: a range of 0 lines names the line before it
+        pos = os_ - 1 if oc else os_
+        if pos < old_end or (oc and os_ == 0) or (old_mode is None and (os_, oc) != (0, 0)) \
+                or (new_mode is None and (ns, nc) != (0, 0)):
+            raise PatchRefused(f"{r.where(0)}: hunk position out of order or impossible")
+        if ns != (pos + delta + 1 if nc else pos + delta):
+            raise PatchRefused(f"{r.where(0)}: hunk's new position disagrees with the hunks "
+                               "before it")
+        lines: list[tuple[bytes, bytes]] = []
+        o = n = 0
+        while o < oc or n < nc:
+            body = r.next()
+            if body is None or body[:1] not in (b" ", b"-", b"+"):
+                raise PatchRefused(f"{r.where(0)}: hunk ends early, found {_show(body)}")
+            tag, content = body[:1], body[1:]
+            if old_eof and tag in (b" ", b"-") or new_eof and tag in (b" ", b"+"):
+                raise PatchRefused(f"{r.where(0)}: a line after 'No newline at end of file'")
+            if tag != b"+":
+                o += 1
+            if tag != b"-":
+                n += 1
+            if o > oc or n > nc:
+                raise PatchRefused(f"{r.where(0)}: more lines than the hunk header counts")
+            if r.peek() == _NO_EOL:
+                r.next()
+                content = content[:-1]
+                old_eof = old_eof or tag != b"+"
+                new_eof = new_eof or tag != b"-"
+            lines.append((tag, content))
+        added += sum(1 for t, _ in lines if t == b"+")
+        deleted += sum(1 for t, _ in lines if t == b"-")
+        hunks.append(Hunk(os_, oc, ns, nc, tuple(lines)))
+        old_end = pos + oc
+        delta += nc - oc
+    if not hunks:
+        raise PatchRefused(f"{r.where()}: '---'/'+++' lines with no hunk")
+    nxt = r.peek()
+    if nxt is not None and not nxt.startswith(b"diff --git "):
+        raise _refuse_unexpected(nxt, r.where())
+    return tuple(hunks), added, deleted
+
+
+def _binary(r: _Reader, budget: _Budget, where: str, old_oid: str) -> bytes:
+    forward = _literal(r, budget, where)
+    nxt = r.peek()
+    if nxt is not None and (nxt.startswith(b"literal ") or nxt.startswith(b"delta ")):
+        _literal(r, budget, where)  # the reverse hunk: checked, not used
+    nxt = r.peek()
+    if nxt is not None and not nxt.startswith(b"diff --git "):
+        raise _refuse_unexpected(nxt, r.where())
+    return forward
+
+
+def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
+    head = r.next()
+    m = _LITERAL.fullmatch(head or b"")
+    if m is None:
+        raise PatchRefused(f"{r.where(0)}: expected 'literal N', found {_show(head)}")
+    if m[1] == b"delta":
+        raise PatchRefused(f"{r.where(0)}: 'delta' binary hunks are refused; "
+                           "only 'literal' ones are applied")
+    size = int(m[2])
+    limits = budget.limits
+    if size > limits.max_file_bytes:
+        raise PatchRefused(f"{where}: a binary file of {size} bytes, more than the limit of "
+                           f"{limits.max_file_bytes}")
+    budget.binary += size
+    if budget.binary > limits.max_binary_bytes:
+        raise PatchRefused(f"the patch's binary files exceed {limits.max_binary_bytes} bytes")
+    compressed = bytearray()
+    last = False
+    while True:
+        line = r.next()
+        if line is None:
+            raise PatchRefused(f"{where}: binary data ends early")
+        if line == b"\n":
+            break
+        if last:
+            raise PatchRefused(f"{r.where(0)}: a short binary line before the last")
+        c = line[0]
+        if 0x41 <= c <= 0x5A:
+            k = c - 0x41 + 1
+        elif 0x61 <= c <= 0x7A:
+            k = c - 0x61 + 27
+        else:
+            raise PatchRefused(f"{r.where(0)}: bad binary line length letter")
+        groups = (k + 3) // 4
+        if len(line) != 2 + 5 * groups:
+            raise PatchRefused(f"{r.where(0)}: binary line of the wrong length")
+        try:
+            chunk = base64.b85decode(line[1:-1])
+        except ValueError:
+            raise PatchRefused(f"{r.where(0)}: bad base85 data") from None
+        if any(chunk[k:]):
+            raise PatchRefused(f"{r.where(0)}: non-zero padding in binary data")
+        compressed += chunk[:k]
+        last = k != _BINARY_LINE
+    d = zlib.decompressobj()
+    try:
+        out = d.decompress(bytes(compressed), size + 1)
+    except zlib.error:
+        raise PatchRefused(f"{where}: binary data does not inflate") from None
+    if len(out) != size or not d.eof or d.unused_data or d.unconsumed_tail:
+        raise PatchRefused(f"{where}: binary data does not inflate to {size} bytes")
+    return out
+
+
+def _check_duplicates(sections: list[Section]) -> None:
+    seen: dict[tuple[str, ...], Section] = {}
+    for i, s in enumerate(sections):
+        key = tuple(fold_ntfs(p) for p in s.path.split("/"))
+        prev = seen.get(key)
+        if prev is not None:
+            pair = (prev is sections[i - 1] and prev.path == s.path and prev.is_delete
+                    and s.is_new)
+            if not pair:
+                raise PatchRefused(
+                    f"{s.where}: the path appears twice in the patch, or two paths a "
+                    f"case-insensitive filesystem would take for one ({prev.path!r})"
+                )
+        seen[key] = s
+
+
+# --- applying one section to bytes ------------------------------------------
+
+
+def git_blob_sha1(content: bytes) -> str:
+    """Git's object name of a blob: SHA-1("blob <len>\\0" + content)."""
+    h = hashlib.sha1(b"blob %d\x00" % len(content), usedforsecurity=False)
+    h.update(content)
+    return h.hexdigest()
+
+
+def _lines(data: bytes) -> list[bytes]:
+    lines = [line + b"\n" for line in data.split(b"\n")]
+    lines[-1] = lines[-1][:-1]
+    return lines if lines[-1] else lines[:-1]
+
+
+def apply_section(s: Section, old: bytes | None, max_bytes: int) -> bytes | None:
+    """The content after `s`, given the content before it (None: absent).
+
+    Exact: every hunk at its stated position, every context and removed line
+    equal to the old file's, the blob names on the `index` line equal to the
+    old and new contents' (as far as they are given).
+    """
+    if (old is None) != s.is_new:
+        raise PatchRefused(f"{s.where}: the patch {'creates' if s.is_new else 'changes'} "
+                           f"it, but it {'exists' if old is not None else 'does not exist'}")
+    if old is not None and s.old_oid is not None and not git_blob_sha1(old).startswith(s.old_oid):
+        raise PatchRefused(f"{s.where}: the file is not the one the patch was made against")
+    if s.binary is not None:
+        new = s.binary
+    elif s.hunks:
+        new = _apply_hunks(s, _lines(old or b""), max_bytes)
+    else:
+        new = old or b""
+    if s.is_delete:
+        if new:
+            raise PatchRefused(f"{s.where}: the deletion leaves content behind")
+        return None
+    if s.new_oid is not None and not git_blob_sha1(new).startswith(s.new_oid):
+        raise PatchRefused(f"{s.where}: the result is not the blob the 'index' line names")
+    return new
+
+
+def _apply_hunks(s: Section, old: list[bytes], max_bytes: int) -> bytes:
+    out: list[bytes] = []
+    size = 0
+    cursor = 0
+    for h in s.hunks:
+        pos = h.old_start - 1 if h.old_count else h.old_start
+        if pos > len(old):
+            raise PatchRefused(f"{s.where}: a hunk past the end of the file")
+        out.extend(old[cursor:pos])
+        cursor = pos
+        for tag, content in h.lines:
+            if tag == b"+":
+                out.append(content)
+                size += len(content)
+                continue
+            if cursor >= len(old) or old[cursor] != content:
+                raise PatchRefused(f"{s.where}: the hunk at old line {h.old_start} does not "
+                                   "match the file")
+            if tag == b" ":
+                out.append(content)
+                size += len(content)
+            cursor += 1
+        if size > max_bytes:
+            raise PatchRefused(f"{s.where}: the result is larger than {max_bytes} bytes")
+    out.extend(old[cursor:])
+    result = b"".join(out)
+    if len(result) > max_bytes:
+        raise PatchRefused(f"{s.where}: the result is larger than {max_bytes} bytes")
+    return result
+
+
+def git_reading(sections: list[Section] | tuple[Section, ...]) -> bytes:
+    """What `git apply --numstat -z --summary` prints for these sections.
+
+    apply.c `numstat_patch_list` (`-z`: raw names, NUL-terminated) then
+    `summary_patch_list` (` create mode`, ` delete mode`, ` mode change`).
+    """
+    out = bytearray()
+    for s in sections:
+        if s.is_binary:
+            out += b"-\t-\t"
+        else:
+            out += b"%d\t%d\t" % (s.added, s.deleted)
+        out += s.raw_path + b"\x00"
+    for s in sections:
+        if s.new_mode is not None and s.old_mode is None:
+            out += b" create mode %06o " % s.new_mode + s.raw_path + b"\n"
+        elif s.old_mode is not None and s.new_mode is None:
+            out += b" delete mode %06o " % s.old_mode + s.raw_path + b"\n"
+        elif s.old_mode is not None and s.new_mode is not None and s.old_mode != s.new_mode:
+            out += b" mode change %06o => %06o " % (s.old_mode, s.new_mode) + s.raw_path + b"\n"
+    return bytes(out)

@@ -1,0 +1,212 @@
+"""From parsed sections and the checkout's current states to a plan (pure).
+
+A plan gives each path the patch touches its old state (as read from the
+checkout), its final state (computed by `patch.apply_section`, exactly), a
+kind for the report, and a status: to apply, held back, or refused. It also
+enforces the rules that need both the patch and the checkout:
+
+- nothing is written, modified or deleted through a symlink, whether the
+  symlink is in the checkout or created by the patch, and nothing through a
+  path that is (or becomes) a file;
+- a symlink the patch creates points inside the checkout (lexically) and not
+  into `.git`;
+- a directory the patch replaces by a file or symlink holds nothing else;
+- changes are held back or refused together with the changes they depend on
+  (a file replacing a directory, and the deletions emptying that directory).
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import Literal
+
+from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.patch import MODE_EXEC, MODE_FILE, MODE_LINK, Patch, Section, apply_section
+from tkbox.doors.changes.paths import check_symlink_target, folded_parts, under
+
+Kind = Literal["added", "modified", "deleted", "mode", "symlink"]
+Status = Literal["apply", "held back", "refused"]
+
+
+@dataclass(frozen=True)
+class State:
+    """One path in a tree: absent, a file, a symlink, a directory, or other."""
+
+    kind: Literal["absent", "file", "link", "dir", "other"]
+    content: bytes = b""  # a file's bytes or a symlink's target
+    exec: bool = False
+    perm: int = 0o644  # a file's permission bits as found
+    ident: tuple[int, ...] = ()  # (dev, ino, mode, size, mtime_ns) as found
+    blocked_by: str | None = None  # an ancestor that is not a directory
+    below: frozenset[str] = frozenset()  # a directory's non-directory entries (full paths)
+
+    @property
+    def mode(self) -> int | None:
+        if self.kind == "file":
+            return MODE_EXEC if self.exec else MODE_FILE
+        if self.kind == "link":
+            return MODE_LINK
+        return None
+
+
+ABSENT = State("absent")
+
+
+def final_state(mode: int | None, content: bytes | None) -> State:
+    if mode is None or content is None:
+        return ABSENT
+    if mode == MODE_LINK:
+        return State("link", content)
+    return State("file", content, exec=mode == MODE_EXEC)
+
+
+@dataclass
+class FilePlan:
+    path: str
+    sections: list[Section]
+    old: State
+    new: State
+    kind: Kind
+    status: Status = "apply"
+    reason: str = ""
+
+    @property
+    def sha256(self) -> str | None:
+        if self.new.kind == "absent":
+            return None
+        return hashlib.sha256(self.new.content).hexdigest()
+
+    @property
+    def mode(self) -> str | None:
+        m = self.new.mode
+        return None if m is None else f"{m:06o}"
+
+
+@dataclass
+class Plan:
+    patch: Patch
+    files: list[FilePlan] = field(default_factory=list)
+
+    def kept(self) -> list[FilePlan]:
+        return [f for f in self.files if f.status == "apply"]
+
+    def kept_sections(self) -> list[Section]:
+        return [s for f in self.kept() for s in f.sections]
+
+
+def group(patch: Patch) -> list[tuple[str, list[Section]]]:
+    """Sections by path, in patch order (a type change is two sections)."""
+    out: list[tuple[str, list[Section]]] = []
+    for s in patch.sections:
+        if out and out[-1][0] == s.path:
+            out[-1][1].append(s)
+        else:
+            out.append((s.path, [s]))
+    return out
+
+
+def _ancestors(path: str) -> list[str]:
+    parts = path.split("/")
+    return ["/".join(parts[:i]) for i in range(1, len(parts))]
+
+
+def _kind(old: State, new: State) -> Kind:
+    if new.kind == "link" and (old.kind != "link" or old.content != new.content):
+        return "symlink"
+    if old.kind == "absent":
+        return "added"
+    if new.kind == "absent":
+        return "deleted"
+    if old.kind == new.kind and old.content == new.content:
+        return "mode"
+    return "modified"
+
+
+def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int) -> Plan:
+    """Compute every final state exactly; refuse what the rules above forbid.
+
+    `states` holds the checkout's state of every path the patch names and of
+    each of their ancestors.
+    """
+    plan = Plan(patch)
+    finals: dict[str, State] = {}
+    for path, sections in group(patch):
+        old = states[path]
+        if old.blocked_by is not None:
+            old_for_patch = ABSENT  # nothing is there once the blocking entry goes
+        else:
+            old_for_patch = old
+        content: bytes | None
+        if old_for_patch.kind in ("dir", "other"):
+            content = None
+            cur_mode = None
+        else:
+            content = old_for_patch.content if old_for_patch.kind != "absent" else None
+            cur_mode = old_for_patch.mode
+        for s in sections:
+            if s.old_mode is not None and cur_mode is not None and s.old_mode != cur_mode:
+                raise PatchRefused(
+                    f"{s.where}: the checkout has mode {cur_mode:06o} there, the patch "
+                    f"expects {s.old_mode:06o}"
+                )
+            if old_for_patch.kind == "other":
+                raise PatchRefused(f"{s.where}: the checkout has a special file there")
+            content = apply_section(s, content, max_file_bytes)
+            cur_mode = s.new_mode
+        new = final_state(cur_mode, content)
+        if new.kind == "link":
+            check_symlink_target(path, new.content, sections[-1].where)
+        finals[path] = new
+        plan.files.append(FilePlan(path, sections, old, new, _kind(old, new)))
+
+    for f in plan.files:
+        where = f.sections[0].where
+        for anc in _ancestors(f.path):
+            if anc in finals:
+                if finals[anc].kind == "link":
+                    raise PatchRefused(f"{where}: written through the symlink {anc!r} "
+                                       "that the patch creates")
+                if finals[anc].kind == "file":
+                    raise PatchRefused(f"{where}: below {anc!r}, which the patch makes a file")
+                continue  # deleted by the patch: becomes a directory
+            st = states[anc]
+            if st.kind == "link":
+                raise PatchRefused(f"{where}: {anc!r} is a symlink in the checkout; tkbox "
+                                   "never writes through a symlink")
+            if st.kind in ("file", "other"):
+                raise PatchRefused(f"{where}: {anc!r} is a file in the checkout")
+        if f.old.kind == "dir" and f.new.kind != "absent":
+            deleted = {p.path for p in plan.files if p.new.kind == "absent"}
+            left = sorted(f.old.below - deleted)
+            if left:
+                raise PatchRefused(f"{where}: replaces a directory that still holds "
+                                   f"{left[0]!r}, which the patch does not delete")
+    return plan
+
+
+def classify(plan: Plan, *, ignored: set[str], sensitive: Callable[[str], str | None],
+             allow_sensitive: bool) -> None:
+    """Set each file's status: ignored files refused, sensitive ones held back."""
+    for f in plan.files:
+        if f.path in ignored:
+            f.status, f.reason = "refused", "ignored by the checkout's git (git status would " \
+                "not show it)"
+            continue
+        if allow_sensitive:
+            continue
+        why = sensitive(f.path)
+        if why is not None:
+            f.status, f.reason = "held back", f"sensitive: {why}"
+        elif f.new.kind == "file" and f.new.exec and not (f.old.kind == "file" and f.old.exec):
+            f.status, f.reason = "held back", "sensitive: makes the file executable"
+    # a change and the changes it depends on go together
+    stopped = [f for f in plan.files if f.status != "apply"]
+    for f in plan.files:
+        if f.status != "apply":
+            continue
+        for g in stopped:
+            if under(g.path, folded_parts(f.path)) or under(f.path, folded_parts(g.path)):
+                f.status, f.reason = "held back", f"goes with {g.path!r} ({g.status})"
+                break
