@@ -1,0 +1,483 @@
+"""The Firecracker launcher: configured over its REST API, ports over hybrid vsock.
+
+    firecracker --api-sock <workdir>/fc.sock --id <name>
+      PUT  /machine-config     vcpu_count, mem_size_mib
+      PUT  /boot-source        the ELF vmlinux, the initramfs, the command line
+      PUT  /drives/disk<N>     one per disk, in order (the guest's vda, vdb, ...)
+      PUT  /vsock              guest CID 3, <workdir>/v.sock
+      PUT  /actions            InstanceStart
+      PATCH /vm                Paused / Resumed
+
+The requests are built by a pure function (`build_requests`) so that tests can
+check each one against Firecracker's OpenAPI description without a binary:
+no registry this project uses packages Firecracker, so CI cannot boot it
+(see docs/firecracker.md for running it for real).
+
+The VMM process: a private 0700 working directory as its cwd, an empty
+environment (the daemon's may hold secret values), no inherited descriptors,
+its own session and process group, `PR_SET_PDEATHSIG` so that it cannot
+outlive the daemon, stdin from /dev/null. Its stdout (the guest's serial
+console, which the guest controls) and stderr go through pipes into
+`console.log` and `firecracker.log`, each capped at `LOG_CAP` bytes: a guest
+printing without end cannot fill the host's disk. Kill is SIGKILL to the
+process group; the process is reaped however it ends, and its sockets are
+removed.
+
+The guest's ports are `HybridVsockHostPorts` on `<workdir>/v.sock`: no
+network device is ever configured.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import json
+import os
+import re
+import shutil
+import signal
+import stat
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, NamedTuple
+
+import httpx
+
+from tkbox.errors import HostError, InternalError, UserError
+from tkbox.paths import private_dir
+from tkbox.protocol.ports import Ports
+from tkbox.protocol.vsock import (
+    DEFAULT_GUEST_CID,
+    MAX_U32,
+    MAX_UNIX_PATH,
+    HybridVsockHostPorts,
+    listener_path,
+)
+from tkbox.vm.base import VM, Launcher, VMSpec
+
+FIRECRACKER = "firecracker"
+API_SOCKET = "fc.sock"
+VSOCK_SOCKET = "v.sock"
+CONSOLE_LOG = "console.log"
+VMM_LOG = "firecracker.log"
+#: Firecracker's own kernel command line for a microVM with no PCI and no keyboard.
+BOOT_ARGS = "console=ttyS0 reboot=k panic=1 pci=off"
+#: Bytes kept of each of the VMM's output streams; the rest is read and dropped.
+LOG_CAP = 16 << 20
+#: Bytes read of an API response body (Firecracker's are a few hundred).
+MAX_API_BODY = 64 << 10
+#: Characters of a fault message put into an error.
+MAX_FAULT = 300
+#: Seconds for Firecracker to answer on its API socket after it starts.
+API_READY_TIMEOUT = 5.0
+#: Seconds for one API request.
+API_TIMEOUT = 10.0
+#: Firecracker's limits on `vcpu_count` (machine-config).
+MAX_VCPUS = 32
+ELF_MAGIC = b"\x7fELF"
+PR_SET_PDEATHSIG = 1
+
+
+class ApiCall(NamedTuple):
+    """One request to Firecracker's API: method, path, JSON body."""
+
+    method: str
+    path: str
+    body: dict[str, Any]
+
+
+# --- pure: what to ask Firecracker -------------------------------------------------
+
+
+def boot_args(spec: VMSpec) -> str:
+    return f"{BOOT_ARGS} {spec.cmdline}".strip()
+
+
+def drive_id(index: int) -> str:
+    return f"disk{index}"
+
+
+def api_socket(spec: VMSpec) -> Path:
+    return spec.workdir.absolute() / API_SOCKET
+
+
+def vsock_socket(spec: VMSpec) -> Path:
+    return spec.workdir.absolute() / VSOCK_SOCKET
+
+
+def vmm_id(name: str) -> str:
+    """Firecracker's `--id`: 1 to 64 of [A-Za-z0-9-]."""
+    return (re.sub(r"[^A-Za-z0-9-]", "-", name)[:64]) or "tkbox"
+
+
+def check_spec(spec: VMSpec) -> None:
+    """Refuse, with what to do, a spec Firecracker would refuse or mishandle."""
+    if type(spec.vcpus) is not int or not 1 <= spec.vcpus <= MAX_VCPUS:
+        raise UserError(f"Firecracker runs 1 to {MAX_VCPUS} vCPUs, not {spec.vcpus!r}")
+    if type(spec.memory_mib) is not int or spec.memory_mib < 1:
+        raise UserError(f"memory must be a positive number of MiB, not {spec.memory_mib!r}")
+    for path in (api_socket(spec), listener_path(vsock_socket(spec), MAX_U32)):
+        if len(os.fsencode(path)) > MAX_UNIX_PATH:
+            raise HostError(
+                f"the VM directory {spec.workdir} is too long for Unix socket paths "
+                f"(at most {MAX_UNIX_PATH} bytes); set TKBOX_HOME to a shorter path"
+            )
+    if "\n" in spec.cmdline or "\x00" in spec.cmdline:
+        raise UserError("the kernel command line must be one line")
+
+
+def build_requests(spec: VMSpec) -> list[ApiCall]:
+    """Every API request that configures and boots `spec`, in order (pure)."""
+    check_spec(spec)
+    calls = [
+        ApiCall(
+            "PUT",
+            "/machine-config",
+            {"vcpu_count": spec.vcpus, "mem_size_mib": spec.memory_mib},
+        ),
+        ApiCall(
+            "PUT",
+            "/boot-source",
+            {
+                "kernel_image_path": str(spec.kernel.absolute()),
+                "initrd_path": str(spec.initramfs.absolute()),
+                "boot_args": boot_args(spec),
+            },
+        ),
+    ]
+    for index, disk in enumerate(spec.disks):
+        calls.append(
+            ApiCall(
+                "PUT",
+                f"/drives/{drive_id(index)}",
+                {
+                    "drive_id": drive_id(index),
+                    "path_on_host": str(disk.path.absolute()),
+                    "is_root_device": False,
+                    "is_read_only": disk.read_only,
+                },
+            )
+        )
+    calls.append(
+        ApiCall(
+            "PUT",
+            "/vsock",
+            {"guest_cid": DEFAULT_GUEST_CID, "uds_path": str(vsock_socket(spec))},
+        )
+    )
+    calls.append(ApiCall("PUT", "/actions", {"action_type": "InstanceStart"}))
+    return calls
+
+
+def vm_state_call(state: str) -> ApiCall:
+    """`PATCH /vm` to `Paused` or `Resumed`."""
+    if state not in ("Paused", "Resumed"):
+        raise InternalError(f"no such Firecracker VM state: {state!r}")
+    return ApiCall("PATCH", "/vm", {"state": state})
+
+
+def fault_message(body: bytes) -> str:
+    """The `fault_message` of an API error body, as one bounded line.
+
+    Firecracker answers errors with `{"fault_message": "..."}`; anything else
+    is described rather than quoted.
+    """
+    try:
+        data = json.loads(body.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        return f"an unreadable answer ({len(body)} bytes)"
+    message = data.get("fault_message") if isinstance(data, dict) else None
+    if not isinstance(message, str) or not message.strip():
+        return "an error without a fault_message"
+    line = " ".join(message.split())
+    return line if len(line) <= MAX_FAULT else line[: MAX_FAULT - 3] + "..."
+
+
+# --- the host: what it has ---------------------------------------------------------
+
+
+def firecracker_problem(binary: Path | None = None) -> str | None:
+    """Why Firecracker cannot run VMs here (a line with what to do), or None."""
+    found = str(binary) if binary else shutil.which(FIRECRACKER)
+    if not found or not os.access(found, os.X_OK):
+        return (
+            "firecracker is not on PATH; install a release binary from the Firecracker "
+            "project, or use the qemu launcher"
+        )
+    try:
+        fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
+    except OSError as exc:
+        return (
+            f"/dev/kvm is not usable ({exc.strerror}); Firecracker needs KVM: enable "
+            "virtualisation, or add this user to the 'kvm' group"
+        )
+    os.close(fd)
+    return None
+
+
+def firecracker_available(binary: Path | None = None) -> bool:
+    """Whether a Firecracker binary is on PATH (or given) and /dev/kvm is usable."""
+    return firecracker_problem(binary) is None
+
+
+def check_kernel(path: Path) -> None:
+    """Firecracker boots an uncompressed ELF kernel only; refuse anything else."""
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as exc:
+        raise HostError(
+            f"cannot read the guest kernel {path}: {exc.strerror}; run 'tkbox guest build'"
+        ) from None
+    if magic != ELF_MAGIC:
+        raise HostError(
+            f"{path} is not an ELF vmlinux (a bzImage?); Firecracker boots only ELF "
+            "kernels: use the vmlinux that 'tkbox guest build' extracts"
+        )
+
+
+def _check_readable(path: Path, what: str) -> None:
+    try:
+        st = path.stat()
+    except OSError as exc:
+        raise HostError(f"the {what} {path} is missing ({exc.strerror})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise HostError(f"the {what} {path} is not a regular file")
+
+
+# --- the process ---------------------------------------------------------------------
+
+
+def _make_pdeathsig() -> Callable[[], None] | None:
+    # Resolved before fork: the child only calls it (no dlopen after fork).
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+    def set_pdeathsig() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+    return set_pdeathsig
+
+
+async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int) -> None:
+    """Copy `stream` into `path`, keeping at most `cap` bytes; read the rest and drop it."""
+    if stream is None:
+        return
+    kept = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        while chunk := await stream.read(65536):
+            if kept < cap:
+                part = chunk[: cap - kept]
+                os.write(fd, part)
+                kept += len(part)
+                if kept >= cap:
+                    os.write(fd, b"\n[tkbox: output past this point was dropped]\n")
+    finally:
+        os.close(fd)
+
+
+def _tail(path: Path, limit: int = 400) -> str:
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    return " ".join(lines[-1].split())[:MAX_FAULT] if lines else ""
+
+
+class FirecrackerVM(VM):
+    """A Firecracker process and the API client that drives it."""
+
+    def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec) -> None:
+        self.proc = proc
+        self.spec = spec
+        self.api_socket = api_socket(spec)
+        self.vsock_socket = vsock_socket(spec)
+        self.ports: HybridVsockHostPorts = HybridVsockHostPorts(self.vsock_socket)
+        self._client = httpx.AsyncClient(
+            transport=httpx.AsyncHTTPTransport(uds=str(self.api_socket)),
+            base_url="http://localhost",
+            timeout=API_TIMEOUT,
+        )
+        self._waiter: asyncio.Future[int] = asyncio.ensure_future(proc.wait())
+        self._drains = [
+            asyncio.ensure_future(_drain(proc.stdout, spec.workdir / CONSOLE_LOG, LOG_CAP)),
+            asyncio.ensure_future(_drain(proc.stderr, spec.workdir / VMM_LOG, LOG_CAP)),
+        ]
+        self._cleaned = False
+
+    @property
+    def accel(self) -> str:
+        return "kvm"
+
+    @property
+    def running(self) -> bool:
+        return self.proc.returncode is None
+
+    # the API ---------------------------------------------------------------------
+
+    async def call(self, call: ApiCall) -> None:
+        """Send one API request; a refusal or a dead VMM is a HostError."""
+        what = f"{call.method} {call.path}"
+        if not self.running:
+            raise HostError(f"Firecracker is not running (for {what}); see {self._log_hint()}")
+        try:
+            async with self._client.stream(call.method, call.path, json=call.body) as response:
+                body = b""
+                async for chunk in response.aiter_bytes():
+                    body += chunk[: MAX_API_BODY - len(body)]
+                    if len(body) >= MAX_API_BODY:
+                        break
+                status = response.status_code
+        except httpx.HTTPError as exc:
+            raise HostError(
+                f"Firecracker did not answer {what} ({type(exc).__name__}); see {self._log_hint()}"
+            ) from None
+        if not 200 <= status < 300:
+            raise HostError(f"Firecracker refused {what} ({status}): {fault_message(body)}")
+
+    async def wait_api_ready(self, timeout: float = API_READY_TIMEOUT) -> None:
+        """Wait until Firecracker answers on its API socket (`GET /`)."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if not self.running:
+                await self._settle_logs()
+                detail = _tail(self.spec.workdir / VMM_LOG) or _tail(
+                    self.spec.workdir / CONSOLE_LOG
+                )
+                raise HostError(
+                    f"Firecracker exited at start (status {self.proc.returncode})"
+                    + (f": {detail}" if detail else "")
+                    + f"; see {self._log_hint()}"
+                )
+            if self.api_socket.exists():
+                try:
+                    response = await self._client.get("/", timeout=1.0)
+                except httpx.HTTPError:
+                    pass
+                else:
+                    if response.status_code == 200:
+                        return
+            if time.monotonic() > deadline:
+                raise HostError(
+                    f"Firecracker did not answer on {self.api_socket} within {timeout:g} s; "
+                    f"see {self._log_hint()}"
+                )
+            await asyncio.sleep(0.01)
+
+    def _log_hint(self) -> Path:
+        return self.spec.workdir / VMM_LOG
+
+    # VM -------------------------------------------------------------------------------
+
+    async def pause(self) -> None:
+        await self.call(vm_state_call("Paused"))
+
+    async def resume(self) -> None:
+        await self.call(vm_state_call("Resumed"))
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            # Not yet reaped, so the group id cannot have been reused.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        await self.wait()
+
+    async def wait(self) -> int:
+        code = await asyncio.shield(self._waiter)
+        await self._cleanup()
+        return code
+
+    async def _settle_logs(self) -> None:
+        await asyncio.gather(*self._drains, return_exceptions=True)
+
+    async def _cleanup(self) -> None:
+        if self._cleaned:
+            return
+        self._cleaned = True
+        await self.ports.aclose()
+        await self._client.aclose()
+        await self._settle_logs()
+        for path in (self.api_socket, self.vsock_socket):
+            with contextlib.suppress(OSError):
+                if stat.S_ISSOCK(path.lstat().st_mode):
+                    path.unlink()
+
+
+class FirecrackerLauncher(Launcher):
+    """Starts Firecracker microVMs; `binary` defaults to `firecracker` on PATH."""
+
+    name = "firecracker"
+
+    def __init__(self, binary: Path | None = None) -> None:
+        self.binary = binary
+
+    def _binary(self) -> str:
+        found = str(self.binary) if self.binary else shutil.which(FIRECRACKER)
+        if not found or not os.access(found, os.X_OK):
+            raise HostError(
+                f"{self.binary or FIRECRACKER} is not an executable Firecracker binary; "
+                "install a release from the Firecracker project, or use the qemu launcher"
+            )
+        return found
+
+    async def start(
+        self,
+        spec: VMSpec,
+        *,
+        before_boot: Callable[[Ports], None] | None = None,
+    ) -> FirecrackerVM:
+        """Start and boot `spec`; returns once the guest's vCPUs run.
+
+        `before_boot(ports)` runs after the vsock device exists and before
+        InstanceStart: serve the guest → host ports there, so the guest's first
+        connection (the boot config, port 1026) finds its listener.
+        """
+        calls = build_requests(spec)  # refuses a bad spec before anything exists
+        binary = self._binary()
+        check_kernel(spec.kernel)
+        _check_readable(spec.initramfs, "initramfs")
+        for disk in spec.disks:
+            _check_readable(disk.path, f"{disk.role} disk")
+        private_dir(spec.workdir)
+        for name in (API_SOCKET, VSOCK_SOCKET):
+            path = spec.workdir / name
+            with contextlib.suppress(FileNotFoundError):
+                if not stat.S_ISSOCK(path.lstat().st_mode):
+                    raise HostError(f"{path} exists and is not a socket; remove it")
+                path.unlink()  # stale, from a VMM that died with this directory
+        proc = await asyncio.create_subprocess_exec(
+            binary,
+            "--api-sock",
+            str(api_socket(spec)),
+            "--id",
+            vmm_id(spec.name),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=spec.workdir,
+            env={},
+            close_fds=True,
+            pass_fds=(),
+            start_new_session=True,
+            preexec_fn=_make_pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
+        )
+        vm = FirecrackerVM(proc, spec)
+        try:
+            await vm.wait_api_ready()
+            for call in calls:
+                if call.path == "/actions" and before_boot is not None:
+                    before_boot(vm.ports)
+                await vm.call(call)
+        except BaseException:
+            await vm.kill()
+            raise
+        return vm
