@@ -299,6 +299,8 @@ class Planner:
             except _LayerRefused as e:
                 raise _LayerRefused(f"entry {info.name!r}: {e}") from None
             base = parts[-1] if parts else ""
+            if parts and parts[0].startswith(WHITEOUT + WHITEOUT) and parts[0] != OPAQUE:
+                continue  # AUFS metadata tree (.wh..wh.plnk/...): ignored, as Docker does
             if base.startswith(WHITEOUT):
                 if base == OPAQUE:
                     whiteouts.append((parts[:-1], True, info.name))

@@ -234,14 +234,17 @@ def _document_type(obj: dict[str, Any], content_type: str | None, what: str) -> 
         if mt is None:
             # OCI allows the field to be absent; tell the two kinds apart by shape.
             mt = OCI_INDEX if "manifests" in obj else OCI_MANIFEST
-    if mt in DOCKER_SCHEMA1 or obj.get("schemaVersion") == 1:
+    version = obj.get("schemaVersion")
+    if isinstance(version, bool) or not isinstance(version, int | None):
+        raise RegistryError(f"{what}: schemaVersion must be an integer")
+    if mt in DOCKER_SCHEMA1 or version == 1:
         raise RegistryError(
             f"{what} uses Docker's old schema 1, which tkbox does not read; "
             "ask for an image pushed with a current tool"
         )
     if mt not in MANIFESTS + INDEXES:
         raise RegistryError(f"{what} has media type {mt[:80]!r}, not an image manifest or index")
-    if obj.get("schemaVersion") != 2 or isinstance(obj.get("schemaVersion"), bool):
+    if version != 2:
         raise RegistryError(f"{what}: schemaVersion must be 2")
     return mt
 

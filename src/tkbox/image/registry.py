@@ -160,6 +160,11 @@ class RegistryClient:
             try:
                 r = await self._client.send(request, stream=True)
             except httpx.TransportError as e:
+                if _bad_certificate(e):
+                    raise RegistryError(
+                        f"the TLS certificate of {urlsplit(url).netloc} does not verify; "
+                        "if it is a private CA, pass its bundle with --ca-bundle or "
+                        "SSL_CERT_FILE") from None
                 attempts[0] += 1
                 if attempts[0] >= self._max_attempts:
                     raise RegistryError(
@@ -204,6 +209,10 @@ class RegistryClient:
             if not 200 <= status < 300:
                 await r.aclose()
                 raise RegistryError(f"{self.host} answered {status} for {path}")
+            if r.headers.get("content-encoding", "identity").lower() != "identity":
+                await r.aclose()
+                raise RegistryError(f"{self.host} sent {path} with a Content-Encoding after "
+                                    "being asked for none; refused")
             return r
 
     # --- manifests ----------------------------------------------------------------------
@@ -270,7 +279,7 @@ class RegistryClient:
                     r = await self._send(f"/v2/{self.repository}/blobs/{desc.digest}",
                                          attempt_box=attempts)
                     try:
-                        async for chunk in r.aiter_raw(1024 * 1024):
+                        async for chunk in r.aiter_bytes(1024 * 1024):
                             w.write(chunk)
                             sink.emit(ProgressEvent("blob", digest=desc.digest,
                                                     size=desc.size, done=w.written,
@@ -298,13 +307,25 @@ class RegistryClient:
             lock.release()
 
 
+def _bad_certificate(exc: BaseException) -> bool:
+    seen: BaseException | None = exc
+    for _ in range(8):
+        if seen is None:
+            return False
+        if isinstance(seen, ssl.SSLCertVerificationError) or \
+                "CERTIFICATE_VERIFY_FAILED" in str(seen):
+            return True
+        seen = seen.__cause__ or seen.__context__
+    return False
+
+
 async def _read_bounded(r: httpx.Response, limit: int, what: str) -> bytes:
     declared = r.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RegistryError(f"{what} is {declared} bytes, more than the {limit} allowed")
     buf = bytearray()
     try:
-        async for chunk in r.aiter_raw():
+        async for chunk in r.aiter_bytes():
             buf += chunk
             if len(buf) > limit:
                 raise RegistryError(f"{what} is more than the {limit} bytes allowed")

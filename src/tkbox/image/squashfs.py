@@ -74,6 +74,7 @@ def pack(write: Callable[[IO[bytes]], object], dest: Path, *, jobs: int | None =
         raise
     finally:
         t.join(timeout=5)
+        proc.stderr.close()
         if not proc.stdin.closed:
             try:
                 proc.stdin.close()

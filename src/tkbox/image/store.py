@@ -525,9 +525,12 @@ class ImageStore:
                 async with sem:
                     await client.fetch_blob(desc, self, sink)
 
-            async with asyncio.TaskGroup() as tg:
-                for desc in dict.fromkeys(manifest.layers):
-                    tg.create_task(one(desc))
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    for desc in dict.fromkeys(manifest.layers):
+                        tg.create_task(one(desc))
+            except BaseExceptionGroup as group:
+                raise _first_error(group) from None
             await _in_thread(lambda c: self._ensure_disk(digest, sink, c))
             key = str(parsed)
             self._set_ref(key, digest, "pull", index_digest)
@@ -630,6 +633,18 @@ class ImageStore:
             raise host_error(e, "pruning the image store") from None
         finally:
             lock.release()
+
+
+def _first_error(group: BaseExceptionGroup[BaseException]) -> BaseException:
+    """The first of our own errors in a task group's failure (else the group itself)."""
+    for exc in group.exceptions:
+        if isinstance(exc, BaseExceptionGroup):
+            inner = _first_error(exc)
+            if inner is not exc:
+                return inner
+        elif isinstance(exc, TkboxError):
+            return exc
+    return group
 
 
 def _opener(path: Path) -> Any:

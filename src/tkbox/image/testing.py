@@ -2,7 +2,7 @@
 
 - `LayerBuilder`: a layer tar made entry by entry (files, dirs, links,
   devices, whiteouts, xattrs), compressed as asked.
-- `TestCA`: a throwaway CA and a server certificate for 127.0.0.1 (cryptography).
+- `ScratchCA`: a throwaway CA and a server certificate for 127.0.0.1 (cryptography).
 - `LocalRegistry`: Debian's `docker-registry` (distribution 2.8) on 127.0.0.1
   over TLS with that CA, its storage in a temporary directory.
 - `push_image` / `push_index`: the registry API's upload side (monolithic blob
@@ -20,6 +20,7 @@ import ipaddress
 import json
 import shutil
 import socket
+import ssl
 import subprocess
 import tarfile
 import time
@@ -102,13 +103,13 @@ def compress(tar: bytes, how: str) -> tuple[bytes, str]:
 
 
 @dataclass
-class TestCA:
+class ScratchCA:
     ca_pem: Path
     cert_pem: Path
     key_pem: Path
 
     @classmethod
-    def create(cls, directory: Path) -> TestCA:
+    def create(cls, directory: Path) -> ScratchCA:
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -170,7 +171,7 @@ class LocalRegistry:
     """`docker-registry` on 127.0.0.1:<port> over TLS; `stop()` when done."""
 
     directory: Path
-    ca: TestCA
+    ca: ScratchCA
     port: int = 0
     proc: subprocess.Popen[bytes] | None = None
     extra_config: dict[str, Any] = field(default_factory=dict)
@@ -208,7 +209,7 @@ class LocalRegistry:
                                      stdout=log, stderr=log, close_fds=True)
         log.close()
         deadline = time.monotonic() + 20
-        with httpx.Client(verify=str(self.ca.ca_pem)) as c:
+        with httpx.Client(verify=self._ssl()) as c:
             while True:
                 try:
                     if c.get(f"https://{self.host}/v2/").status_code in (200, 401):
@@ -231,9 +232,11 @@ class LocalRegistry:
                 self.proc.wait()
         self.proc = None
 
+    def _ssl(self) -> ssl.SSLContext:
+        return ssl.create_default_context(cafile=str(self.ca.ca_pem))
+
     def client(self) -> httpx.Client:
-        return httpx.Client(base_url=f"https://{self.host}", verify=str(self.ca.ca_pem),
-                            timeout=60)
+        return httpx.Client(base_url=f"https://{self.host}", verify=self._ssl(), timeout=60)
 
 
 # --- pushing ----------------------------------------------------------------------------
