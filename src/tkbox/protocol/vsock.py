@@ -336,6 +336,12 @@ class HybridVsockHostPorts(_SocketPorts):
     reach these sockets can talk to the guest agent, and the guest's egress and
     boot-config streams arrive on `<uds_path>_<port>`. Listeners are created
     0600 and checked to be in a directory only we can enter.
+
+    No half-close: when the host end of a stream reaches EOF, Firecracker
+    shuts the guest's socket down in both directions, and it does not pass a
+    guest's half-close on to the host (its `csm/connection.rs`). So
+    `send_eof()` here ends the whole stream; protocols on these ports delimit
+    their own messages (the length-prefixed frames do) and close when done.
     """
 
     def __init__(

@@ -429,6 +429,24 @@ class FirecrackerLauncher(Launcher):
             )
         return found
 
+    async def _spawn(self, binary: str, spec: VMSpec) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            binary,
+            "--api-sock",
+            str(api_socket(spec)),
+            "--id",
+            vmm_id(spec.name),
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=spec.workdir,
+            env={},
+            close_fds=True,
+            pass_fds=(),
+            start_new_session=True,
+            preexec_fn=_make_pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
+        )
+
     async def start(
         self,
         spec: VMSpec,
@@ -454,22 +472,10 @@ class FirecrackerLauncher(Launcher):
                 if not stat.S_ISSOCK(path.lstat().st_mode):
                     raise HostError(f"{path} exists and is not a socket; remove it")
                 path.unlink()  # stale, from a VMM that died with this directory
-        proc = await asyncio.create_subprocess_exec(
-            binary,
-            "--api-sock",
-            str(api_socket(spec)),
-            "--id",
-            vmm_id(spec.name),
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.PIPE,
-            cwd=spec.workdir,
-            env={},
-            close_fds=True,
-            pass_fds=(),
-            start_new_session=True,
-            preexec_fn=_make_pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
-        )
+        try:
+            proc = await self._spawn(binary, spec)
+        except OSError as exc:
+            raise HostError(f"cannot run {binary}: {exc.strerror or exc}") from None
         vm = FirecrackerVM(proc, spec)
         try:
             await vm.wait_api_ready()

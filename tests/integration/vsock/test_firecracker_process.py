@@ -368,3 +368,16 @@ def test_vmm_does_not_outlive_the_daemon(binary: Path, tmp_path: Path) -> None:
         if not gone(pid):
             os.kill(pid, signal.SIGKILL)
 
+
+
+def test_binary_that_cannot_run_is_a_host_error(tmp_path: Path) -> None:
+    spec = make_spec(tmp_path)
+    junk = tmp_path / "firecracker"
+    junk.write_bytes(b"\x00not a program")
+    junk.chmod(0o755)
+
+    async def main() -> None:
+        with pytest.raises(HostError, match="cannot run .*firecracker"):
+            await FirecrackerLauncher(junk).start(spec)
+
+    run(main())
