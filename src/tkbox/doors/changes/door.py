@@ -54,11 +54,11 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
                            notes=("the patch is empty",))
     git = Git()
     try:
-        ignored = await _repo_rules(git, root, parsed, notes)  # (1)
         await _git_reads_same(git, parsed)  # (3)
         with Checkout(root) as co:
             states = _states(co, parsed, limits)
             plan = build(parsed, states, max_file_bytes=limits.max_file_bytes)  # (1), (4) ours
+            ignored = await _repo_rules(git, root, parsed, notes)  # (1)
             classify(plan, ignored=ignored, sensitive=sensitive.sensitive_reason,  # (1), (2)
                      allow_sensitive=allow_sensitive)
             await _git_builds_same(git, plan)  # (4) git's

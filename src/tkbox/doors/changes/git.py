@@ -11,9 +11,11 @@ template (no sample hooks) and with `info/attributes` unsetting every
 attribute that converts content (`text`, `eol`, `crlf`, `ident`, `filter`,
 `working-tree-encoding`), which outranks any `.gitattributes` in the tree.
 
-Only two runs see the user's own configuration, read-only and with the same
-`-c` switches: `git config --get` of `core.hooksPath` and `core.excludesFile`
-(so the user's hooks directory is refused and their ignore rules apply).
+Only `git config --get` of `core.hooksPath` and `core.excludesFile` (read
+only; nothing is executed) and `git rev-parse --show-toplevel` see the user's
+own configuration, so that the user's hooks directory is refused and their
+ignore rules apply; `check-ignore` then runs with our switches and the
+user's excludes file passed explicitly.
 """
 
 from __future__ import annotations
@@ -91,9 +93,9 @@ class Git:
         }
 
     async def run(self, cwd: Path, args: Sequence[str], stdin: bytes = b"",
-                  env: dict[str, str] | None = None) -> Result:
+                  env: dict[str, str] | None = None, safe: bool = True) -> Result:
         proc = await asyncio.create_subprocess_exec(
-            self.exe, *_SAFE, *args, cwd=cwd, env=env or self.env(cwd),
+            self.exe, *(_SAFE if safe else []), *args, cwd=cwd, env=env or self.env(cwd),
             stdin=asyncio.subprocess.PIPE, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE, close_fds=True,
         )
@@ -119,7 +121,8 @@ class Git:
         """`key` as the user's git sees it in `checkout` (read only)."""
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
         env["LC_ALL"] = "C"
-        r = await self.run(checkout, ["config", "--path", "--get", key], env=env)
+        # without our -c switches, which would hide the user's value of `key`
+        r = await self.run(checkout, ["config", "--path", "--get", key], env=env, safe=False)
         if r.rc == 0:
             return os.fsdecode(r.out.rstrip(b"\n"))
         return None

@@ -165,6 +165,8 @@ def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int) -> 
         where = f.sections[0].where
         for anc in _ancestors(f.path):
             if anc in finals:
+                if f.new.kind == "absent":
+                    continue  # deletions happen first, before anything is made at `anc`
                 if finals[anc].kind == "link":
                     raise PatchRefused(f"{where}: written through the symlink {anc!r} "
                                        "that the patch creates")

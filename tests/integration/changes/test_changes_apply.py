@@ -1,0 +1,315 @@
+"""`apply_patch` end to end: real git, a real checkout, the fake signer.
+
+The attack corpus cases that need git or the checkout itself, each named for
+what it stops, plus the all-or-nothing guarantees (signer refusal, a failure
+half-way, a checkout changed between decision and write).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
+from changes_trees import Tree, build_upper, file, link, make_tree, read_tree  # noqa: E402
+
+from tkbox.doors.changes import ApplyReport, PatchRefused, apply_patch  # noqa: E402
+from tkbox.doors.changes import door as door_mod  # noqa: E402
+from tkbox.doors.changes import fs as fs_mod  # noqa: E402
+from tkbox.doors.changes.patch import parse_patch  # noqa: E402
+from tkbox.guest.diff import write_patch  # noqa: E402
+from tkbox.record.client import FakeSigner  # noqa: E402
+
+pytestmark = pytest.mark.integration
+RUN = "run-1"
+
+
+def git(cwd: Path, *args: str) -> None:
+    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
+                   check=True, capture_output=True)
+
+
+def checkout(tmp: Path, tree: Tree, *, repo: bool = True) -> Path:
+    co = tmp / "co"
+    make_tree(co, tree)
+    if repo:
+        git(co, "init", "-q")
+    return co
+
+
+def guest_patch(tmp: Path, lower: Tree, final: Tree) -> bytes:
+    make_tree(tmp / "lower", lower)
+    build_upper(tmp / "upper", lower, final)
+    out = io.BytesIO()
+    write_patch(tmp / "lower", tmp / "upper", out, max_bytes=1 << 24)
+    return out.getvalue()
+
+
+def apply(patch: bytes, co: Path, signer: FakeSigner | None = None, **kw: Any) -> ApplyReport:
+    async def go() -> ApplyReport:
+        s = signer or FakeSigner()
+        if RUN not in s._open:
+            await s.open_run(RUN, {})
+        return await apply_patch(patch, co, s, RUN, **kw)
+    return asyncio.run(go())
+
+
+def test_applies_a_guest_patch_and_records_one_write_per_file(tmp_path: Path) -> None:
+    lower = {"a.txt": file(b"a\n"), "d/b": file(b"b\n"), "gone": file(b"g\n")}
+    final = {"a.txt": file(b"A\n"), "d/b": file(b"b\n"), "new.bin": file(b"\x00\x01"),
+             "l": link(b"a.txt")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    signer = FakeSigner()
+    report = apply(patch, co, signer)
+    assert read_tree(co) == final
+    assert {f.path: f.status for f in report.files} == {
+        "a.txt": "applied", "gone": "applied", "l": "applied", "new.bin": "applied"}
+    decisions = signer.of_run(RUN, "tkbox.decision")
+    assert [d["resource"]["path"] for d in decisions] == ["a.txt", "gone", "l", "new.bin"]
+    assert decisions[1]["resource"] == {"path": "gone", "sha256": None, "mode": None}
+    assert all(d["context"]["patch_sha256"] == report.patch_sha256 for d in decisions)
+    assert len(signer.of_run(RUN, "tkbox.complete")) == 4
+    assert report.to_json()["counts"]["applied"] == 4
+    assert not [p for p in os.listdir(co) if p.startswith(".tkbox")]
+
+
+def test_dry_run_writes_nothing_and_asks_nothing(tmp_path: Path) -> None:
+    lower = {"a": file(b"a\n")}
+    patch = guest_patch(tmp_path, lower, {"a": file(b"b\n")})
+    co = checkout(tmp_path, lower)
+    signer = FakeSigner()
+    report = apply(patch, co, signer, dry_run=True)
+    assert read_tree(co) == lower
+    assert [f.status for f in report.files] == ["would apply"]
+    assert signer.of_run(RUN, "tkbox.decision") == []
+
+
+def test_signer_refusing_one_file_applies_nothing(tmp_path: Path) -> None:
+    """One refused Write and no file of the patch is written."""
+    lower = {"a": file(b"a\n"), "b": file(b"b\n")}
+    patch = guest_patch(tmp_path, lower, {"a": file(b"A\n"), "b": file(b"B\n")})
+    co = checkout(tmp_path, lower)
+    signer = FakeSigner(policy=lambda r, a, res, c: (res["path"] != "b", "policy says no"))
+    with pytest.raises(PatchRefused, match="signer refused writing 'b': policy says no"):
+        apply(patch, co, signer)
+    assert read_tree(co) == lower
+
+
+def test_signer_unavailable_applies_nothing(tmp_path: Path) -> None:
+    lower = {"a": file(b"a\n")}
+    patch = guest_patch(tmp_path, lower, {"a": file(b"A\n")})
+    co = checkout(tmp_path, lower)
+    signer = FakeSigner()
+    asyncio.run(signer.open_run(RUN, {}))
+    signer.available = False
+    with pytest.raises(PatchRefused, match="did not answer"):
+        apply(patch, co, signer)
+    assert read_tree(co) == lower
+
+
+def test_checkout_changed_between_decision_and_write_is_refused(tmp_path: Path) -> None:
+    """The person edits a file while the signer decides: nothing is written over it."""
+    lower = {"a": file(b"a\n"), "b": file(b"b\n")}
+    patch = guest_patch(tmp_path, lower, {"a": file(b"A\n"), "b": file(b"B\n")})
+    co = checkout(tmp_path, lower)
+
+    def policy(run: str, action: str, res: Any, ctx: Any) -> tuple[bool, str]:
+        if res["path"] == "b":
+            (co / "b").write_bytes(b"edited by the person\n")
+        return True, "ok"
+
+    with pytest.raises(PatchRefused, match="changed after the decision"):
+        apply(patch, co, FakeSigner(policy=policy))
+    assert read_tree(co) == {"a": file(b"a\n"), "b": file(b"edited by the person\n")}
+
+
+def test_parent_swapped_for_a_symlink_after_decision_is_refused(tmp_path: Path) -> None:
+    """A directory replaced by a symlink to elsewhere mid-apply never redirects a write."""
+    lower = {"d/x": file(b"x\n")}
+    patch = guest_patch(tmp_path, lower, {"d/x": file(b"X\n")})
+    co = checkout(tmp_path, lower)
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "x").write_bytes(b"x\n")
+
+    def policy(run: str, action: str, res: Any, ctx: Any) -> tuple[bool, str]:
+        os.rename(co / "d", tmp_path / "moved")
+        os.symlink(outside, co / "d")
+        return True, "ok"
+
+    with pytest.raises(PatchRefused, match="changed after the decision"):
+        apply(patch, co, FakeSigner(policy=policy))
+    assert (outside / "x").read_bytes() == b"x\n"
+
+
+def test_failure_half_way_leaves_the_checkout_as_it_was(tmp_path: Path, monkeypatch:
+                                                        pytest.MonkeyPatch) -> None:
+    """An error after some files are in place undoes every step."""
+    lower = {"a": file(b"a\n"), "d/b": file(b"b\n"), "del": file(b"x\n"), "z/old": file(b"o\n")}
+    final = {"a": file(b"A\n"), "d/b": file(b"B\n"), "n/e/w": file(b"new\n"), "z": file(b"f\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    real_link = os.link
+    calls = {"n": 0}
+
+    def failing_link(*a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == 3:
+            raise OSError(28, "No space left on device")
+        real_link(*a, **k)
+
+    monkeypatch.setattr(fs_mod.os, "link", failing_link)
+    with pytest.raises(OSError, match="No space left"):
+        apply(patch, co)
+    assert calls["n"] == 3
+    assert read_tree(co) == lower
+    assert sorted(os.listdir(co)) == [".git", "a", "d", "del", "z"]
+
+
+def test_path_that_is_a_symlink_in_the_checkout_is_never_written_through(tmp_path: Path) -> None:
+    """The checkout's `vendor -> ../outside`: a patch writing `vendor/x` is refused."""
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    co = checkout(tmp_path, {"ok": file(b"1\n")})
+    os.symlink(outside, co / "vendor")
+    patch = guest_patch(tmp_path, {}, {"vendor/x": file(b"pwned\n")})
+    with pytest.raises(PatchRefused, match="symlink in the checkout"):
+        apply(patch, co)
+    assert list(outside.iterdir()) == []
+
+
+def test_file_patch_onto_a_checkout_symlink_is_refused(tmp_path: Path) -> None:
+    """The patch modifies `f` as a file; in the checkout `f` is a symlink to a host file."""
+    host = tmp_path / "host.txt"
+    host.write_bytes(b"f\n")
+    patch = guest_patch(tmp_path, {"f": file(b"f\n")}, {"f": file(b"pwned\n")})
+    co = checkout(tmp_path, {})
+    os.symlink(host, co / "f")
+    with pytest.raises(PatchRefused, match="mode 120000"):
+        apply(patch, co)
+    assert host.read_bytes() == b"f\n" and os.path.islink(co / "f")
+
+
+def test_symlink_created_by_the_patch_then_written_through_is_refused(tmp_path: Path) -> None:
+    """`l -> ../outside` then `l/x`: refused before anything is written."""
+    lower: Tree = {}
+    patch = guest_patch(tmp_path, lower, {"l": link(b"sub")}) + \
+        guest_patch(tmp_path / "2", lower, {"l/x": file(b"x\n")})
+    co = checkout(tmp_path, {"sub/keep": file(b"k\n")})
+    with pytest.raises(PatchRefused):
+        apply(patch, co)
+    assert read_tree(co) == {"sub/keep": file(b"k\n")}
+
+
+def test_ignored_file_is_refused_and_the_rest_applies(tmp_path: Path) -> None:
+    """A change to a file git ignores would not show in `git status`: never written."""
+    lower = {".gitignore": file(b"*.log\nbuild/\n"), "src.py": file(b"1\n")}
+    final = dict(lower, **{"src.py": file(b"2\n"), "debug.log": file(b"x\n"),
+                           "build/out.js": file(b"evil()\n")})
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    report = apply(patch, co)
+    status = {f.path: f.status for f in report.files}
+    assert status == {"src.py": "applied", "debug.log": "refused", "build/out.js": "refused"}
+    assert read_tree(co) == dict(lower, **{"src.py": file(b"2\n")})
+
+
+def test_tracked_file_matching_an_ignore_rule_is_not_ignored(tmp_path: Path) -> None:
+    lower = {".gitignore": file(b"*.cfg\n"), "app.cfg": file(b"1\n")}
+    co = checkout(tmp_path, lower)
+    git(co, "add", "-f", "app.cfg", ".gitignore")
+    patch = guest_patch(tmp_path, lower, dict(lower, **{"app.cfg": file(b"2\n")}))
+    assert [f.status for f in apply(patch, co).files] == ["applied"]
+
+
+def test_configured_hooks_directory_is_refused(tmp_path: Path) -> None:
+    """core.hooksPath=.hooks: a patch writing `.HOOKS/pre-commit` would run on commit."""
+    co = checkout(tmp_path, {"a": file(b"a\n")})
+    git(co, "config", "core.hooksPath", ".hooks")
+    patch = guest_patch(tmp_path, {}, {".HOOKS/pre-commit": file(b"#!/bin/sh\nevil\n")})
+    with pytest.raises(PatchRefused, match="hooks directory"):
+        apply(patch, co, allow_sensitive=True)
+    assert not (co / ".HOOKS").exists() and not (co / ".hooks").exists()
+
+
+def test_sensitive_files_are_held_back_unless_allowed(tmp_path: Path) -> None:
+    lower = {"a": file(b"a\n")}
+    final = {"a": file(b"A\n"), ".github/workflows/ci.yml": file(b"on: push\n"),
+             "run.sh": file(b"#!/bin/sh\n", exec=True), ".envrc": file(b"curl x | sh\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    report = apply(patch, co)
+    assert {f.path: f.status for f in report.files} == {
+        ".envrc": "held back", ".github/workflows/ci.yml": "held back", "a": "applied",
+        "run.sh": "held back"}
+    assert read_tree(co) == {"a": file(b"A\n")}
+    co2 = tmp_path / "co2"
+    make_tree(co2, lower)
+    report = apply(patch, co2, allow_sensitive=True)
+    assert read_tree(co2) == final and report.count("applied") == 4
+
+
+def test_executable_mode_change_is_held_back(tmp_path: Path) -> None:
+    """`chmod +x` on an existing file makes it something hooks and CI can run."""
+    lower = {"tool": file(b"#!/bin/sh\necho hi\n")}
+    patch = guest_patch(tmp_path, lower, {"tool": file(b"#!/bin/sh\necho hi\n", exec=True)})
+    co = checkout(tmp_path, lower)
+    (f,) = apply(patch, co).files
+    assert (f.kind, f.status) == ("mode", "held back")
+    assert read_tree(co) == lower
+
+
+def test_git_reading_the_patch_differently_is_refused(tmp_path: Path) -> None:
+    """Step 3 itself: if our parse and git's disagree on any section, nothing goes on."""
+    patch = guest_patch(tmp_path, {"a": file(b"a\n")}, {"a": file(b"b\n"), "c": file(b"c\n")})
+    other = guest_patch(tmp_path / "o", {"a": file(b"a\n")}, {"a": file(b"b\nb\n"),
+                                                             "c": file(b"c\n")})
+    ours = parse_patch(other)  # sections that claim different line counts
+    tampered = type(ours)(patch, ours.sha256, ours.sections)
+    g = door_mod.Git()
+    try:
+        with pytest.raises(PatchRefused, match=r"read the patch differently at patch line 1 \(a\)"):
+            asyncio.run(door_mod._git_reads_same(g, tampered))
+        asyncio.run(door_mod._git_reads_same(g, parse_patch(patch)))  # the honest one passes
+    finally:
+        g.close()
+
+
+def test_gitattributes_in_the_checkout_do_not_change_the_result(tmp_path: Path) -> None:
+    """A `.gitattributes` (eol=crlf, a filter) never converts what git builds in scratch."""
+    lower = {".gitattributes": file(b"* text eol=crlf\n*.txt filter=evil\n"),
+             "a.txt": file(b"a\nb\n")}
+    final = dict(lower, **{"a.txt": file(b"a\nB\n"), ".gitattributes": file(b"* text\n")})
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    git(co, "config", "filter.evil.clean", "touch /tmp/tkbox-test-filter-ran")
+    apply(patch, co, allow_sensitive=True)
+    assert read_tree(co) == final
+    assert not Path("/tmp/tkbox-test-filter-ran").exists()
+
+
+def test_not_a_git_repository_applies_with_a_note(tmp_path: Path) -> None:
+    lower = {"a": file(b"a\n")}
+    patch = guest_patch(tmp_path, lower, {"a": file(b"b\n")})
+    co = checkout(tmp_path, lower, repo=False)
+    report = apply(patch, co)
+    assert report.count("applied") == 1 and "not a git repository" in report.notes[0]
+
+
+def test_report_renders_hostile_paths_as_text(tmp_path: Path) -> None:
+    from rich.console import Console
+    patch = guest_patch(tmp_path, {}, {"[bold red]x[/]": file(b"x\n")})
+    co = checkout(tmp_path, {})
+    report = apply(patch, co, dry_run=True)
+    console = Console(file=io.StringIO(), width=120, color_system=None)
+    report.render(console)
+    out = console.file.getvalue()  # type: ignore[attr-defined]
+    assert "[bold red]x[/]" in out and "would apply" in out
