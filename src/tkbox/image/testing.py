@@ -192,6 +192,7 @@ class LocalRegistry:
         exe = shutil.which("docker-registry")
         if exe is None:
             raise RuntimeError("docker-registry is missing: apt-get install docker-registry")
+        self.directory.mkdir(parents=True, exist_ok=True)
         self.port = self.port or free_port()
         config = {
             "version": 0.1,
