@@ -43,6 +43,7 @@ import logging
 import os
 import socket
 import stat
+import struct
 from abc import abstractmethod
 from collections.abc import Callable, Coroutine
 from pathlib import Path
@@ -67,6 +68,8 @@ HANDSHAKE_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
 #: Open streams per Ports object; Firecracker allows 1023 vsock connections per VM.
 MAX_STREAMS = 1024
+#: accept() errors that pass (out of descriptors or memory): wait, then accept again.
+_TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: `sun_path` is 108 bytes on Linux, one of which is the terminating NUL.
 MAX_UNIX_PATH = 107
 
@@ -310,11 +313,12 @@ class _SocketPorts(Ports):
             try:
                 conn, _ = await loop.sock_accept(listener)
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if exc.errno in _TRANSIENT_ACCEPT_ERRORS:
                     log.warning("port %d: accept failed (%s); retrying", port, exc.strerror)
                     await asyncio.sleep(0.1)
                     continue
-                raise
+                log.warning("port %d: listener failed (%s); not serving", port, exc.strerror)
+                return
             if accept_peer(conn):
                 self._dispatch(port, handler, conn)
             else:
@@ -327,6 +331,20 @@ def _connect_error(what: str, exc: OSError) -> PortError:
 
 
 # --- hybrid vsock (Firecracker, Cloud Hypervisor), host side ------------------
+
+
+def _same_user(conn: socket.socket) -> bool:
+    """Whether the peer of a Unix-socket connection runs as our user (the VMM does).
+
+    The private directory already keeps others out; this holds even if its
+    mode is changed while the VM runs.
+    """
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return False
+    _pid, uid, _gid = struct.unpack("3i", creds)
+    return bool(uid == os.geteuid())
 
 
 class HybridVsockHostPorts(_SocketPorts):
@@ -422,7 +440,7 @@ class HybridVsockHostPorts(_SocketPorts):
             raise PortError(f"cannot listen on {path}: {exc.strerror}") from None
         self._listeners[port] = (listener, path, (sst.st_dev, sst.st_ino))
         self._spawn(
-            self._accept_loop(listener, port, handler, lambda conn: True),
+            self._accept_loop(listener, port, handler, _same_user),
             f"tkbox-hybrid-accept-{port}",
         )
 
@@ -553,11 +571,12 @@ class _SharedListener:
             try:
                 conn, _ = await self._loop.sock_accept(self._sock)
             except OSError as exc:
-                if exc.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                if exc.errno in _TRANSIENT_ACCEPT_ERRORS:
                     log.warning("vsock port %d: accept failed (%s)", self.port, exc.strerror)
                     await asyncio.sleep(0.1)
                     continue
-                raise
+                log.warning("vsock port %d: listener failed (%s)", self.port, exc.strerror)
+                return
             cid = self._peer_key(conn)
             route = self.routes.get(cid) if cid is not None else None
             if route is None:

@@ -11,7 +11,10 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import shutil
 import stat
+import sys
+import tempfile
 from collections.abc import Awaitable, Callable, Coroutine
 from pathlib import Path
 from typing import Any
@@ -454,3 +457,50 @@ def test_stale_socket_is_replaced_but_other_files_are_not(vmdir: Path) -> None:
         await ports.aclose()
 
     run(main())
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to connect as another user")
+def test_stream_from_another_user_is_closed_even_if_the_dir_was_opened() -> None:
+    """If the VM's directory and socket were opened up by mistake, another local
+    user still cannot feed the guest's boot-config or egress port: the peer's
+    uid (SO_PEERCRED) must be ours, as the VMM's is."""
+    # Not under pytest's tmp_path: its parents are closed to other users.
+    vmdir = Path(tempfile.mkdtemp(prefix="tkbox-vsock-test-"))
+
+    async def main() -> None:
+        uds = vmdir / "v.sock"
+        ports = HybridVsockHostPorts(uds)
+        served = []
+
+        async def handler(stream: ByteStream) -> None:
+            served.append(True)
+            await stream.send_all(b"served")
+            await stream.aclose()
+
+        ports.serve(1026, handler)
+        vmdir.chmod(0o755)
+        (vmdir / "v.sock_1026").chmod(0o666)
+        child = (
+            "import os, socket, sys\n"
+            "os.setgid(65534); os.setuid(65534)\n"
+            "s = socket.socket(socket.AF_UNIX)\n"
+            f"s.connect({str(vmdir / 'v.sock_1026')!r})\n"
+            "sys.stdout.write(repr(s.recv(100)))\n"
+        )
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable, "-c", child, stdout=asyncio.subprocess.PIPE
+        )
+        out, _ = await proc.communicate()
+        assert proc.returncode == 0
+        assert out == b"b''"  # connected, then closed at once
+        reader, writer = await dial(uds, 1026)  # our own user is still served
+        assert await reader.read() == b"served"
+        await close(writer)
+        assert served == [True]
+        vmdir.chmod(0o700)
+        await ports.aclose()
+
+    try:
+        run(main())
+    finally:
+        shutil.rmtree(vmdir)
