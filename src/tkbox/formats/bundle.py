@@ -1,0 +1,168 @@
+"""The `.tkb` bundle and the `.trust.json` trust file (docs/bundle-format.md).
+
+A bundle is every record of one closed run, each as a C2SP tlog-proof entry
+(the record in its `extra` line), and one checkpoint they all lead to:
+
+    "tkbox-bundle/v1" LF
+    "run " <run id> LF
+    "records " <k, decimal> LF
+    k times:
+        "c2sp.org/tlog-proof@v1" LF
+        "extra " <base64 of the record's canonical JSON> LF
+        "index " <the record's leaf index in the log> LF
+        <base64 hash> LF ...            (its RFC 6962 audit path at the checkpoint's size)
+    LF
+    <checkpoint: signed note, with the log's signature and witness cosignatures>
+
+Entry j, a blank line and the checkpoint make a standard tlog-proof file for
+record j (`Bundle.tlog_proof`), whose leaf hash is SHA-256(0x00 || extra).
+
+The trust file is canonical JSON (RFC 8785) followed by one LF:
+
+    {"format":"tkbox-trust/v1","independent":[<witness names>],"policy":"<tlog-policy text>"}
+
+`policy` names the signer's log key and its witnesses (C2SP tlog-policy);
+`independent` lists the witnesses run by someone other than the signer's
+operator (they make the assurance `witnessed` rather than `local`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from tkbox.formats import _strict, canonjson
+from tkbox.formats import policy as policy_mod
+from tkbox.formats.errors import FormatError
+from tkbox.formats.proof import HEADER as PROOF_HEADER
+from tkbox.formats.proof import Entry, Lines, read_entry
+from tkbox.formats.record import MAX_RECORD, valid_run_id
+
+MAGIC = "tkbox-bundle/v1"
+TRUST_FORMAT = "tkbox-trust/v1"
+MAX_BUNDLE = 256 << 20
+MAX_RECORDS = 1_000_000
+MAX_TRUST = 256 * 1024
+MAX_CHECKPOINT = 64 * 1024
+
+
+@dataclass(frozen=True)
+class Bundle:
+    run: str
+    entries: tuple[Entry, ...]
+    checkpoint: bytes
+
+    def encode(self) -> bytes:
+        head = f"{MAGIC}\nrun {self.run}\nrecords {len(self.entries)}\n"
+        return (head + "".join(e.text() for e in self.entries) + "\n").encode() + self.checkpoint
+
+    def tlog_proof(self, j: int) -> bytes:
+        """Record j's entry as a standalone C2SP tlog-proof file."""
+        return self.entries[j].text().encode() + b"\n" + self.checkpoint
+
+
+def build(run: str, records: Sequence[tuple[int, bytes, Sequence[bytes]]],
+          checkpoint: bytes) -> Bundle:
+    """A bundle from (leaf index, record bytes, audit path) triples, in run order."""
+    entries = tuple(Entry(i, tuple(path), raw) for i, raw, path in records)
+    return Bundle(run, entries, checkpoint)
+
+
+def parse(data: bytes) -> Bundle:
+    """Parse a bundle's structure (verification is `tkbox.verify`'s)."""
+    if len(data) > MAX_BUNDLE:
+        raise FormatError("bundle.size", "bundle", f"{len(data)} bytes, more than {MAX_BUNDLE}")
+    lines = Lines(data, "bundle", "bundle.malformed")
+    magic = lines.next("the bundle header")
+    if magic != MAGIC:
+        raise lines.fail(f"not a tkbox bundle: expected {MAGIC!r}, found {_strict.show(magic)}",
+                         code="bundle.magic")
+    run = lines.keyword("run", "the run line")
+    if not valid_run_id(run):
+        raise lines.fail("the run id is not 1-128 of [A-Za-z0-9._:-]")
+    count = _strict.decimal(lines.keyword("records", "the records line"), "bundle.malformed",
+                            lines.where(), maximum=MAX_RECORDS)
+    if count == 0:
+        raise lines.fail("a run has at least its open and close records")
+    entries: list[Entry] = []
+    for j in range(count):
+        nxt = lines.peek()
+        if nxt != PROOF_HEADER:
+            if nxt is None:
+                raise FormatError("bundle.truncated", lines.where(lines.line + 1),
+                                  f"the bundle ends after {j} of its {count} records")
+            raise FormatError("bundle.count", lines.where(lines.line + 1),
+                              f"the bundle says {count} records but holds {j}")
+        try:
+            entries.append(read_entry(lines, max_extra=MAX_RECORD))
+        except FormatError as exc:
+            raise FormatError(exc.code, exc.where, f"record {j}: {exc.what}") from None
+        if entries[-1].extra is None:
+            raise lines.fail(f"record {j} has no extra line (the record itself)")
+    nxt = lines.peek()
+    if nxt == PROOF_HEADER:
+        raise FormatError("bundle.count", lines.where(lines.line + 1),
+                          f"the bundle says {count} records but holds more")
+    if lines.next("the blank line before the checkpoint") != "":
+        raise lines.fail("expected the blank line before the checkpoint")
+    checkpoint = lines.rest()
+    if not checkpoint:
+        raise FormatError("bundle.truncated", lines.where(lines.line + 1),
+                          "the bundle ends where the checkpoint should be")
+    if len(checkpoint) > MAX_CHECKPOINT:
+        raise lines.fail(f"the checkpoint is larger than {MAX_CHECKPOINT} bytes")
+    return Bundle(run, tuple(entries), checkpoint)
+
+
+# --- the trust file -------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Trust:
+    policy: policy_mod.Policy
+    independent: frozenset[str]
+
+    def encode(self) -> bytes:
+        return make_trust(self.policy, self.independent)
+
+
+def make_trust(pol: policy_mod.Policy, independent: Iterable[str] = ()) -> bytes:
+    obj = {"format": TRUST_FORMAT, "independent": sorted(set(independent)),
+           "policy": pol.text()}
+    data = canonjson.dumps(obj) + b"\n"
+    parse_trust(data)  # what we write is what we read
+    return data
+
+
+def _tfail(what: str, code: str = "trust.malformed") -> FormatError:
+    return FormatError(code, "trust file", what)
+
+
+def parse_trust(data: bytes) -> Trust:
+    if len(data) > MAX_TRUST:
+        raise _tfail(f"{len(data)} bytes, more than {MAX_TRUST}")
+    if not data.endswith(b"\n"):
+        raise _tfail("a trust file is canonical JSON and one newline")
+    obj = canonjson.loads(data[:-1], max_size=MAX_TRUST, where="trust file")
+    if not isinstance(obj, dict) or obj.get("format") != TRUST_FORMAT:
+        raise _tfail(f"not a {TRUST_FORMAT} trust file")
+    if set(obj) != {"format", "independent", "policy"}:
+        raise _tfail("a trust file has exactly format, independent and policy")
+    text, independent = obj["policy"], obj["independent"]
+    if not isinstance(text, str):
+        raise _tfail("policy is not a string")
+    if not isinstance(independent, list) or not all(isinstance(n, str) for n in independent):
+        raise _tfail("independent is not a list of witness names")
+    if independent != sorted(set(independent)):
+        raise _tfail("independent is not sorted and unique")
+    try:
+        pol = policy_mod.parse(text.encode())
+    except FormatError as exc:
+        raise FormatError("trust.policy", f"trust file, {exc.where}", exc.what) from None
+    if len(pol.logs) != 1:
+        raise _tfail(f"the policy names {len(pol.logs)} logs; a tkbox trust file names one",
+                     "trust.policy")
+    for n in independent:
+        if n not in pol.witnesses:
+            raise _tfail(f"independent names {_strict.show(n)}, which is not a witness")
+    return Trust(pol, frozenset(independent))

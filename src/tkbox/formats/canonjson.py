@@ -1,0 +1,151 @@
+"""RFC 8785 (JCS) canonical JSON, for the subset tkbox records use.
+
+Values: objects with string keys, arrays, strings, booleans, null, and
+integers within I-JSON's exact range (|n| <= 2^53 - 1). Floats are refused:
+no record needs one, and refusing them keeps number formatting out of the
+trust base. Within that subset the output is byte-identical to RFC 8785
+(checked against the `rfc8785` package in the tests):
+
+- object members sorted by the UTF-16 code units of their names (§3.2.3);
+- no whitespace; strings escaped as ECMAScript's JSON.stringify does
+  (§3.2.2.2): `\\"`, `\\\\`, `\\b \\f \\n \\r \\t`, other controls as
+  `\\u00xx` in lowercase hex, everything else as UTF-8;
+- integers in plain decimal (§3.2.2.3 for integral values).
+
+`loads` accepts only bytes that `dumps` would produce for the value it
+reads: no duplicate names, no whitespace, no escapes that are not needed.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from tkbox.formats.errors import FormatError
+
+MAX_SAFE_INT = (1 << 53) - 1
+MAX_DEPTH = 32
+
+_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
+            "\t": "\\t"}
+
+
+class CanonicalJSONError(FormatError):
+    pass
+
+
+def _fail(what: str, where: str = "") -> CanonicalJSONError:
+    return CanonicalJSONError("json.canonical", where, what)
+
+
+def _string(s: str, out: list[str]) -> None:
+    out.append('"')
+    for ch in s:
+        esc = _ESCAPES.get(ch)
+        if esc is not None:
+            out.append(esc)
+        elif ch < " ":
+            out.append(f"\\u{ord(ch):04x}")
+        elif "\ud800" <= ch <= "\udfff":
+            raise _fail("a string holds a lone UTF-16 surrogate")
+        else:
+            out.append(ch)
+    out.append('"')
+
+
+def _value(v: Any, out: list[str], depth: int) -> None:
+    if depth > MAX_DEPTH:
+        raise _fail(f"nested deeper than {MAX_DEPTH}")
+    if v is None:
+        out.append("null")
+    elif v is True:
+        out.append("true")
+    elif v is False:
+        out.append("false")
+    elif isinstance(v, int):
+        if not -MAX_SAFE_INT <= v <= MAX_SAFE_INT:
+            raise _fail(f"integer {v} is outside the I-JSON range ±(2^53 - 1)")
+        out.append(str(int(v)))
+    elif isinstance(v, str):
+        _string(v, out)
+    elif isinstance(v, dict):
+        for k in v:
+            if not isinstance(k, str):
+                raise _fail(f"object key {k!r} is not a string")
+        out.append("{")
+        # RFC 8785 §3.2.3: sort by UTF-16 code units.
+        for i, k in enumerate(sorted(v, key=lambda s: s.encode("utf-16-be", "surrogatepass"))):
+            if i:
+                out.append(",")
+            _string(k, out)
+            out.append(":")
+            _value(v[k], out, depth + 1)
+        out.append("}")
+    elif isinstance(v, list | tuple):
+        out.append("[")
+        for i, item in enumerate(v):
+            if i:
+                out.append(",")
+            _value(item, out, depth + 1)
+        out.append("]")
+    elif isinstance(v, float):
+        raise _fail("floats are not used in tkbox records")
+    else:
+        raise _fail(f"{type(v).__name__} is not a JSON value")
+
+
+def dumps(value: Any) -> bytes:
+    """The RFC 8785 canonical bytes of `value`. Raises CanonicalJSONError."""
+    out: list[str] = []
+    _value(value, out, 0)
+    try:
+        return "".join(out).encode("utf-8")
+    except UnicodeEncodeError:  # pragma: no cover - surrogates are refused above
+        raise _fail("not encodable as UTF-8") from None
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    d: dict[str, Any] = {}
+    for k, v in pairs:
+        if k in d:
+            raise _fail(f"duplicate object member {k[:40]!r}")
+        d[k] = v
+    return d
+
+
+def _no_float(s: str) -> Any:
+    raise _fail(f"number {s[:40]} is not an integer")
+
+
+def _no_constant(s: str) -> Any:
+    raise _fail(f"{s} is not JSON")
+
+
+def loads(data: bytes, *, max_size: int = 1 << 20, where: str = "") -> Any:
+    """Parse canonical JSON; anything not canonical raises CanonicalJSONError."""
+    if len(data) > max_size:
+        raise _fail(f"{len(data)} bytes, more than the {max_size} allowed", where)
+    try:
+        text = data.decode("utf-8")
+        value = json.loads(
+            text, object_pairs_hook=_pairs, parse_float=_no_float, parse_constant=_no_constant
+        )
+    except CanonicalJSONError as exc:
+        raise exc.at(where) if where else exc from None
+    except UnicodeDecodeError as exc:
+        raise _fail(f"not UTF-8 at byte {exc.start}", where) from None
+    except RecursionError:
+        raise _fail("nested too deeply", where) from None
+    except json.JSONDecodeError as exc:
+        raise _fail(f"not JSON: {exc.msg} at byte {exc.pos}", where) from None
+    except ValueError as exc:  # e.g. an integer too long to convert
+        raise _fail(f"not JSON: {exc}", where) from None
+    try:
+        again = dumps(value)
+    except CanonicalJSONError as exc:
+        raise exc.at(where) if where else exc from None
+    if again != data:
+        at = next((i for i, (a, b) in enumerate(zip(again, data, strict=False)) if a != b),
+                  min(len(again), len(data)))
+        raise _fail(f"not in RFC 8785 canonical form (first difference at byte {at})", where)
+    return value

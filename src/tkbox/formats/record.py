@@ -1,0 +1,129 @@
+"""tkbox's log record: one leaf of the signer's Merkle log.
+
+A record is the RFC 8785 canonical JSON of an object with exactly these
+members:
+
+| member | value |
+| ------ | ----- |
+| `v`    | `1` |
+| `run`  | the run id (`RUN_ID` below) |
+| `seq`  | the record's position in its run, from 0 |
+| `prev` | base64 of the previous record's leaf hash, `null` for `seq` 0 |
+| `time` | the signer's clock, RFC 3339 UTC with milliseconds |
+| `kind` | `tkbox.run.open`, `tkbox.decision`, `tkbox.complete`, `tkbox.run.close`, |
+|        | or an event kind (`tkbox.secret.use`, `tkbox.gap`, ...) |
+| `body` | an object; what it holds depends on `kind` |
+
+Its leaf hash is RFC 6962's: SHA-256(0x00 || record bytes). `prev` chains the
+records of one run from its open record to its close record, so none can be
+left out of a bundle, added, or moved unnoticed.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any
+
+from tkbox.formats import _strict, canonjson
+from tkbox.formats.errors import FormatError
+from tkbox.formats.merkle import HASH_SIZE, leaf_hash
+
+VERSION = 1
+MAX_RECORD = 64 * 1024
+RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
+KIND = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*){1,7}")
+TIME = re.compile(r"\d{4}-\d{2}-\d{2}T\d{2}:\d{2}:\d{2}\.\d{3}Z")
+
+OPEN = "tkbox.run.open"
+CLOSE = "tkbox.run.close"
+DECISION = "tkbox.decision"
+COMPLETE = "tkbox.complete"
+ISOLATION = ("same-user", "separate-user")
+FIELDS = frozenset({"v", "run", "seq", "prev", "time", "kind", "body"})
+
+
+@dataclass(frozen=True)
+class Record:
+    run: str
+    seq: int
+    prev: bytes | None  # leaf hash of the previous record of the run
+    time: str
+    kind: str
+    body: dict[str, Any]
+    raw: bytes  # the canonical bytes (the leaf)
+
+    @property
+    def hash(self) -> bytes:
+        return leaf_hash(self.raw)
+
+
+def now() -> str:
+    """The current UTC time in the record's format."""
+    t = datetime.now(UTC)
+    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+
+
+def valid_run_id(run: str) -> bool:
+    return RUN_ID.fullmatch(run) is not None
+
+
+def make(run: str, seq: int, prev: bytes | None, kind: str, body: dict[str, Any],
+         time: str | None = None) -> Record:
+    """Build a record (the signer's side). Raises FormatError on bad input."""
+    obj = {
+        "v": VERSION,
+        "run": run,
+        "seq": seq,
+        "prev": None if prev is None else _strict.b64e(prev),
+        "time": time or now(),
+        "kind": kind,
+        "body": body,
+    }
+    raw = canonjson.dumps(obj)
+    return parse(raw)
+
+
+def _fail(what: str, where: str, code: str = "record.schema") -> FormatError:
+    return FormatError(code, where, what)
+
+
+def parse(raw: bytes, where: str = "record") -> Record:
+    """Parse and check one record's bytes."""
+    if len(raw) > MAX_RECORD:
+        raise _fail(f"{len(raw)} bytes, more than {MAX_RECORD}", where, "record.json")
+    obj = canonjson.loads(raw, max_size=MAX_RECORD, where=where)
+    if not isinstance(obj, dict):
+        raise _fail("a record is a JSON object", where)
+    if set(obj) != FIELDS:
+        missing = sorted(FIELDS - set(obj))
+        extra = sorted(set(obj) - FIELDS)
+        raise _fail(f"members missing {missing} or unknown {extra}", where)
+    if obj["v"] != VERSION or isinstance(obj["v"], bool):
+        raise _fail(f"record version {obj['v']!r} is not {VERSION}", where)
+    run, seq, prev, time, kind, body = (obj[k] for k in ("run", "seq", "prev", "time", "kind",
+                                                          "body"))
+    if not isinstance(run, str) or not valid_run_id(run):
+        raise _fail("the run id is not 1-128 of [A-Za-z0-9._:-]", where)
+    if not isinstance(seq, int) or isinstance(seq, bool) or seq < 0:
+        raise _fail("seq is not a non-negative integer", where)
+    if seq == 0:
+        if prev is not None:
+            raise _fail("the first record of a run has prev null", where, "record.chain")
+        prev_hash = None
+    else:
+        if not isinstance(prev, str):
+            raise _fail("prev is not the previous record's hash", where, "record.chain")
+        prev_hash = _strict.b64(prev, "record.schema", where, length=HASH_SIZE)
+    if not isinstance(time, str) or TIME.fullmatch(time) is None:
+        raise _fail("time is not RFC 3339 UTC with milliseconds", where)
+    if not isinstance(kind, str) or KIND.fullmatch(kind) is None:
+        raise _fail("kind is not a dotted lowercase name", where)
+    if not isinstance(body, dict):
+        raise _fail("body is not an object", where)
+    if (seq == 0) != (kind == OPEN):
+        raise _fail(f"a run starts with {OPEN}, and only there", where, "record.open")
+    if kind == OPEN and body.get("isolation") not in ISOLATION:
+        raise _fail("the open record states isolation same-user or separate-user", where)
+    return Record(run, seq, prev_hash, time, kind, body, raw)

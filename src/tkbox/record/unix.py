@@ -1,0 +1,268 @@
+"""`UnixSignerClient`: the real `SignerClient`, over the signer's Unix socket.
+
+One connection carries every request, pipelined (each has an id; answers
+may come in any order). A second connection, opened by `pushes()`, carries
+the signer's holds, releases and quarantines. Frames are `tkbox.signer.wire`.
+
+Fail closed: no socket, a connection that breaks, an answer that does not
+come within `timeout`, a frame we cannot read, or a request the signer will
+not take, all raise `SignerUnavailable` (one line for a person). After a
+timeout or a broken connection the connection is dropped (what it was doing
+is unknown); the next call connects again.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import itertools
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+from tkbox.errors import SignerUnavailable
+from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
+from tkbox.signer import wire
+
+EXPORT_LIMIT = 512 << 20
+
+
+class _Pending:
+    def __init__(self, fut: asyncio.Future[dict[str, Any]]) -> None:
+        self.fut = fut
+        self.result: dict[str, Any] | None = None
+        self.parts: list[bytes] = []
+        self.expect = 0
+
+
+class UnixSignerClient(SignerClient):
+    def __init__(self, socket_path: str | Path, *, timeout: float = 10.0,
+                 connect_timeout: float = 2.0, export_timeout: float = 120.0) -> None:
+        self.socket_path = Path(socket_path)
+        self.timeout = timeout
+        self.connect_timeout = connect_timeout
+        self.export_timeout = export_timeout
+        self._ids = itertools.count(1)
+        self._writer: asyncio.StreamWriter | None = None
+        self._reader_task: asyncio.Task[None] | None = None
+        self._pending: dict[int, _Pending] = {}
+        self._connect_lock = asyncio.Lock()
+        self._push_writer: asyncio.StreamWriter | None = None
+
+    # --- the connection ------------------------------------------------------
+
+    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+        try:
+            return await asyncio.wait_for(
+                asyncio.open_unix_connection(str(self.socket_path), limit=wire.MAX_FRAME + 4),
+                self.connect_timeout)
+        except FileNotFoundError:
+            raise SignerUnavailable(
+                f"no signer at {self.socket_path}; start one with `tkbox signer serve`") from None
+        except (TimeoutError, OSError) as exc:
+            raise SignerUnavailable(
+                f"the signer at {self.socket_path} does not answer ({_why(exc)}); "
+                "check `tkbox signer status`") from None
+
+    async def _connection(self) -> asyncio.StreamWriter:
+        async with self._connect_lock:
+            if self._writer is not None and not self._writer.is_closing():
+                return self._writer
+            reader, writer = await self._open()
+            self._writer = writer
+            self._reader_task = asyncio.get_running_loop().create_task(
+                self._read_loop(reader, writer), name="signer-client-reader")
+            return writer
+
+    async def _read_loop(self, reader: asyncio.StreamReader,
+                         writer: asyncio.StreamWriter) -> None:
+        decoder = wire.Decoder()
+        why = "the signer closed the connection"
+        try:
+            while True:
+                data = await reader.read(1 << 16)
+                if not data:
+                    break
+                decoder.feed(data)
+                while (frame := decoder.next()) is not None:
+                    self._deliver(frame)
+        except wire.WireError as exc:
+            why = f"the signer sent a bad frame ({exc})"
+        except (ConnectionError, OSError) as exc:
+            why = f"the connection to the signer broke ({_why(exc)})"
+        finally:
+            self._drop(writer, why)
+
+    def _deliver(self, frame: dict[str, Any]) -> None:
+        rid = frame.get("id")
+        p = self._pending.get(rid) if isinstance(rid, int) else None
+        if p is None or p.fut.done():
+            return
+        if "part" in frame:
+            data = frame.get("data")
+            if p.result is None or frame.get("part") != len(p.parts) or not isinstance(data, str):
+                p.fut.set_exception(SignerUnavailable("the signer sent export parts out of order"))
+                return
+            try:
+                p.parts.append(base64.b64decode(data, validate=True))
+            except ValueError:
+                p.fut.set_exception(SignerUnavailable("the signer sent a bad export part"))
+                return
+            if len(p.parts) == p.expect:
+                p.fut.set_result(p.result)
+            return
+        if frame.get("ok") is True and isinstance(frame.get("result"), dict):
+            result = frame["result"]
+            parts = result.get("parts")
+            if isinstance(parts, int) and not isinstance(parts, bool) and parts > 0:
+                p.result, p.expect = result, parts
+                return
+            p.fut.set_result(result)
+            return
+        error = frame.get("error")
+        p.fut.set_exception(SignerUnavailable(
+            f"the signer refused: {error}" if isinstance(error, str) else
+            "the signer sent an answer that is neither a result nor an error"))
+
+    def _drop(self, writer: asyncio.StreamWriter, why: str) -> None:
+        if self._writer is writer:
+            self._writer = None
+        writer.close()
+        pending, self._pending = self._pending, {}
+        for p in pending.values():
+            if not p.fut.done():
+                p.fut.set_exception(SignerUnavailable(why))
+
+    async def _call(self, op: str, timeout: float | None = None,
+                    **args: Any) -> tuple[dict[str, Any], list[bytes]]:
+        rid = next(self._ids)
+        try:
+            frame = wire.encode({"id": rid, "op": op, **args})
+        except wire.WireError as exc:
+            raise SignerUnavailable(f"{op} cannot be recorded: {exc} (records hold JSON "
+                                    "objects, strings, booleans and integers only)") from None
+        writer = await self._connection()
+        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        p = self._pending[rid] = _Pending(fut)
+        try:
+            writer.write(frame)
+            await asyncio.wait_for(writer.drain(), timeout or self.timeout)
+            result = await asyncio.wait_for(asyncio.shield(fut), timeout or self.timeout)
+        except TimeoutError:
+            self._drop(writer, "timed out")
+            raise SignerUnavailable(
+                f"the signer did not answer {op} within {timeout or self.timeout:g} s") from None
+        except (ConnectionError, OSError) as exc:
+            self._drop(writer, _why(exc))
+            raise SignerUnavailable(f"the connection to the signer broke ({_why(exc)})") from None
+        finally:
+            self._pending.pop(rid, None)
+            if fut.done() and not fut.cancelled():
+                fut.exception()  # retrieved: the caller got a SignerUnavailable already
+        return result, p.parts
+
+    # --- SignerClient ----------------------------------------------------------
+
+    async def ping(self) -> JSON:
+        result, _ = await self._call("ping")
+        return result
+
+    async def status(self) -> JSON:
+        result, _ = await self._call("status")
+        return result
+
+    async def open_run(self, run_id: str, facts: JSON) -> None:
+        await self._call("open", run=run_id, facts=dict(facts))
+
+    async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
+        result, _ = await self._call("decide", run=run_id, action=action,
+                                     resource=dict(resource), context=dict(context))
+        allowed, reason, did = result.get("allowed"), result.get("reason"), result.get("decision")
+        if not isinstance(allowed, bool) or not isinstance(reason, str) or not isinstance(did, str):
+            raise SignerUnavailable("the signer's decision is malformed; refusing")
+        return Verdict(allowed, reason, did)
+
+    async def complete(self, run_id: str, decision_id: str, outcome: JSON) -> None:
+        await self._call("complete", run=run_id, decision=decision_id, outcome=dict(outcome))
+
+    async def event(self, run_id: str, kind: str, body: JSON) -> None:
+        await self._call("event", run=run_id, kind=kind, body=dict(body))
+
+    async def close_run(self, run_id: str) -> None:
+        await self._call("close", run=run_id)
+
+    async def export(self, run_id: str) -> Export:
+        result, parts = await self._call("export", timeout=self.export_timeout, run=run_id)
+        bundle = b"".join(parts)
+        try:
+            trust = base64.b64decode(str(result.get("trust", "")), validate=True)
+        except ValueError:
+            raise SignerUnavailable("the signer sent a malformed trust file") from None
+        if len(bundle) != result.get("size") or len(bundle) > EXPORT_LIMIT:
+            raise SignerUnavailable("the signer's export is incomplete")
+        return Export(bundle, trust)
+
+    async def hold(self, run_id: str, reason: str = "") -> None:
+        await self._call("hold", run=run_id, reason=reason)
+
+    async def release(self, run_id: str, reason: str = "") -> None:
+        await self._call("release", run=run_id, reason=reason)
+
+    async def quarantine(self, run_id: str, reason: str = "") -> None:
+        await self._call("quarantine", run=run_id, reason=reason)
+
+    async def pushes(self) -> AsyncIterator[Push]:
+        """Holds, releases and quarantines. Raises SignerUnavailable when the
+        subscription breaks (the caller decides whether to subscribe again)."""
+        reader, writer = await self._open()
+        self._push_writer = writer
+        try:
+            writer.write(wire.encode({"id": 0, "op": "subscribe"}))
+            await writer.drain()
+            decoder = wire.Decoder()
+            subscribed = False
+            while True:
+                try:
+                    data = await reader.read(1 << 16)
+                except (ConnectionError, OSError) as exc:
+                    raise SignerUnavailable(f"the signer's push connection broke ({_why(exc)})"
+                                            ) from None
+                if not data:
+                    raise SignerUnavailable("the signer closed its push connection")
+                try:
+                    decoder.feed(data)
+                    frames = []
+                    while (f := decoder.next()) is not None:
+                        frames.append(f)
+                except wire.WireError as exc:
+                    raise SignerUnavailable(f"the signer sent a bad push frame ({exc})") from None
+                for f in frames:
+                    if not subscribed:
+                        if f.get("id") == 0 and f.get("ok") is True:
+                            subscribed = True
+                            continue
+                        raise SignerUnavailable(f"the signer refused the subscription: "
+                                                f"{f.get('error')}")
+                    kind, run, reason = f.get("push"), f.get("run"), f.get("reason", "")
+                    if kind in ("hold", "release", "quarantine") and isinstance(run, str) \
+                            and isinstance(reason, str):
+                        yield Push(kind, run, reason)
+        finally:
+            writer.close()
+            if self._push_writer is writer:
+                self._push_writer = None
+
+    async def aclose(self) -> None:
+        if self._writer is not None:
+            self._drop(self._writer, "the client was closed")
+        if self._push_writer is not None:
+            self._push_writer.close()
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+
+
+def _why(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or exc.__class__.__name__

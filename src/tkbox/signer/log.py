@@ -1,0 +1,294 @@
+"""The signer's log: one append-only Merkle log, kept in SQLite.
+
+Storage (`log.db`, WAL, `synchronous=FULL`):
+
+    leaves(idx INTEGER PRIMARY KEY, run, seq, kind, record BLOB, hash BLOB, UNIQUE(run, seq))
+    witnesses(name PRIMARY KEY, size)          -- the size each witness last cosigned
+    checkpoints(size PRIMARY KEY, note BLOB)   -- the last cosigned checkpoints
+
+`leaves` is the only truth: on start every record is re-read, its hash
+checked, its run's chain re-walked and the Merkle tree rebuilt, so a crash
+at any point leaves either a whole transaction or none of it.
+
+Appends are staged in memory in order (the run's next `seq` and `prev` are
+assigned at once, so concurrent requests cannot interleave a chain), then
+written by one writer thread in group commits: every staged record not yet
+written goes into one transaction. A record is acknowledged (its future
+resolves) only after its transaction committed. If a write fails the signer
+stops: it cannot keep what it would acknowledge.
+
+A run's states, and what moves it:
+
+| state       | hold        | release | quarantine  | close  | decisions |
+| ----------- | ----------- | ------- | ----------- | ------ | --------- |
+| open        | held        | -       | quarantined | closed | decided   |
+| held        | -           | open    | quarantined | closed | refused   |
+| quarantined | -           | -       | -           | closed | refused   |
+| closed      | -           | -       | -           | -      | -         |
+
+Events and completions are recorded in every state but closed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import sqlite3
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tkbox.errors import HostError, InternalError
+from tkbox.formats import merkle, record
+from tkbox.formats.errors import FormatError
+
+log = logging.getLogger("tkbox.signer.log")
+
+HOLD, RELEASE, QUARANTINE = "tkbox.hold", "tkbox.release", "tkbox.quarantine"
+
+#: (state, event) -> new state; anything missing is refused.
+TRANSITIONS: dict[tuple[str, str], str] = {
+    ("open", HOLD): "held",
+    ("held", RELEASE): "open",
+    ("open", QUARANTINE): "quarantined",
+    ("held", QUARANTINE): "quarantined",
+    ("open", record.CLOSE): "closed",
+    ("held", record.CLOSE): "closed",
+    ("quarantined", record.CLOSE): "closed",
+}
+STATES = ("open", "held", "quarantined", "closed")
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS leaves (
+    idx INTEGER PRIMARY KEY,
+    run TEXT NOT NULL,
+    seq INTEGER NOT NULL,
+    kind TEXT NOT NULL,
+    record BLOB NOT NULL,
+    hash BLOB NOT NULL,
+    UNIQUE (run, seq)
+);
+CREATE TABLE IF NOT EXISTS witnesses (name TEXT PRIMARY KEY, size INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS checkpoints (size INTEGER PRIMARY KEY, note BLOB NOT NULL);
+"""
+
+
+class LogError(Exception):
+    """A request the log refuses (unknown run, closed run, ...): one line for a person."""
+
+
+@dataclass
+class Run:
+    run: str
+    state: str = "open"
+    next_seq: int = 0
+    last_hash: bytes | None = None
+    decisions: dict[int, bool] = field(default_factory=dict)
+    completed: set[int] = field(default_factory=set)
+    isolation: str = ""
+    reason: str = ""  # of the last hold or quarantine
+
+
+@dataclass
+class Staged:
+    idx: int
+    rec: record.Record
+    future: asyncio.Future[None]
+
+
+def connect(path: Path) -> sqlite3.Connection:
+    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
+    if str(mode).lower() != "wal":
+        raise HostError(f"{path}: SQLite could not use WAL mode (got {mode}); use a local disk")
+    db.execute("PRAGMA synchronous=FULL")
+    db.execute("PRAGMA foreign_keys=ON")
+    return db
+
+
+class Log:
+    def __init__(self, path: Path, on_fatal: Callable[[str], None] | None = None) -> None:
+        self.path = path
+        self.db = connect(path)
+        self.db.executescript(SCHEMA)
+        self.tree = merkle.Tree()
+        self.runs: dict[str, Run] = {}
+        self.durable_size = 0
+        self._staged: list[Staged] = []
+        self._wake: asyncio.Event | None = None
+        self._writer: asyncio.Task[None] | None = None
+        self._lock = threading.Lock()  # the writer thread against readers of self.db
+        self._on_fatal = on_fatal or _die
+        self._replay()
+
+    # --- start: re-read everything -----------------------------------------
+
+    def _replay(self) -> None:
+        rows = self.db.execute("SELECT idx, run, seq, kind, record, hash FROM leaves ORDER BY idx")
+        for idx, run, seq, kind, raw, h in rows:
+            where = f"{self.path} leaf {idx}"
+            if idx != self.tree.size:
+                raise InternalError(f"{where}: leaves are not contiguous")
+            raw = bytes(raw)
+            if merkle.leaf_hash(raw) != bytes(h):
+                raise InternalError(f"{where}: the stored hash is not the record's hash")
+            try:
+                rec = record.parse(raw, where)
+            except FormatError as exc:
+                raise InternalError(f"{where}: {exc}") from None
+            if (rec.run, rec.seq, rec.kind) != (run, seq, kind):
+                raise InternalError(f"{where}: the row does not match its record")
+            self._apply(rec)
+            self.tree.append(bytes(h))
+        self.durable_size = self.tree.size
+        log.info("log %s: %d records, %d runs (%d open)", self.path, self.tree.size,
+                 len(self.runs), sum(r.state != "closed" for r in self.runs.values()))
+
+    def _apply(self, rec: record.Record) -> None:
+        """Advance the in-memory state by one record (replay and staging alike)."""
+        r = self.runs.get(rec.run)
+        if rec.kind == record.OPEN:
+            if r is not None:
+                raise InternalError(f"run {rec.run} opened twice")
+            r = self.runs[rec.run] = Run(rec.run, isolation=str(rec.body.get("isolation", "")))
+        elif r is None:
+            raise InternalError(f"record of run {rec.run}, which was never opened")
+        if rec.seq != r.next_seq or rec.prev != r.last_hash:
+            raise InternalError(f"run {rec.run}: record {rec.seq} does not extend its chain")
+        if rec.kind in (HOLD, RELEASE, QUARANTINE, record.CLOSE):
+            new = TRANSITIONS.get((r.state, rec.kind))
+            if new is None:
+                raise InternalError(f"run {rec.run}: {rec.kind} while {r.state}")
+            r.state = new
+            if rec.kind in (HOLD, QUARANTINE):
+                r.reason = str(rec.body.get("reason", ""))
+        elif rec.kind == record.DECISION:
+            r.decisions[rec.seq] = bool(rec.body.get("allowed"))
+        elif rec.kind == record.COMPLETE:
+            d = rec.body.get("decision")
+            if isinstance(d, int):
+                r.completed.add(d)
+        r.next_seq = rec.seq + 1
+        r.last_hash = rec.hash
+
+    # --- appends -------------------------------------------------------------
+
+    def check(self, run: str, kind: str) -> Run:
+        """The run a record of `kind` may be appended to, or LogError saying why not."""
+        r = self.runs.get(run)
+        if kind == record.OPEN:
+            if r is not None:
+                raise LogError(f"run {run} exists already; a run id is used once")
+            if not record.valid_run_id(run):
+                raise LogError("a run id is 1-128 of [A-Za-z0-9._:-], starting with a letter "
+                               "or digit")
+            return Run(run)
+        if r is None:
+            raise LogError(f"run {run} is not open at this signer")
+        if r.state == "closed":
+            raise LogError(f"run {run} is closed; nothing can be added to it")
+        if kind in (HOLD, RELEASE, QUARANTINE, record.CLOSE) and \
+                (r.state, kind) not in TRANSITIONS:
+            raise LogError(f"run {run} is {r.state}: it cannot take {kind}")
+        return r
+
+    def stage(self, run: str, kind: str, body: dict[str, Any]) -> tuple[record.Record,
+                                                                       asyncio.Future[None]]:
+        """Add a record at the end of its run's chain; the future resolves once durable.
+
+        Synchronous: call it from the event loop, in the order requests came.
+        """
+        r = self.check(run, kind)
+        try:
+            rec = record.make(run, r.next_seq, r.last_hash, kind, body)
+        except FormatError as exc:
+            raise LogError(f"the record cannot be made: {exc.what}") from None
+        self._apply(rec)
+        idx = self.tree.append(rec.hash)
+        fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._staged.append(Staged(idx, rec, fut))
+        if self._wake is None:
+            self._wake = asyncio.Event()
+            self._writer = asyncio.get_running_loop().create_task(self._write_loop(),
+                                                                   name="log-writer")
+        self._wake.set()
+        return rec, fut
+
+    async def _write_loop(self) -> None:
+        assert self._wake is not None
+        while True:
+            await self._wake.wait()
+            self._wake.clear()
+            while self._staged:
+                batch, self._staged = self._staged, []
+                try:
+                    await asyncio.to_thread(self._write, batch)
+                except Exception as exc:  # noqa: BLE001 - any storage failure stops the signer
+                    self._on_fatal(f"cannot write the log ({exc.__class__.__name__}: {exc}); "
+                                   "stopping so nothing unrecorded is acknowledged")
+                    for s in batch:
+                        if not s.future.done():
+                            s.future.set_exception(LogError("the signer could not write its log"))
+                    return
+                self.durable_size = batch[-1].idx + 1
+                for s in batch:
+                    if not s.future.done():
+                        s.future.set_result(None)
+
+    def _write(self, batch: list[Staged]) -> None:
+        with self._lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.executemany(
+                    "INSERT INTO leaves (idx, run, seq, kind, record, hash) VALUES (?,?,?,?,?,?)",
+                    [(s.idx, s.rec.run, s.rec.seq, s.rec.kind, s.rec.raw, s.rec.hash)
+                     for s in batch],
+                )
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+
+    async def wait_durable(self) -> None:
+        """Until everything staged so far is durable."""
+        while self._staged or self.durable_size < self.tree.size:
+            await asyncio.sleep(0.001)
+
+    # --- reads ---------------------------------------------------------------
+
+    def run_leaves(self, run: str) -> list[tuple[int, bytes]]:
+        """(leaf index, record bytes) of a run, in its order."""
+        with self._lock:
+            rows = self.db.execute("SELECT idx, record FROM leaves WHERE run = ? ORDER BY seq",
+                                   (run,)).fetchall()
+        return [(int(i), bytes(raw)) for i, raw in rows]
+
+    def witness_size(self, name: str) -> int:
+        with self._lock:
+            row = self.db.execute("SELECT size FROM witnesses WHERE name = ?", (name,)).fetchone()
+        return int(row[0]) if row else 0
+
+    def set_witness_size(self, name: str, size: int) -> None:
+        with self._lock:
+            self.db.execute("INSERT INTO witnesses (name, size) VALUES (?, ?) "
+                            "ON CONFLICT(name) DO UPDATE SET size = excluded.size", (name, size))
+
+    def save_checkpoint(self, size: int, note: bytes) -> None:
+        with self._lock:
+            self.db.execute("INSERT OR REPLACE INTO checkpoints (size, note) VALUES (?, ?)",
+                            (size, note))
+            self.db.execute("DELETE FROM checkpoints WHERE size < ?", (size,))
+
+    def close(self) -> None:
+        if self._writer is not None:
+            self._writer.cancel()
+        with self._lock:
+            self.db.close()
+
+
+def _die(msg: str) -> None:
+    log.critical("%s", msg)
+    os._exit(75)

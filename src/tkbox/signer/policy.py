@@ -1,0 +1,207 @@
+"""Decisions: Cedar policy (through `cedarpy`), built-in packs, a user policy file.
+
+Every decision is one Cedar request:
+
+| Cedar     | value |
+| --------- | ----- |
+| principal | `Tkbox::Run::"<run id>"` |
+| action    | `Action::"Bash"`, `"Connect"`, `"Write"` or `"Approval"` |
+| resource  | `Tkbox::Command::"<command line>"`, `Tkbox::Host::"<host:port>"`, |
+|           | `Tkbox::File::"<path>"`, `Tkbox::Approval::"<id>"` |
+| context   | `{resource: <the request's resource>, request: <its context>, analysis: {...}}` |
+
+`context.analysis` is what the signer read in the request itself; for `Bash`
+it is `tkbox.signer.shell.analyze` of the command line (`parsed`,
+`download_to_interpreter`, `mentions_downloader`, `findings`, `programs`).
+
+The policy set is the built-in packs (`packs/*.cedar`: `base` allows, the
+others forbid) plus the user's file. A refusal's reason is the `@reason`
+annotation of the forbid policies that matched. Anything that goes wrong in
+policy (a user file that does not parse, an evaluation error, an exception
+from Cedar) is a refusal whose reason and record carry the diagnostic.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import shlex
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import cedarpy
+
+from tkbox.signer.shell import analyze
+
+log = logging.getLogger("tkbox.signer.policy")
+
+ACTIONS = ("Bash", "Connect", "Write", "Approval")
+DEFAULT_PACKS = ("base", "download-exec")
+
+
+@dataclass(frozen=True)
+class Decision:
+    allowed: bool
+    reason: str
+    policies: tuple[str, ...] = ()  # @id of the policies that decided
+    diagnostics: tuple[str, ...] = ()
+    analysis: dict[str, Any] = field(default_factory=dict)
+
+    def record_body(self) -> dict[str, Any]:
+        return {
+            "allowed": self.allowed,
+            "reason": self.reason,
+            "policies": list(self.policies),
+            "diagnostics": list(self.diagnostics),
+            "analysis": self.analysis,
+        }
+
+
+def pack_text(name: str) -> str:
+    return resources.files("tkbox.signer").joinpath("packs", f"{name}.cedar").read_text()
+
+
+def command_line(resource: dict[str, Any], context: dict[str, Any]) -> str | None:
+    """The shell command line of a Bash request: `command`, or `argv` quoted."""
+    for src in (resource, context):
+        cmd = src.get("command")
+        if isinstance(cmd, str):
+            return cmd
+        argv = src.get("argv")
+        if isinstance(argv, list) and argv and all(isinstance(a, str) for a in argv):
+            return shlex.join(argv)
+    return None
+
+
+def _resource_id(action: str, resource: dict[str, Any], context: dict[str, Any]) -> str:
+    if action == "Bash":
+        return command_line(resource, context) or ""
+    if action == "Connect":
+        host, port = resource.get("host"), resource.get("port")
+        return f"{host}:{port}" if port is not None else str(host)
+    if action == "Write":
+        return str(resource.get("path", ""))
+    return str(resource.get("id", resource.get("host", "")))
+
+
+def _cedar(value: Any) -> Any:
+    """JSON to Cedar values: null members dropped, arrays as sets."""
+    if isinstance(value, dict):
+        return {k: _cedar(v) for k, v in value.items() if v is not None}
+    if isinstance(value, list):
+        return [_cedar(v) for v in value if v is not None]
+    return value
+
+
+class PolicyEngine:
+    def __init__(self, user_file: Path | None, packs: tuple[str, ...] = DEFAULT_PACKS) -> None:
+        self.user_file = user_file
+        self.packs = packs
+        self._stamp: tuple[int, int] | None = None
+        self._set: cedarpy.PolicySet | None = None
+        self._error = ""
+        self._reasons: dict[str, str] = {}
+        self._ids: dict[str, str] = {}
+        self.digest = ""
+        self._load()
+
+    def _file_stamp(self) -> tuple[int, int] | None:
+        if self.user_file is None:
+            return None
+        try:
+            st = self.user_file.stat()
+        except FileNotFoundError:
+            return None
+        return (st.st_mtime_ns, st.st_size)
+
+    def _load(self) -> None:
+        self._stamp = self._file_stamp()
+        sources = [(f"pack {p}", pack_text(p)) for p in self.packs]
+        if self._stamp is not None and self.user_file is not None:
+            try:
+                sources.append((str(self.user_file), self.user_file.read_text()))
+            except (OSError, UnicodeDecodeError) as exc:
+                self._fail(f"policy error: cannot read {self.user_file}: {exc}")
+                return
+        for name, text in sources:
+            try:
+                cedarpy.PolicySet.from_str(text)
+            except ValueError as exc:
+                self._fail(f"policy error in {name}: {' '.join(str(exc).split())}")
+                return
+        combined = "\n".join(text for _, text in sources)
+        self.digest = "sha256:" + hashlib.sha256(combined.encode()).hexdigest()
+        try:
+            self._set = cedarpy.PolicySet.from_str(combined)
+            static = json.loads(cedarpy.policies_to_json_str(combined))["staticPolicies"]
+        except (ValueError, KeyError) as exc:
+            self._fail(f"policy error: {' '.join(str(exc).split())}")
+            return
+        self._error = ""
+        self._reasons = {pid: p.get("annotations", {}).get("reason", "") for pid, p in
+                         static.items()}
+        self._ids = {pid: p.get("annotations", {}).get("id", pid) for pid, p in static.items()}
+        log.info("policy loaded: packs %s, user file %s, %s", ", ".join(self.packs),
+                 self.user_file if self._stamp else "none", self.digest)
+
+    def _fail(self, error: str) -> None:
+        self._error = error
+        self._set = None
+        self.digest = "error"
+        log.error("%s; every decision is refused until it is fixed", error)
+
+    def error(self) -> str:
+        self._maybe_reload()
+        return self._error
+
+    def _maybe_reload(self) -> None:
+        if self._file_stamp() != self._stamp:
+            self._load()
+
+    def decide(self, run: str, action: str, resource: dict[str, Any],
+               context: dict[str, Any]) -> Decision:
+        self._maybe_reload()
+        analysis: dict[str, Any] = {"parsed": True, "error": "", "download_to_interpreter": False,
+                                    "mentions_downloader": False, "findings": [], "programs": []}
+        if action not in ACTIONS:
+            return Decision(False, f"unknown action {action!r}; tkbox decides {', '.join(ACTIONS)}")
+        if action == "Bash":
+            cmd = command_line(resource, context)
+            if cmd is None:
+                return Decision(False, "a Bash decision needs the command line "
+                                "(resource.command or resource.argv)")
+            analysis = analyze(cmd).to_json()
+        if self._error or self._set is None:
+            return Decision(False, self._error or "policy error: no policy loaded",
+                            diagnostics=(self._error,), analysis=analysis)
+        request = {
+            "principal": {"type": "Tkbox::Run", "id": run},
+            "action": {"type": "Action", "id": action},
+            "resource": {"type": f"Tkbox::{_RESOURCE_TYPE[action]}",
+                         "id": _resource_id(action, resource, context)},
+            "context": _cedar({"resource": resource, "request": context, "analysis": analysis}),
+        }
+        try:
+            result = cedarpy.is_authorized(request, self._set, [])
+        except Exception as exc:  # noqa: BLE001 - any Cedar failure is a refusal
+            msg = f"policy error: Cedar failed: {' '.join(str(exc).split())}"
+            return Decision(False, msg, diagnostics=(msg,), analysis=analysis)
+        errors = tuple(" ".join(str(e).split()) for e in result.diagnostics.errors)
+        ids = tuple(self._ids.get(p, p) for p in result.diagnostics.reasons)
+        if errors:
+            return Decision(False, f"policy error: {errors[0]}", ids, errors, analysis)
+        if result.allowed:
+            return Decision(True, "allowed by " + ", ".join(ids), ids, (), analysis)
+        reasons = [self._reasons.get(p) or f"refused by policy {self._ids.get(p, p)}"
+                   for p in result.diagnostics.reasons]
+        if not reasons:
+            reasons = ["no policy allows this"]
+        findings = analysis.get("findings") or []
+        reason = reasons[0] + (f" ({findings[0]})" if findings else "")
+        return Decision(False, reason, ids, (), analysis)
+
+
+_RESOURCE_TYPE = {"Bash": "Command", "Connect": "Host", "Write": "File", "Approval": "Approval"}

@@ -1,0 +1,418 @@
+"""`tkbox signer serve`: the signer process.
+
+One asyncio loop serves the Unix socket. Each connection is read frame by
+frame; a request is checked and its record staged synchronously, in the
+order it came (so a run's chain follows the order of its requests), then a
+task waits until the record is durable and answers. Pushes (hold, release,
+quarantine) go to every connection that subscribed.
+
+The peer's credentials (`SO_PEERCRED`) are read once per connection: a run
+opened on it records `isolation: same-user` when the peer's uid is the
+signer's own, `separate-user` otherwise. Holds, releases and quarantines are
+taken only from the signer's own user (or root): the daemon cannot release
+a hold it was put under.
+
+Logging: requests at debug level name the op and run only; bodies are never
+logged.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import contextlib
+import logging
+import os
+import signal
+import socket
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tkbox import __version__
+from tkbox.formats import bundle, note, record
+from tkbox.formats.errors import FormatError
+from tkbox.signer import config as config_mod
+from tkbox.signer import wire
+from tkbox.signer.checkpoints import Checkpointer
+from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, Log, LogError
+from tkbox.signer.policy import Decision, PolicyEngine
+
+log = logging.getLogger("tkbox.signer")
+
+MAX_IN_FLIGHT = 256
+EXPORT_PART = 512 * 1024
+#: kinds a client may not send as events: the signer writes these itself
+RESERVED_KINDS = frozenset({record.OPEN, record.CLOSE, record.DECISION, record.COMPLETE, HOLD,
+                            RELEASE, QUARANTINE})
+
+
+@dataclass(frozen=True)
+class Peer:
+    pid: int
+    uid: int
+    gid: int
+
+
+def peer_of(sock: socket.socket | None) -> Peer:
+    if sock is None:
+        return Peer(0, -1, -1)
+    raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    pid, uid, gid = struct.unpack("3i", raw)
+    return Peer(pid, uid, gid)
+
+
+class Refusal(Exception):
+    """A request the signer will not take; one line for a person."""
+
+
+@dataclass(eq=False)
+class Conn:
+    peer: Peer
+    writer: asyncio.StreamWriter
+    subscribed: bool = False
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+
+    def send(self, obj: dict[str, Any]) -> None:
+        if not self.writer.is_closing():
+            self.writer.write(wire.encode(obj))
+
+
+class Signer:
+    def __init__(self, cfg: config_mod.Config, socket_path: Path,
+                 on_fatal: Callable[[str], None] | None = None) -> None:
+        self.cfg = cfg
+        self.socket_path = socket_path
+        self.key = cfg.signer()
+        self.log = Log(cfg.db_path, on_fatal=on_fatal)
+        self.policy = PolicyEngine(cfg.policy_path)
+        self.checkpoints = Checkpointer(self.log, self.key, cfg.witnesses)
+        self.trust = cfg.trust(self.key.verifier())
+        self.conns: set[Conn] = set()
+        self.uid = os.getuid()
+        self._server: asyncio.AbstractServer | None = None
+        self._ops: dict[str, Callable[[Conn, dict[str, Any]], Awaitable[dict[str, Any]] |
+                                      dict[str, Any]]] = {
+            "ping": self._ping, "status": self._status, "open": self._open,
+            "decide": self._decide, "complete": self._complete, "event": self._event,
+            "close": self._close, "export": self._export, "hold": self._hold,
+            "release": self._release, "quarantine": self._quarantine,
+            "subscribe": self._subscribe,
+        }
+
+    # --- serving -------------------------------------------------------------
+
+    async def start(self) -> None:
+        path = self.socket_path
+        path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
+        if path.exists() or path.is_symlink():
+            if await _answers(path):
+                raise RuntimeError(f"a signer already answers on {path}")
+            path.unlink()
+        old = os.umask(0o177 if self.cfg.mode == "dev" else 0o117)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve_conn, path=str(path),
+                                                           limit=wire.MAX_FRAME + 4)
+        finally:
+            os.umask(old)
+        log.info("signer %s serving on %s (log size %d)", note.key_tag(self.key.name,
+                 self.key.key_id), path, self.log.tree.size)
+
+    async def serve_forever(self) -> None:
+        await self.start()
+        stop = asyncio.Event()
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, stop.set)
+        periodic = asyncio.create_task(
+            self.checkpoints.run_periodically(self.cfg.checkpoint_interval))
+        try:
+            await stop.wait()
+        finally:
+            periodic.cancel()
+            await self.aclose()
+
+    async def aclose(self) -> None:
+        if self._server is not None:
+            self._server.close()
+        for c in list(self.conns):
+            c.writer.close()
+        await self.log.wait_durable()
+        await self.checkpoints.aclose()
+        with contextlib.suppress(FileNotFoundError):
+            self.socket_path.unlink()
+        self.log.close()
+
+    async def _serve_conn(self, reader: asyncio.StreamReader,
+                          writer: asyncio.StreamWriter) -> None:
+        try:
+            peer = peer_of(writer.get_extra_info("socket"))
+        except OSError:
+            writer.close()
+            return
+        conn = Conn(peer, writer)
+        self.conns.add(conn)
+        decoder = wire.Decoder()
+        slots = asyncio.Semaphore(MAX_IN_FLIGHT)
+        try:
+            while True:
+                data = await reader.read(65536)
+                if not data:
+                    break
+                decoder.feed(data)
+                while (frame := decoder.next()) is not None:
+                    await slots.acquire()
+                    self._dispatch(conn, frame, slots)
+                await writer.drain()
+        except wire.WireError as exc:
+            log.warning("peer pid %d: %s; closing the connection", peer.pid, exc)
+        except (ConnectionError, OSError):
+            pass
+        finally:
+            self.conns.discard(conn)
+            for t in list(conn.tasks):
+                await asyncio.wait({t})
+            writer.close()
+
+    def _dispatch(self, conn: Conn, frame: dict[str, Any], slots: asyncio.Semaphore) -> None:
+        rid = frame.get("id")
+        op = frame.get("op")
+        if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
+            conn.send({"id": -1, "ok": False, "kind": "refused",
+                       "error": "a request needs a non-negative integer id"})
+            slots.release()
+            return
+        handler = self._ops.get(op) if isinstance(op, str) else None
+        if handler is None:
+            known = ", ".join(sorted(wire.OPS))
+            conn.send({"id": rid, "ok": False, "kind": "refused",
+                       "error": f"unknown op {op!r}; the signer knows {known}"})
+            slots.release()
+            return
+        log.debug("peer pid %d: %s %s", conn.peer.pid, op, frame.get("run", ""))
+        try:
+            result = handler(conn, frame)  # checks and stages synchronously
+        except (Refusal, LogError, wire.WireError) as exc:
+            conn.send({"id": rid, "ok": False, "kind": "refused", "error": str(exc)})
+            slots.release()
+            return
+        if isinstance(result, dict):
+            conn.send({"id": rid, "ok": True, "result": result})
+            slots.release()
+            return
+
+        async def finish(awaitable: Awaitable[dict[str, Any]]) -> None:
+            try:
+                res = await awaitable
+                if "_parts" in res:
+                    parts: list[bytes] = res.pop("_parts")
+                    conn.send({"id": rid, "ok": True, "result": res})
+                    for i, part in enumerate(parts):
+                        conn.send({"id": rid, "part": i, "data": base64.b64encode(part).decode()})
+                        await conn.writer.drain()
+                else:
+                    conn.send({"id": rid, "ok": True, "result": res})
+            except (Refusal, LogError, wire.WireError) as exc:
+                conn.send({"id": rid, "ok": False, "kind": "refused", "error": str(exc)})
+            except Exception as exc:  # noqa: BLE001 - answer, then let the log decide
+                log.exception("%s failed", op)
+                conn.send({"id": rid, "ok": False, "kind": "failed",
+                           "error": f"{op} failed in the signer: {exc.__class__.__name__}"})
+            finally:
+                slots.release()
+
+        task = asyncio.get_running_loop().create_task(finish(result))
+        conn.tasks.add(task)
+        task.add_done_callback(conn.tasks.discard)
+
+    # --- requests ------------------------------------------------------------
+
+    def _isolation(self, conn: Conn) -> str:
+        return "same-user" if conn.peer.uid == self.uid else "separate-user"
+
+    def _ping(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+        return {"key": note.key_tag(self.key.name, self.key.key_id), "origin": self.key.name,
+                "vkey": self.key.verifier().vkey(), "isolation": self._isolation(conn),
+                "uid": self.uid, "peer_uid": conn.peer.uid, "version": __version__}
+
+    def _status(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+        states: dict[str, int] = {}
+        for r in self.log.runs.values():
+            states[r.state] = states.get(r.state, 0) + 1
+        latest = self.checkpoints.latest
+        return {
+            **self._ping(conn, req),
+            "size": self.log.tree.size,
+            "durable": self.log.durable_size,
+            "runs": states,
+            "held": sorted(r.run for r in self.log.runs.values() if r.state == "held"),
+            "quarantined": sorted(r.run for r in self.log.runs.values()
+                                  if r.state == "quarantined"),
+            "policy": self.policy.digest,
+            "policy_error": self.policy.error(),
+            "witnesses": [w.name for w in self.cfg.witnesses],
+            "last_cosigned": None if latest is None else {
+                "size": latest.size, "by": latest.cosigned_by, "failures": latest.failures},
+        }
+
+    async def _durable(self, fut: asyncio.Future[None], result: dict[str, Any]) -> dict[str, Any]:
+        await fut
+        return result
+
+    def _append(self, run: str, kind: str, body: dict[str, Any],
+                result: dict[str, Any] | None = None) -> Awaitable[dict[str, Any]]:
+        rec, fut = self.log.stage(run, kind, body)
+        return self._durable(fut, {"seq": rec.seq, **(result or {})})
+
+    def _open(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        run = wire.need(req, "run", str)
+        facts = wire.need(req, "facts", dict)
+        body = {
+            "facts": facts,
+            "isolation": self._isolation(conn),
+            "peer": {"uid": conn.peer.uid, "gid": conn.peer.gid, "pid": conn.peer.pid},
+            "signer": {"uid": self.uid, "version": __version__, "mode": self.cfg.mode},
+            "policy": self.policy.digest,
+        }
+        return self._append(run, record.OPEN, body)
+
+    def _decide(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        run = wire.need(req, "run", str)
+        action = wire.need(req, "action", str)
+        resource = wire.need(req, "resource", dict)
+        context = wire.need(req, "context", dict)
+        r = self.log.check(run, record.DECISION)
+        if r.state in ("held", "quarantined"):
+            d = Decision(False, f"run {run} is {r.state} by the signer's operator"
+                         + (f": {r.reason}" if r.reason else ""))
+        else:
+            d = self.policy.decide(run, action, resource, context)
+        body = {"action": action, "resource": resource, "context": context, **d.record_body()}
+        rec, fut = self.log.stage(run, record.DECISION, body)
+        return self._durable(fut, {"allowed": d.allowed, "reason": d.reason,
+                                   "decision": f"{run}/{rec.seq}"})
+
+    def _complete(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        run = wire.need(req, "run", str)
+        did = wire.need(req, "decision", str)
+        outcome = wire.need(req, "outcome", dict)
+        r = self.log.check(run, record.COMPLETE)
+        prefix, _, seq_s = did.rpartition("/")
+        if prefix != run or not seq_s.isdigit() or int(seq_s) not in r.decisions:
+            raise Refusal(f"{did!r} is not a decision of run {run}")
+        seq = int(seq_s)
+        if not r.decisions[seq]:
+            raise Refusal(f"decision {did} was a refusal; there is nothing to complete")
+        if seq in r.completed:
+            raise Refusal(f"decision {did} is completed already")
+        return self._append(run, record.COMPLETE, {"decision": seq, "outcome": outcome})
+
+    def _event(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        run = wire.need(req, "run", str)
+        kind = wire.need(req, "kind", str)
+        body = wire.need(req, "body", dict)
+        if kind in RESERVED_KINDS or record.KIND.fullmatch(kind) is None:
+            raise Refusal(f"{kind!r} cannot be an event kind (a dotted lowercase name such as "
+                          "tkbox.gap, and not one the signer writes itself)")
+        return self._append(run, kind, body)
+
+    def _close(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        run = wire.need(req, "run", str)
+        return self._append(run, record.CLOSE, {})
+
+    def _admin(self, conn: Conn, req: dict[str, Any], kind: str) -> Awaitable[dict[str, Any]]:
+        if conn.peer.uid not in (self.uid, 0):
+            raise Refusal("only the signer's own user may hold, release or quarantine a run")
+        run = wire.need(req, "run", str)
+        reason = req.get("reason", "")
+        if not isinstance(reason, str) or len(reason) > 1000:
+            raise Refusal("reason must be a string of at most 1000 characters")
+        rec, fut = self.log.stage(run, kind, {"reason": reason, "by_uid": conn.peer.uid})
+        push = {"push": kind.rsplit(".", 1)[1], "run": run, "reason": reason}
+
+        async def durable_then_push() -> dict[str, Any]:
+            await fut
+            self.push(push)
+            return {"seq": rec.seq}
+
+        return durable_then_push()
+
+    def _hold(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        return self._admin(conn, req, HOLD)
+
+    def _release(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        return self._admin(conn, req, RELEASE)
+
+    def _quarantine(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        return self._admin(conn, req, QUARANTINE)
+
+    def _subscribe(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+        conn.subscribed = True
+        # A daemon that (re)subscribes learns the runs that are held or quarantined now.
+        loop = asyncio.get_running_loop()
+        for r in self.log.runs.values():
+            if r.state in ("held", "quarantined"):
+                kind = "hold" if r.state == "held" else "quarantine"
+                loop.call_soon(conn.send, {"push": kind, "run": r.run, "reason": r.reason})
+        return {}
+
+    def push(self, msg: dict[str, Any]) -> None:
+        for c in list(self.conns):
+            if c.subscribed:
+                c.send(msg)
+
+    def _export(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+        run = wire.need(req, "run", str)
+        r = self.log.runs.get(run)
+        if r is None:
+            raise Refusal(f"run {run} is not known to this signer")
+        if r.state != "closed":
+            raise Refusal(f"run {run} is {r.state}; close it before exporting")
+        return self._export_closed(run)
+
+    async def _export_closed(self, run: str) -> dict[str, Any]:
+        await self.log.wait_durable()
+        data = await self.export(run)
+        parts = [data[i : i + EXPORT_PART] for i in range(0, len(data), EXPORT_PART)]
+        return {"trust": base64.b64encode(self.trust).decode(), "parts": len(parts),
+                "size": len(data), "_parts": parts}
+
+    async def export(self, run: str) -> bytes:
+        """The bundle of a closed run, at a freshly cosigned checkpoint."""
+        leaves = await asyncio.to_thread(self.log.run_leaves, run)
+        cos = await self.checkpoints.cosign()
+        pol = bundle.parse_trust(self.trust).policy
+        if not pol.satisfied(cos.cosigned_by):
+            why = "; ".join(f"{n}: {e}" for n, e in cos.failures.items()) or "no witness answered"
+            raise Refusal(f"export of {run}: the witnesses did not cosign enough for the trust "
+                          f"file's policy ({why}); try again when they answer")
+        entries = [(idx, raw, self.log.tree.inclusion_proof(idx, cos.size)) for idx, raw in leaves]
+        b = bundle.build(run, entries, cos.note)
+        data = b.encode()
+        _self_check(data, self.trust)
+        return data
+
+
+def _self_check(data: bytes, trust: bytes) -> None:
+    """Verify what we export: an export that does not verify is our bug."""
+    from tkbox.verify.core import verify_bundle
+
+    try:
+        verify_bundle(data, trust)
+    except FormatError as exc:
+        raise RuntimeError(f"the bundle the signer built does not verify: {exc}") from None
+
+
+async def _answers(path: Path) -> bool:
+    try:
+        _, w = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 1.0)
+    except (OSError, TimeoutError):
+        return False
+    w.close()
+    return True
+
+
+async def serve(cfg: config_mod.Config, socket_path: Path) -> None:
+    await Signer(cfg, socket_path).serve_forever()

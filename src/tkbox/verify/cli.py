@@ -1,0 +1,90 @@
+"""`tkbox verify BUNDLE --trust TRUST [--json]`: the offline verifier's command.
+
+Mounted by the main CLI as `app.command("verify")(verify_command)`.
+Exit status 0 when the bundle verifies; otherwise the `BundleError` exit
+status (4), or 2 when a file cannot be read.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from tkbox.formats import FormatError
+from tkbox.verify.core import Report, verify_bundle
+
+MAX_READ = 512 << 20
+
+ASSURANCE_TEXT = {
+    "dev": "no witness cosigned: this rests on the signer's key alone",
+    "local": "cosigned by witnesses the signer's operator runs",
+    "witnessed": "cosigned by a quorum of independent witnesses",
+}
+
+
+def _read(path: Path, what: str) -> bytes:
+    try:
+        with path.open("rb") as f:
+            data = f.read(MAX_READ + 1)
+    except OSError as exc:
+        typer.echo(f"error: cannot read the {what} {path}: {exc.strerror or exc}", err=True)
+        raise typer.Exit(2) from None
+    if len(data) > MAX_READ:
+        typer.echo(f"error: the {what} {path} is larger than {MAX_READ} bytes", err=True)
+        raise typer.Exit(2)
+    return data
+
+
+def render(report: Report) -> str:
+    kinds = ", ".join(f"{n} {k}" for k, n in sorted(report.kinds.items()))
+    lines = [
+        "Integrity: VERIFIED.",
+        f"Run: {report.run}",
+        f"Records: {report.records} ({kinds})",
+        f"Refused decisions: {report.refused}",
+        f"isolation: {report.isolation}",
+        f"Assurance: {report.assurance} ({ASSURANCE_TEXT[report.assurance]}"
+        + (f": {', '.join(report.cosigned_by)}" if report.cosigned_by else "") + ")",
+        f"Signer: {report.log_key}",
+        f"Checkpoint: size {report.tree_size}, root {report.root_hash}",
+        f"Time: {report.first_time} to {report.last_time}",
+    ]
+    return "\n".join(lines)
+
+
+def verify_command(
+    bundle: Annotated[Path, typer.Argument(help="the .tkb bundle", show_default=False)],
+    trust: Annotated[Path, typer.Option("--trust", help="the .trust.json trust file",
+                                        show_default=False)],
+    json_out: Annotated[bool, typer.Option("--json", help="output for programs")] = False,
+) -> None:
+    """Verify a bundle offline: every record signed, chained, and witnessed as the
+    trust file requires."""
+    bundle_bytes = _read(bundle, "bundle")
+    trust_bytes = _read(trust, "trust file")
+    try:
+        report = verify_bundle(bundle_bytes, trust_bytes)
+    except FormatError as exc:
+        if json_out:
+            typer.echo(json.dumps({"verified": False, "code": exc.code, "where": exc.where,
+                                   "error": exc.what}, sort_keys=True))
+        else:
+            typer.echo("Integrity: FAILED.")
+            typer.echo(f"{exc.where}: {exc.what}" if exc.where else exc.what)
+            typer.echo(f"({exc.code}; nothing in this bundle can be relied on)")
+        raise typer.Exit(exc.exit_code) from None
+    if json_out:
+        typer.echo(json.dumps(report.to_json(), sort_keys=True))
+    else:
+        typer.echo(render(report))
+
+
+def main() -> None:  # pragma: no cover - `python -m tkbox.verify.cli`
+    typer.run(verify_command)
+
+
+if __name__ == "__main__":  # pragma: no cover
+    main()

@@ -1,0 +1,233 @@
+"""Verify a bundle against a trust file, offline.
+
+Imports nothing of tkbox but `tkbox.formats` (and through it `tkbox.errors`),
+so that what a third party runs to check a bundle is small enough to read.
+
+Steps, in order; the first that fails raises `FormatError` with its `code`,
+`where` and `what`:
+
+1. the trust file: canonical JSON, one log key, a valid tlog-policy;
+2. the bundle's structure: header, run line, count, entries, checkpoint;
+3. the checkpoint: a signed note from the trusted log's origin, signed by
+   its key; no signature line that the trust file cannot check (so that no
+   byte of the bundle goes unchecked); every known cosignature valid;
+4. the witness quorum of the policy;
+5. every record: canonical, of this run, its sequence number, chained to the
+   one before it, at a leaf index after the one before it, included in the
+   checkpoint's tree; the first opens the run, the last closes it.
+"""
+
+from __future__ import annotations
+
+import base64
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Any
+
+from tkbox.formats import FormatError, bundle, checkpoint, cosignature, merkle, note, record
+
+ASSURANCES = ("dev", "local", "witnessed")
+
+
+@dataclass(frozen=True)
+class Report:
+    """What a verified bundle says. Only ever built for a bundle that verified."""
+
+    run: str
+    records: int
+    isolation: str
+    assurance: str  # dev | local | witnessed
+    origin: str
+    log_key: str  # name+id of the log key that signed
+    tree_size: int
+    root_hash: str  # base64
+    cosigned_by: tuple[str, ...]
+    kinds: dict[str, int] = field(default_factory=dict)
+    first_time: str = ""
+    last_time: str = ""
+    refused: int = 0
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "verified": True,
+            "run": self.run,
+            "records": self.records,
+            "isolation": self.isolation,
+            "assurance": self.assurance,
+            "origin": self.origin,
+            "log_key": self.log_key,
+            "tree_size": self.tree_size,
+            "root_hash": self.root_hash,
+            "cosigned_by": list(self.cosigned_by),
+            "kinds": dict(self.kinds),
+            "first_time": self.first_time,
+            "last_time": self.last_time,
+            "refused": self.refused,
+        }
+
+
+def _fail(code: str, where: str, what: str) -> FormatError:
+    return FormatError(code, where, what)
+
+
+def verify_bundle(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
+    """Verify `bundle_bytes` against `trust_bytes`; raise FormatError on the first fault."""
+    trust = bundle.parse_trust(trust_bytes)
+    pol = trust.policy
+    log = pol.logs[0]
+    b = bundle.parse(bundle_bytes)
+
+    # 3. the checkpoint and its signatures
+    text, sigs = note.split(b.checkpoint)
+    cp = checkpoint.parse(text)
+    if cp.origin != log.name:
+        raise _fail("checkpoint.origin", "checkpoint line 1",
+                    f"the checkpoint is from the log {cp.origin!r}; the trust file trusts "
+                    f"{log.name!r}: this is not the trust file of this bundle's signer")
+    known = note.Verifiers([log, *pol.witness_verifiers()])
+    names = {(w.name, w.key_id): n for n, w in pol.witnesses.items()}
+    first_sig_line = text.count("\n") + 2
+    seen: set[tuple[str, int]] = set()
+    for i, sig in enumerate(sigs):
+        where = f"checkpoint line {first_sig_line + i}"
+        tag = note.key_tag(sig.name, sig.key_id)
+        if (sig.name, sig.key_id) in seen:
+            raise _fail("checkpoint.duplicate", where, f"a second signature by {tag}")
+        seen.add((sig.name, sig.key_id))
+        if not known.knows(sig.name, sig.key_id):
+            if sig.name == log.name:
+                raise _fail("checkpoint.wrong-key", where,
+                            f"signed by the log key {tag}, but the trust file trusts "
+                            f"{note.key_tag(log.name, log.key_id)}: the wrong trust file, "
+                            "or a signer that changed its key")
+            raise _fail("checkpoint.unknown-signature", where,
+                        f"a signature by {tag}, which the trust file does not name; "
+                        "a bundle carries only signatures its trust file can check")
+    try:
+        opened = note.open_note(b.checkpoint, known)
+    except FormatError as exc:
+        raise _fail("checkpoint.signature", "checkpoint", exc.what) from None
+    signed_by_log = any((s.name, s.key_id) == (log.name, log.key_id) for s in opened.sigs)
+    if not signed_by_log:
+        raise _fail("checkpoint.unsigned", "checkpoint",
+                    f"no signature by the log key {note.key_tag(log.name, log.key_id)}")
+    cosigned = sorted(names[(s.name, s.key_id)] for s in opened.sigs
+                      if (s.name, s.key_id) in names)
+    for s in opened.sigs:
+        if (s.name, s.key_id) in names and cosignature.timestamp(s) == 0:
+            raise _fail("checkpoint.signature", "checkpoint",
+                        f"the cosignature by {s.name} has timestamp 0")
+
+    # 4. the witness quorum
+    if not pol.satisfied(cosigned):
+        have = ", ".join(cosigned) or "no witness"
+        raise _fail("checkpoint.quorum", "checkpoint",
+                    f"cosigned by {have}; the trust file's policy needs quorum "
+                    f"{_describe(pol, pol.quorum)}")
+    if pol.quorum == "none":
+        assurance = "dev"
+    elif pol.satisfied(set(cosigned) & trust.independent):
+        assurance = "witnessed"
+    else:
+        assurance = "local"
+
+    # 5. the records: each in the signed log, then the run's chain
+    recs: list[record.Record] = []
+    for j, entry in enumerate(b.entries):
+        where = f"record {j}"
+        assert entry.extra is not None
+        if entry.index >= cp.size:
+            raise _fail("record.inclusion", where,
+                        f"leaf index {entry.index} is beyond the checkpoint's {cp.size} leaves")
+        try:
+            merkle.verify_inclusion(entry.index, cp.size, merkle.leaf_hash(entry.extra),
+                                    entry.path, cp.root)
+        except FormatError as exc:
+            raise _fail("record.inclusion", f"{where} (leaf {entry.index})",
+                        f"not in the signed log: {exc.what}") from None
+        recs.append(record.parse(entry.extra, where))
+    seqs = [r.seq for r in recs]
+    kinds: Counter[str] = Counter()
+    prev: record.Record | None = None
+    prev_index = -1
+    decisions: dict[int, bool] = {}
+    completed: set[int] = set()
+    refused = 0
+    isolation = ""
+    for j, (entry, rec) in enumerate(zip(b.entries, recs, strict=True)):
+        where = f"record {j}"
+        if rec.run != b.run:
+            raise _fail("record.run", where,
+                        f"belongs to run {rec.run!r}, not to this bundle's run {b.run!r}")
+        if prev is not None and rec.seq == prev.seq:
+            raise _fail("record.duplicate", where, f"record {rec.seq} of the run appears twice")
+        if rec.seq != j:
+            if j in seqs[j + 1 :] or rec.seq < j:
+                raise _fail("record.order", where,
+                            f"has sequence number {rec.seq}: the records are out of order")
+            raise _fail("record.missing", where,
+                        f"has sequence number {rec.seq}: record {j} of the run is missing")
+        if prev is not None and rec.prev != prev.hash:
+            raise _fail("record.chain", where,
+                        "its prev hash is not the hash of the record before it")
+        if entry.index <= prev_index:
+            raise _fail("record.order", where,
+                        f"leaf index {entry.index} is not after the previous record's "
+                        f"{prev_index}")
+        if prev is not None and prev.kind == record.CLOSE:
+            raise _fail("record.after-close", where, "a record after the run's close record")
+        _check_body(rec, where, decisions, completed)
+        if rec.kind == record.OPEN:
+            isolation = str(rec.body["isolation"])
+        if rec.kind == record.DECISION and rec.body.get("allowed") is False:
+            refused += 1
+        kinds[rec.kind] += 1
+        prev, prev_index = rec, entry.index
+    assert prev is not None
+    if prev.kind != record.CLOSE:
+        raise _fail("record.close", f"record {len(b.entries) - 1}",
+                    f"the run is not closed: its last record is {prev.kind}, so records "
+                    "after it may have been cut off")
+    return Report(
+        run=b.run,
+        records=len(b.entries),
+        isolation=isolation,
+        assurance=assurance,
+        origin=cp.origin,
+        log_key=note.key_tag(log.name, log.key_id),
+        tree_size=cp.size,
+        root_hash=base64.b64encode(cp.root).decode(),
+        cosigned_by=tuple(cosigned),
+        kinds=dict(kinds),
+        first_time=recs[0].time,
+        last_time=prev.time,
+        refused=refused,
+    )
+
+
+def _check_body(rec: record.Record, where: str, decisions: dict[int, bool],
+                completed: set[int]) -> None:
+    """What a verifier can check of a body: decisions, and completions of them."""
+    if rec.kind == record.DECISION:
+        if not isinstance(rec.body.get("allowed"), bool) or not isinstance(
+            rec.body.get("action"), str
+        ):
+            raise _fail("record.schema", where, "a decision states its action and allowed")
+        decisions[rec.seq] = bool(rec.body["allowed"])
+    elif rec.kind == record.COMPLETE:
+        d = rec.body.get("decision")
+        if not isinstance(d, int) or isinstance(d, bool) or d not in decisions:
+            raise _fail("record.reference", where,
+                        "completes a decision that is not earlier in this run")
+        if not decisions[d]:
+            raise _fail("record.reference", where, f"completes decision {d}, which was refused")
+        if d in completed:
+            raise _fail("record.reference", where, f"completes decision {d} a second time")
+        completed.add(d)
+
+
+def _describe(pol: Any, name: str) -> str:
+    if name in pol.witnesses:
+        return f"the witness {name}"
+    g = pol.groups[name]
+    return f"{g.threshold} of ({', '.join(_describe(pol, m) for m in g.members)})"
