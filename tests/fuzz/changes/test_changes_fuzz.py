@@ -30,7 +30,8 @@ SEED = (
     + b"J" + base64.b85encode(zlib.compress(b"\x00\x01"), pad=True)
     + b"\n\nliteral 0\nHcmV?d00001\n\n"
     b"diff --git a/m b/m\nold mode 100644\nnew mode 100755\n"
-    b"diff --git a/d b/d\ndeleted file mode 100644\nindex 7898192..0000000\n--- a/d\n+++ /dev/null\n"
+    b"diff --git a/d b/d\ndeleted file mode 100644\nindex 7898192..0000000\n"
+    b"--- a/d\n+++ /dev/null\n"
     b"@@ -1 +0,0 @@\n-a\n"
 )
 LIMITS = Limits(max_patch_bytes=1 << 16, max_file_bytes=1 << 16, max_binary_bytes=1 << 18)

@@ -313,3 +313,14 @@ def test_report_renders_hostile_paths_as_text(tmp_path: Path) -> None:
     report.render(console)
     out = console.file.getvalue()  # type: ignore[attr-defined]
     assert "[bold red]x[/]" in out and "would apply" in out
+
+
+def test_ancestor_directories_are_not_listed(tmp_path: Path) -> None:
+    """Only a directory the patch replaces is listed; a big `src/` is never walked."""
+    lower = {"src/x": file(b"x\n"), "src/other/y": file(b"y\n")}
+    patch = guest_patch(tmp_path, lower, {"src/x": file(b"X\n"), "src/other/y": file(b"y\n")})
+    co = checkout(tmp_path, lower)
+    with fs_mod.Checkout(co) as c:
+        states = door_mod._states(c, parse_patch(patch), door_mod.Limits())
+    assert states["src"].kind == "dir" and states["src"].below == frozenset()
+    assert states["src/x"].content == b"x\n"

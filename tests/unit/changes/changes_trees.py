@@ -12,9 +12,8 @@ from __future__ import annotations
 import os
 import stat
 from pathlib import Path
-from typing import Union
 
-Entry = Union[tuple[str, bytes, bool], tuple[str, bytes]]
+Entry = tuple[str, bytes, bool] | tuple[str, bytes]
 Tree = dict[str, Entry]
 
 

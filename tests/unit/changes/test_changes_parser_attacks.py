@@ -72,8 +72,9 @@ def test_absolute_path_in_a_patch_is_refused() -> None:
     refused(add(b"/etc/cron.d/x"), "absolute path")
 
 
-@pytest.mark.parametrize("path", [".git/config", ".git/hooks/pre-commit", ".GIT/hooks/post-checkout",
-                                  ".Git/config", "sub/.git/config", "vendor/x/.gIt/HEAD"])
+@pytest.mark.parametrize("path", [".git/config", ".git/hooks/pre-commit",
+                                  ".GIT/hooks/post-checkout", ".Git/config", "sub/.git/config",
+                                  "vendor/x/.gIt/HEAD"])
 def test_writes_into_dot_git_whatever_the_case_are_refused(path: str) -> None:
     """`.git/`, `.GIT/`, hooks: git's own directory, any case, any depth."""
     refused(add(path.encode()), "inside .git")

@@ -134,11 +134,12 @@ def _where(parsed: Patch, theirs: bytes, ours: bytes) -> str:
 
 
 def _states(co: Checkout, parsed: Patch, limits: Limits) -> dict[str, State]:
-    wanted: set[str] = set()
+    named = {s.path for s in parsed.sections}
+    wanted: set[str] = set(named)
     for s in parsed.sections:
         parts = s.path.split("/")
-        wanted.update("/".join(parts[:i]) for i in range(1, len(parts) + 1))
-    return {p: co.state(p, limits.max_file_bytes) for p in sorted(wanted)}
+        wanted.update("/".join(parts[:i]) for i in range(1, len(parts)))
+    return {p: co.state(p, limits.max_file_bytes, list_below=p in named) for p in sorted(wanted)}
 
 
 async def _git_builds_same(git: Git, plan: Plan) -> None:

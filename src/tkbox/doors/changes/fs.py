@@ -78,18 +78,22 @@ class Checkout:
             fd = nfd
         return fd, name, None
 
-    def state(self, path: str, max_bytes: int) -> State:
-        """What is at `path` now, read without following symlinks."""
+    def state(self, path: str, max_bytes: int, list_below: bool = True) -> State:
+        """What is at `path` now, read without following symlinks.
+
+        `list_below`: for a directory, list what is below it (only needed for
+        a path the patch names, never for its ancestors).
+        """
         fd, name, blocked = self.open_parent(path)
         if fd is None:
             return State("absent", blocked_by=blocked)
         try:
-            return _state_at(fd, name, path, max_bytes)
+            return _state_at(fd, name, path, max_bytes, list_below)
         finally:
             os.close(fd)
 
 
-def _state_at(dirfd: int, name: str, path: str, max_bytes: int) -> State:
+def _state_at(dirfd: int, name: str, path: str, max_bytes: int, list_below: bool) -> State:
     try:
         st = os.stat(name, dir_fd=dirfd, follow_symlinks=False)
     except FileNotFoundError:
@@ -97,7 +101,8 @@ def _state_at(dirfd: int, name: str, path: str, max_bytes: int) -> State:
     if stat.S_ISLNK(st.st_mode):
         return State("link", os.fsencode(os.readlink(name, dir_fd=dirfd)), ident=_ident(st))
     if stat.S_ISDIR(st.st_mode):
-        return State("dir", ident=_ident(st), below=frozenset(_below(dirfd, name, path)))
+        below = frozenset(_below(dirfd, name, path)) if list_below else frozenset()
+        return State("dir", ident=_ident(st), below=below)
     if not stat.S_ISREG(st.st_mode):
         return State("other", ident=_ident(st))
     if st.st_size > max_bytes:
