@@ -32,7 +32,7 @@ from changes_trees import (  # noqa: E402
     whiteout,
 )
 
-from tkbox.doors.changes import apply_patch  # noqa: E402
+from tkbox.doors.changes import PatchRefused, apply_patch  # noqa: E402
 from tkbox.doors.changes.patch import parse_patch  # noqa: E402
 from tkbox.guest.diff import write_patch  # noqa: E402
 from tkbox.record.client import FakeSigner  # noqa: E402
@@ -112,6 +112,13 @@ def test_guest_patch_applied_by_the_door_gives_the_final_tree(
         co = tmp / "co"
         shutil.copytree(tmp / "lower", co, symlinks=True)
         subprocess.run(["git", "init", "-q"], cwd=co, check=True)
+        if any(e[0] == "link" and any(q.startswith(p + "/") for q in final)
+               for p, e in lower.items()):
+            # documented: a checkout symlink replaced by a directory is refused
+            with pytest.raises(PatchRefused, match="replaces the checkout's symlink"):
+                apply_to(co, out.getvalue())
+            assert read_tree(co) == lower
+            return
         apply_to(co, out.getvalue())
         assert read_tree(co) == final
 

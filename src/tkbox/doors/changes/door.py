@@ -58,6 +58,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
         with Checkout(root) as co:
             states = _states(co, parsed, limits)
             plan = build(parsed, states, max_file_bytes=limits.max_file_bytes)  # (1), (4) ours
+            _refuse_below_checkout_symlinks(plan, states)
             ignored = await _repo_rules(git, root, parsed, notes)  # (1)
             classify(plan, ignored=ignored, sensitive=sensitive.sensitive_reason,  # (1), (2)
                      allow_sensitive=allow_sensitive)
@@ -75,6 +76,22 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
         git.close()
+
+
+def _refuse_below_checkout_symlinks(plan: Plan, states: dict[str, State]) -> None:
+    """A patch replacing a checkout symlink by a directory is refused as a whole.
+
+    `plan.build` allows it (the symlink is deleted before anything is made
+    below it), but git cannot say whether paths below a symlink are ignored.
+    """
+    for f in plan.files:
+        blocker = f.old.blocked_by
+        if blocker is not None and states[blocker].kind == "link":
+            raise PatchRefused(
+                f"{f.sections[0].where}: the patch replaces the checkout's symlink "
+                f"{blocker!r} by a directory; git cannot check ignore rules below a symlink, "
+                "so make this change by hand"
+            )
 
 
 async def _repo_rules(git: Git, root: Path, parsed: Patch, notes: list[str]) -> set[str]:
