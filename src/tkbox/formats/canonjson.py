@@ -26,9 +26,6 @@ from tkbox.formats.errors import FormatError
 MAX_SAFE_INT = (1 << 53) - 1
 MAX_DEPTH = 32
 
-_ESCAPES = {'"': '\\"', "\\": "\\\\", "\b": "\\b", "\f": "\\f", "\n": "\\n", "\r": "\\r",
-            "\t": "\\t"}
-
 
 class CanonicalJSONError(FormatError):
     pass
@@ -38,19 +35,15 @@ def _fail(what: str, where: str = "") -> CanonicalJSONError:
     return CanonicalJSONError("json.canonical", where, what)
 
 
+# The standard library's encoder for ensure_ascii=False escapes exactly what
+# RFC 8785 §3.2.2.2 escapes, the same way: \" \\ \b \f \n \r \t, and other
+# controls as \u00xx in lowercase hex. A lone surrogate passes through it and
+# is refused when the result is encoded to UTF-8.
+_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+
+
 def _string(s: str, out: list[str]) -> None:
-    out.append('"')
-    for ch in s:
-        esc = _ESCAPES.get(ch)
-        if esc is not None:
-            out.append(esc)
-        elif ch < " ":
-            out.append(f"\\u{ord(ch):04x}")
-        elif "\ud800" <= ch <= "\udfff":
-            raise _fail("a string holds a lone UTF-16 surrogate")
-        else:
-            out.append(ch)
-    out.append('"')
+    out.append(_encode_string(s))
 
 
 def _value(v: Any, out: list[str], depth: int) -> None:
@@ -100,8 +93,8 @@ def dumps(value: Any) -> bytes:
     _value(value, out, 0)
     try:
         return "".join(out).encode("utf-8")
-    except UnicodeEncodeError:  # pragma: no cover - surrogates are refused above
-        raise _fail("not encodable as UTF-8") from None
+    except UnicodeEncodeError:
+        raise _fail("a string holds a lone UTF-16 surrogate") from None
 
 
 def _pairs(pairs: list[tuple[str, Any]]) -> dict[str, Any]:

@@ -17,7 +17,7 @@ import asyncio
 import base64
 import contextlib
 import itertools
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,6 +26,8 @@ from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdic
 from tkbox.signer import wire
 
 EXPORT_LIMIT = 512 << 20
+
+Streams = tuple[asyncio.StreamReader, asyncio.StreamWriter]
 
 
 class _Pending:
@@ -38,8 +40,11 @@ class _Pending:
 
 class UnixSignerClient(SignerClient):
     def __init__(self, socket_path: str | Path, *, timeout: float = 10.0,
-                 connect_timeout: float = 2.0, export_timeout: float = 120.0) -> None:
+                 connect_timeout: float = 2.0, export_timeout: float = 120.0,
+                 connector: Callable[[], Awaitable[Streams]] | None = None) -> None:
+        """`connector` replaces opening `socket_path` (tests give it a socket pair)."""
         self.socket_path = Path(socket_path)
+        self._connector = connector
         self.timeout = timeout
         self.connect_timeout = connect_timeout
         self.export_timeout = export_timeout
@@ -52,8 +57,10 @@ class UnixSignerClient(SignerClient):
 
     # --- the connection ------------------------------------------------------
 
-    async def _open(self) -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
+    async def _open(self) -> Streams:
         try:
+            if self._connector is not None:
+                return await asyncio.wait_for(self._connector(), self.connect_timeout)
             return await asyncio.wait_for(
                 asyncio.open_unix_connection(str(self.socket_path), limit=wire.MAX_FRAME + 4),
                 self.connect_timeout)

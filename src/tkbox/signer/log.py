@@ -132,8 +132,9 @@ class Log:
             where = f"{self.path} leaf {idx}"
             if idx != self.tree.size:
                 raise InternalError(f"{where}: leaves are not contiguous")
-            raw = bytes(raw)
-            if merkle.leaf_hash(raw) != bytes(h):
+            if not isinstance(raw, bytes) or not isinstance(h, bytes):
+                raise InternalError(f"{where}: the row does not hold bytes")
+            if merkle.leaf_hash(raw) != h:
                 raise InternalError(f"{where}: the stored hash is not the record's hash")
             try:
                 rec = record.parse(raw, where)

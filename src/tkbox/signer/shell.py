@@ -192,7 +192,8 @@ class _Reader:
         start = self.i
         w = self._word()
         lit = w.literal()
-        if lit is not None and lit.isdigit() and self.i == start + len(lit) and self._at() in "<>":
+        if lit is not None and lit.isdigit() and self.i == start + len(lit) and \
+                self._at() in ("<", ">"):
             return _Tok("io", lit)
         return _Tok("word", word=w)
 
@@ -268,6 +269,8 @@ class _Reader:
                 continue
             e = self._at()
             self.i += 1
+            if e == "":
+                raise ShellSyntaxError("a $'…' quote is not closed")
             if e in simple:
                 out.append(simple[e])
             elif e in "xuU":
@@ -295,7 +298,7 @@ class _Reader:
             if c == '"':
                 self.i += 1
                 return
-            if c == "\\" and self._at(1) in '$`"\\\n':
+            if c == "\\" and self._at(1) in ("$", "`", '"', "\\", "\n"):
                 if self._at(1) != "\n":
                     buf.append(self._at(1))
                 self.i += 2
@@ -315,7 +318,7 @@ class _Reader:
                 d = self._at()
                 if d == "":
                     raise ShellSyntaxError("a backquote is not closed")
-                if d == "\\" and self._at(1) in "$`\\":
+                if d == "\\" and self._at(1) in ("$", "`", "\\"):
                     out.append(self._at(1))
                     self.i += 2
                     continue
@@ -451,7 +454,7 @@ class _Reader:
                     c = sub._at()
                     if c in "$`":
                         sub._dollar(w, buf, flush)
-                    elif c == "\\" and sub._at(1) in "$`\\":
+                    elif c == "\\" and sub._at(1) in ("$", "`", "\\"):
                         buf.append(sub._at(1))
                         sub.i += 2
                     else:

@@ -1,0 +1,50 @@
+"""RFC 8785 canonical JSON: ours against the `rfc8785` package, and strictness."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import rfc8785
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from tkbox.formats import FormatError, canonjson
+
+_ints = st.integers(min_value=-canonjson.MAX_SAFE_INT, max_value=canonjson.MAX_SAFE_INT)
+_text = st.text(st.characters(exclude_categories=("Cs",)), max_size=20)
+_values = st.recursive(
+    st.none() | st.booleans() | _ints | _text,
+    lambda inner: st.lists(inner, max_size=5) | st.dictionaries(_text, inner, max_size=5),
+    max_leaves=30,
+)
+
+
+@settings(max_examples=400, deadline=None)
+@given(_values)
+def test_same_bytes_as_rfc8785(value: object) -> None:
+    ours = canonjson.dumps(value)
+    assert ours == rfc8785.dumps(value)
+    assert canonjson.loads(ours) == value
+
+
+@pytest.mark.parametrize("data", [
+    b'{"b":1,"a":2}',  # not sorted
+    b'{"a": 1}',  # whitespace
+    b'{"a":1,"a":1}',  # duplicate name
+    b'{"a":1.0}', b'{"a":1e3}', b'[NaN]', b'[-0]', b'[01]',
+    b'["\\u0041"]',  # an escape that is not needed
+    b'["\\/"]',
+    b'[9007199254740992]',  # beyond 2^53 - 1
+    b'["\xff"]', b'["\\ud800"]', b"[1]\n", b"", b"[" * 100000,
+])
+def test_non_canonical_json_is_refused(data: bytes) -> None:
+    with pytest.raises(FormatError):
+        canonjson.loads(data)
+
+
+def test_utf16_key_order() -> None:
+    """RFC 8785 §3.2.3 sorts by UTF-16 code units: U+1F600 sorts before U+FFFF."""
+    value = {"\uffff": 1, "\U0001f600": 2, "a": 3}
+    assert canonjson.dumps(value) == rfc8785.dumps(value)
+    assert json.loads(canonjson.dumps(value)) == value
