@@ -1,0 +1,577 @@
+"""The guest agent: PID 1 inside the VM.
+
+Boot: mount proc/sys/dev, load the kernel modules in order, find the mux port,
+read the boot config on port 1026 (once), mount the root image read-only under
+a tmpfs overlay and `/workspace` as an overlay of the lower and upper disks,
+set the clock from the host's, bring up `lo`, start the egress forwarder on
+127.0.0.1:3128, then serve RPC on port 1024 (`tkbox.guest.rpc`). As PID 1 it
+reaps every orphan.
+
+Trust: this code runs in the VM and is not trusted by the host. It trusts the
+host completely (the host built this initramfs). Standard library, `msgpack`,
+and `tkbox.protocol`/`tkbox.errors`/`tkbox.guest` only.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import ctypes
+import errno
+import fcntl
+import os
+import signal
+import socket
+import struct
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from tkbox.guest import rpc
+from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
+from tkbox.protocol.streams import ByteStream, StreamClosed
+
+RUN = Path("/run/tkbox")
+ROOT = RUN / "root"
+LOWER = RUN / "lower"
+WSDISK = RUN / "wsdisk"
+UPPER = WSDISK / "upper"
+MUX_PORT_NAME = "tkbox.mux"
+PROXY_ADDR = ("127.0.0.1", 3128)
+
+
+def log(msg: str) -> None:
+    with contextlib.suppress(OSError):
+        os.write(2, f"tkbox-guest: {msg}\n".encode())
+
+
+# ---- boot steps -----------------------------------------------------------
+
+
+def _libc() -> ctypes.CDLL:
+    return ctypes.CDLL(None, use_errno=True)
+
+
+def mount(source: str, target: str | Path, fstype: str, flags: int = 0, data: str = "") -> None:
+    Path(target).mkdir(parents=True, exist_ok=True)
+    libc = _libc()
+    if libc.mount(source.encode(), str(target).encode(), fstype.encode(), flags,
+                  data.encode() if data else None) != 0:
+        e = ctypes.get_errno()
+        raise OSError(e, f"mount {fstype} on {target}: {os.strerror(e)}")
+
+
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC, MS_BIND, MS_REC = 1, 2, 4, 8, 4096, 16384
+
+
+def early_mounts() -> None:
+    mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("sysfs", "/sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("devtmpfs", "/dev", "devtmpfs", MS_NOSUID)
+    mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+
+
+def load_modules(directory: Path = Path("/tkbox/modules")) -> None:
+    order = directory / "order"
+    if not order.exists():
+        return
+    libc = _libc()
+    # As modprobe does: `module.param=value` words of the kernel command line
+    # become that module's parameters (QEMU's microvm passes virtio_mmio.device=).
+    params: dict[str, list[str]] = {}
+    for word in Path("/proc/cmdline").read_text().split():
+        mod, dot, rest = word.partition(".")
+        if dot and "=" in rest:
+            params.setdefault(mod.replace("-", "_"), []).append(rest)
+    for name in order.read_text().split():
+        modname = name.split("-", 1)[-1].removesuffix(".ko").replace("-", "_")
+        args = " ".join(params.get(modname, [])).encode()
+        fd = os.open(directory / name, os.O_RDONLY | os.O_CLOEXEC)
+        try:
+            # finit_module(fd, params, flags): syscall 313 on x86-64
+            if libc.syscall(313, fd, args, 0) != 0:
+                e = ctypes.get_errno()
+                if e != errno.EEXIST:
+                    log(f"module {name}: {os.strerror(e)}")
+        finally:
+            os.close(fd)
+
+
+def wait_for(pred: Any, what: str, timeout: float = 10.0) -> Any:
+    deadline = time.monotonic() + timeout
+    while True:
+        v = pred()
+        if v:
+            return v
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"timed out waiting for {what}")
+        time.sleep(0.01)
+
+
+def find_mux_port() -> str:
+    def look() -> str | None:
+        base = Path("/sys/class/virtio-ports")
+        if not base.is_dir():
+            return None
+        for p in base.iterdir():
+            with contextlib.suppress(OSError):
+                if (p / "name").read_text().strip() == MUX_PORT_NAME:
+                    return f"/dev/{p.name}"
+        return None
+
+    dev: str = wait_for(look, "the mux port")
+    wait_for(lambda: os.path.exists(dev), dev)
+    return dev
+
+
+def find_disk(serial: str) -> str:
+    def look() -> str | None:
+        for p in Path("/sys/block").iterdir():
+            with contextlib.suppress(OSError):
+                if (p / "serial").read_text().strip() == serial:
+                    return f"/dev/{p.name}"
+        return None
+
+    dev: str = wait_for(look, f"the {serial} disk")
+    wait_for(lambda: os.path.exists(dev), dev)
+    return dev
+
+
+def lo_up() -> None:
+    siocgifflags, siocsifflags, iff_up = 0x8913, 0x8914, 0x1
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+        ifr = struct.pack("16sh", b"lo", 0)
+        flags = struct.unpack("16sh", fcntl.ioctl(s, siocgifflags, ifr)[:18])[1]
+        fcntl.ioctl(s, siocsifflags, struct.pack("16sh", b"lo", flags | iff_up))
+
+
+def setup_disks(cfg: dict[str, Any]) -> None:
+    disks = cfg.get("disks", {})
+    ro, rw = RUN / "ro", RUN / "rw"
+    mount(find_disk(disks.get("root", "root")), ro, "squashfs", MS_RDONLY)
+    mem = cfg.get("tmpfs_size", "50%")
+    mount("tmpfs", rw, "tmpfs", 0, f"mode=0755,size={mem}")
+    (rw / "upper").mkdir()
+    (rw / "work").mkdir()
+    mount("overlay", ROOT, "overlay", 0, f"lowerdir={ro},upperdir={rw}/upper,workdir={rw}/work")
+    for d in ("proc", "sys", "dev", "tmp", "workspace", "run"):
+        (ROOT / d).mkdir(exist_ok=True)
+    os.chmod(ROOT / "tmp", 0o1777)
+    mount("proc", ROOT / "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+    mount("sysfs", ROOT / "sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
+    mount("/dev", ROOT / "dev", "", MS_BIND | MS_REC)
+    with contextlib.suppress(OSError):
+        mount("devpts", ROOT / "dev/pts", "devpts", MS_NOSUID | MS_NOEXEC, "ptmxmode=0666")
+    mount("tmpfs", ROOT / "run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
+    # The workspace: lower (read-only copy of the checkout) + upper (ext4).
+    # No redirect_dir/metacopy/index: the upper layer then holds exactly the
+    # changes, as plain files, whiteouts and opaque directories.
+    mount(find_disk(disks.get("lower", "lower")), LOWER, "squashfs", MS_RDONLY)
+    mount(find_disk(disks.get("upper", "upper")), WSDISK, "ext4", MS_NOSUID)
+    UPPER.mkdir(exist_ok=True)
+    (WSDISK / "work").mkdir(exist_ok=True)
+    mount("overlay", ROOT / "workspace", "overlay", 0,
+          f"lowerdir={LOWER},upperdir={UPPER},workdir={WSDISK}/work,"
+          "redirect_dir=off,index=off,metacopy=off,xino=off")
+
+
+def install_ca(cfg: dict[str, Any]) -> None:
+    pems = [p for p in cfg.get("ca_pems", []) if isinstance(p, str)]
+    if not pems:
+        return
+    certs = ROOT / "etc/ssl/certs"
+    certs.mkdir(parents=True, exist_ok=True)
+    extra = "".join(p if p.endswith("\n") else p + "\n" for p in pems)
+    (certs / "tkbox-ca.pem").write_text(extra)
+    bundle = certs / "ca-certificates.crt"
+    old = bundle.read_text() if bundle.is_file() else ""
+    bundle.write_text(old + ("" if not old or old.endswith("\n") else "\n") + extra)
+
+
+def write_etc(cfg: dict[str, Any]) -> None:
+    name = str(cfg.get("hostname", "tkbox"))[:63]
+    with contextlib.suppress(OSError):
+        socket.sethostname(name)
+    with contextlib.suppress(OSError):
+        (ROOT / "etc").mkdir(exist_ok=True)
+        (ROOT / "etc/hostname").write_text(name + "\n")
+        hosts = ROOT / "etc/hosts"
+        old = hosts.read_text() if hosts.is_file() else ""
+        if "localhost" not in old:
+            hosts.write_text(old + "127.0.0.1 localhost\n::1 localhost\n")
+        hosts.write_text(hosts.read_text() + f"127.0.1.1 {name}\n")
+
+
+# ---- the link ----------------------------------------------------------------
+
+
+class FdStream(ByteStream):
+    """A ByteStream over a non-blocking character device (the virtio-serial port)."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        os.set_blocking(fd, False)
+
+    async def _wait(self, writer: bool) -> None:
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[None] = loop.create_future()
+        add = loop.add_writer if writer else loop.add_reader
+        rm = loop.remove_writer if writer else loop.remove_reader
+        add(self.fd, lambda: fut.done() or fut.set_result(None))
+        try:
+            await fut
+        finally:
+            rm(self.fd)
+
+    async def receive(self, max_bytes: int = 65536) -> bytes:
+        while True:
+            try:
+                return os.read(self.fd, max_bytes)
+            except BlockingIOError:
+                await self._wait(False)
+
+    async def send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            try:
+                n = os.write(self.fd, view)
+                view = view[n:]
+            except BlockingIOError:
+                await self._wait(True)
+            except OSError as exc:
+                raise StreamClosed(str(exc)) from None
+
+    async def send_eof(self) -> None:
+        pass
+
+    async def aclose(self) -> None:
+        with contextlib.suppress(OSError):
+            os.close(self.fd)
+
+
+# ---- processes -----------------------------------------------------------------
+
+
+class Reaper:
+    """PID 1's duty: reap every child, hand exit statuses to those waiting."""
+
+    def __init__(self) -> None:
+        self.waiting: dict[int, asyncio.Future[int]] = {}
+
+    def install(self, loop: asyncio.AbstractEventLoop) -> None:
+        loop.add_signal_handler(signal.SIGCHLD, self.reap)
+
+    def watch(self, pid: int) -> asyncio.Future[int]:
+        fut: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self.waiting[pid] = fut
+        self.reap()
+        return fut
+
+    def reap(self) -> None:
+        while True:
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                return
+            if pid == 0:
+                return
+            fut = self.waiting.pop(pid, None)
+            if fut is not None and not fut.done():
+                fut.set_result(status)
+
+
+def _preexec(root: str, cwd: str) -> Any:
+    def fn() -> None:
+        os.chroot(root)
+        os.chdir(cwd)
+    return fn
+
+
+class Agent:
+    def __init__(self, ports: Ports, cfg: dict[str, Any], reaper: Reaper) -> None:
+        self.ports = ports
+        self.cfg = cfg
+        self.reaper = reaper
+        self.env = {str(k): str(v) for k, v in cfg.get("env", {}).items()}
+        self.root = str(cfg.get("root", ROOT))
+        self.started = time.monotonic()
+        self.shutting_down = asyncio.Event()
+
+    # -- egress forwarder --------------------------------------------------
+
+    async def forward(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            stream = await self.ports.connect(PORT_EGRESS)
+        except Exception:  # noqa: BLE001 - host gone or refusing: close the client
+            writer.close()
+            return
+
+        async def up() -> None:
+            try:
+                while data := await reader.read(65536):
+                    await stream.send_all(data)
+                await stream.send_eof()
+            except (StreamClosed, OSError):
+                pass
+
+        async def down() -> None:
+            try:
+                while data := await stream.receive(65536):
+                    writer.write(data)
+                    await writer.drain()
+                if writer.can_write_eof():
+                    writer.write_eof()
+            except OSError:
+                pass
+
+        try:
+            t_up = asyncio.ensure_future(up())
+            await down()
+            t_up.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await t_up
+        finally:
+            await stream.aclose()
+            writer.close()
+
+    # -- RPC ------------------------------------------------------------------
+
+    async def handle_rpc(self, stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        try:
+            req = await fs.receive()
+            if req is None:
+                return
+            op = req.get("op")
+            handler = getattr(self, f"op_{op}", None) if op in rpc.OPS else None
+            if handler is None:
+                await fs.send({"ev": "error", "message": f"unknown op {op!r}"})
+                return
+            await handler(fs, req)
+        except (FrameError, StreamClosed, EOFError):
+            pass
+        except Exception as exc:  # noqa: BLE001 - report, never die
+            with contextlib.suppress(Exception):
+                await fs.send({"ev": "error", "message": f"{exc.__class__.__name__}: {exc}"})
+
+    async def op_ping(self, fs: FramedStream, req: dict[str, Any]) -> None:
+        await fs.send({"ev": "ok", "uptime": time.monotonic() - self.started})
+
+    async def op_exec(self, fs: FramedStream, req: dict[str, Any]) -> None:
+        argv = req.get("argv")
+        if not isinstance(argv, list) or not argv or not all(isinstance(a, str) for a in argv):
+            await fs.send({"ev": "error", "message": "argv must be a non-empty list of strings"})
+            return
+        cwd = str(req.get("cwd") or "/workspace")
+        env = dict(self.env)
+        env.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
+        want_stdin = bool(req.get("stdin"))
+        try:
+            proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
+                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                preexec_fn=_preexec(self.root, cwd), close_fds=True,  # noqa: PLW1509
+            )
+        except (OSError, subprocess.SubprocessError) as exc:
+            await fs.send({"ev": "exit", "status": 127, "signal": 0,
+                           "error": f"cannot start {argv[0]!r}: {exc}"})
+            return
+        exited = self.reaper.watch(proc.pid)
+        await fs.send({"ev": "started", "pid": proc.pid})
+        loop = asyncio.get_running_loop()
+        lock = asyncio.Lock()
+
+        async def pump(fd: int, pipe: Any) -> None:
+            raw = pipe.fileno()
+            os.set_blocking(raw, False)
+            while True:
+                try:
+                    data = os.read(raw, rpc.CHUNK)
+                except BlockingIOError:
+                    fut: asyncio.Future[None] = loop.create_future()
+                    loop.add_reader(raw, lambda: fut.done() or fut.set_result(None))
+                    try:
+                        await fut
+                    finally:
+                        loop.remove_reader(raw)
+                    continue
+                if not data:
+                    return
+                async with lock:
+                    await fs.send({"ev": "out", "fd": fd, "data": data})
+
+        async def feed() -> None:
+            # stdin frames and signals from the host
+            stdin = proc.stdin
+            while True:
+                msg = await fs.receive()
+                if msg is None:
+                    # The host went away (client gone): stop the command.
+                    with contextlib.suppress(ProcessLookupError):
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    return
+                kind = msg.get("op")
+                if kind == "stdin" and stdin is not None:
+                    data = msg.get("data", b"")
+                    if isinstance(data, bytes):
+                        with contextlib.suppress(BrokenPipeError):
+                            await loop.run_in_executor(None, stdin.write, data)
+                            await loop.run_in_executor(None, stdin.flush)
+                elif kind == "stdin_eof" and stdin is not None:
+                    with contextlib.suppress(OSError):
+                        stdin.close()
+                    stdin = None
+                elif kind == "signal":
+                    sig = msg.get("sig")
+                    if isinstance(sig, int) and 0 < sig < 65:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, sig)
+
+        pumps = [asyncio.ensure_future(pump(1, proc.stdout)),
+                 asyncio.ensure_future(pump(2, proc.stderr))]
+        feeder = asyncio.ensure_future(feed())
+        try:
+            status = await exited
+            proc.returncode = os.waitstatus_to_exitcode(status)
+            # Give the pipes a moment to drain; a background child may hold them open.
+            await asyncio.wait(pumps, timeout=1.0)
+            code = os.WEXITSTATUS(status) if os.WIFEXITED(status) else 128 + os.WTERMSIG(status)
+            sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else 0
+            for p in pumps:
+                p.cancel()
+            async with lock:
+                await fs.send({"ev": "exit", "status": code, "signal": sig})
+        finally:
+            feeder.cancel()
+            for p in pumps:
+                p.cancel()
+            for pipe in (proc.stdout, proc.stderr, proc.stdin):
+                if pipe is not None:
+                    with contextlib.suppress(OSError):
+                        pipe.close()
+
+    def _path(self, req: dict[str, Any]) -> Path:
+        path = req.get("path")
+        if not isinstance(path, str) or not path.startswith("/") or "\0" in path:
+            raise ValueError("path must be absolute")
+        return Path(self.root) / path.lstrip("/")
+
+    async def op_read(self, fs: FramedStream, req: dict[str, Any]) -> None:
+        path = self._path(req)
+        size = 0
+        with open(path, "rb") as f:  # noqa: ASYNC230 - guest-local tmpfs/disk
+            while chunk := f.read(rpc.CHUNK):
+                size += len(chunk)
+                if size > rpc.MAX_FILE:
+                    raise ValueError(f"file exceeds {rpc.MAX_FILE} bytes")
+                await fs.send({"ev": "data", "data": chunk})
+        await fs.send({"ev": "end", "size": size})
+
+    async def op_write(self, fs: FramedStream, req: dict[str, Any]) -> None:
+        path = self._path(req)
+        mode = req.get("mode", 0o644)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        size = 0
+        with open(path, "wb") as f:  # noqa: ASYNC230
+            while True:
+                msg = await fs.receive()
+                if msg is None:
+                    raise ValueError("stream ended before the end of the file")
+                if msg.get("ev") == "end":
+                    break
+                data = msg.get("data")
+                if isinstance(data, bytes):
+                    size += len(data)
+                    f.write(data)
+        if isinstance(mode, int):
+            os.chmod(path, mode & 0o7777)
+        await fs.send({"ev": "ok", "size": size})
+
+    async def op_diff(self, fs: FramedStream, req: dict[str, Any]) -> None:
+        from tkbox.guest.diff import write_patch
+
+        if req.get("kill"):
+            # Stop: no process may change the workspace while it is read.
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(-1, signal.SIGKILL)
+            await asyncio.sleep(0.05)
+            self.reaper.reap()
+        os.sync()
+        with tempfile.TemporaryFile(dir="/run") as out:
+            stats = write_patch(LOWER, UPPER, out, max_bytes=rpc.MAX_PATCH)
+            out.seek(0)
+            while chunk := out.read(rpc.CHUNK):
+                await fs.send({"ev": "data", "data": chunk})
+        info = stats.to_dict() if hasattr(stats, "to_dict") else {}
+        await fs.send({"ev": "end", "stats": info})
+
+    async def op_shutdown(self, fs: FramedStream, req: dict[str, Any]) -> None:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(-1, signal.SIGKILL)
+        os.sync()
+        await fs.send({"ev": "ok"})
+        self.shutting_down.set()
+
+
+def power_off() -> None:
+    os.sync()
+    libc = _libc()
+    # The VMM runs with -no-reboot (QEMU) or treats reboot as exit (Firecracker):
+    # a reboot ends the VM everywhere, where power-off needs ACPI.
+    libc.reboot(0x01234567)  # RB_AUTOBOOT
+    libc.reboot(0x4321FEDC)  # RB_POWER_OFF
+    os._exit(0)
+
+
+async def amain(dev: str) -> None:
+    loop = asyncio.get_running_loop()
+    reaper = Reaper()
+    reaper.install(loop)
+    fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
+    link = FdStream(fd)
+    ports = MuxPorts(link, initiator=False)
+    mux_task = asyncio.ensure_future(ports.run())
+    boot = FramedStream(await ports.connect(PORT_BOOT))
+    cfg = await boot.receive()
+    if not isinstance(cfg, dict):
+        raise RuntimeError("no boot config from the host")
+    if isinstance(cfg.get("time"), (int, float)):
+        with contextlib.suppress(OSError):
+            time.clock_settime(time.CLOCK_REALTIME, float(cfg["time"]))
+    setup_disks(cfg)
+    install_ca(cfg)
+    write_etc(cfg)
+    lo_up()
+    agent = Agent(ports, cfg, reaper)
+    server = await asyncio.start_server(agent.forward, *PROXY_ADDR)
+    ports.serve(PORT_RPC, agent.handle_rpc)
+    # Readiness goes back on the boot stream itself, which is then closed for good.
+    await boot.send({"ev": "ready", "uptime": time.monotonic() - agent.started})
+    await boot.aclose()
+    done, _ = await asyncio.wait(
+        [mux_task, asyncio.ensure_future(agent.shutting_down.wait())],
+        return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.sleep(0.1)  # let the last answer leave
+    server.close()
+
+
+def main() -> None:
+    try:
+        early_mounts()
+        load_modules()
+        dev = find_mux_port()
+        asyncio.run(amain(dev))
+    except BaseException as exc:  # noqa: BLE001 - PID 1 must never just die
+        log(f"fatal: {exc.__class__.__name__}: {exc}")
+    finally:
+        power_off()
+
+
+if __name__ == "__main__":
+    main()
+    sys.exit(0)

@@ -1,0 +1,255 @@
+"""`tkbox guest build`: the guest's initramfs, built from this host's own parts.
+
+It holds: the host's Python interpreter and the shared libraries it (and the
+extension modules the agent needs) link, at their host paths; a stdlib trimmed
+to what the guest agent imports, compiled ahead of time to unchecked-hash
+bytecode; the guest agent, `tkbox.protocol`, `tkbox.errors` and `msgpack`;
+and the kernel modules the guest needs, in dependency order. Same inputs give
+the same bytes (sorted entries, zero times and owners, hash-based bytecode),
+and the result is cached under a digest of those inputs.
+
+The newc cpio writer is hand-written: it is forty lines, and the `cpio` tool
+cannot take a list of (name, bytes) entries without staging a tree first.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import modulefinder
+import os
+import py_compile
+import re
+import subprocess
+import sys
+import sysconfig
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import tkbox
+from tkbox.errors import HostError
+from tkbox.image.kernel import Kernel, cached_vmlinux, find_kernel, read_module
+
+BUILD_VERSION = "1"  # bump when the layout below changes
+PY_DIR = "/tkbox/python"
+APP_DIR = "/tkbox/app"
+
+#: stdlib modules never needed in the guest, however modulefinder reads imports
+EXCLUDE = [
+    "tkinter", "turtle", "idlelib", "test", "unittest", "pydoc", "pydoc_data", "lib2to3",
+    "ensurepip", "venv", "distutils", "doctest", "sqlite3", "curses", "dbm", "xmlrpc",
+    "http.server", "multiprocessing", "concurrent.futures.process", "ssl", "_ssl",
+    "_hashlib", "lzma", "_lzma", "bz2", "_bz2", "readline", "pdb", "_tkinter",
+]
+
+INIT = f"""#!{PY_DIR}/bin/python3 -IS
+import sys
+sys.path.insert(0, "{APP_DIR}")
+from tkbox.guest.agent import main
+main()
+"""
+
+
+# ---- cpio ---------------------------------------------------------------------
+
+
+class Cpio:
+    """A deterministic newc cpio archive written to a binary file."""
+
+    def __init__(self, out: io.BufferedIOBase) -> None:
+        self.out = out
+        self.ino = 0
+        self.names: set[str] = set()
+
+    def _entry(self, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)):
+        name = name.lstrip("/")
+        if name in self.names:
+            return
+        self.names.add(name)
+        self.ino += 1
+        bname = name.encode() + b"\0"
+        fields = (self.ino, mode, 0, 0, 1, 0, len(data), 0, 0, rdev[0], rdev[1], len(bname), 0)
+        hdr = b"070701" + b"".join(b"%08X" % f for f in fields)
+        self.out.write(hdr + bname + b"\0" * (-(len(hdr) + len(bname)) % 4))
+        self.out.write(data + b"\0" * (-len(data) % 4))
+
+    def dirs_for(self, name: str) -> None:
+        parts = name.strip("/").split("/")[:-1]
+        for i in range(1, len(parts) + 1):
+            self._entry("/".join(parts[:i]), 0o40755)
+
+    def dir(self, name: str) -> None:
+        self.dirs_for(name)
+        self._entry(name, 0o40755)
+
+    def file(self, name: str, data: bytes, mode: int = 0o644) -> None:
+        self.dirs_for(name)
+        self._entry(name, 0o100000 | mode, data)
+
+    def symlink(self, name: str, target: str) -> None:
+        self.dirs_for(name)
+        self._entry(name, 0o120777, target.encode())
+
+    def chardev(self, name: str, major: int, minor: int, mode: int = 0o600) -> None:
+        self.dirs_for(name)
+        self._entry(name, 0o20000 | mode, rdev=(major, minor))
+
+    def close(self) -> None:
+        self._entry("TRAILER!!!", 0)
+        self.out.write(b"\0" * (-self.out.tell() % 512))
+
+
+# ---- what goes in ------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Inputs:
+    python: Path  # the real interpreter binary
+    stdlib: Path
+    files: dict[str, Path]  # archive name -> host file (to be compiled if .py)
+    libs: list[Path]  # shared libraries, kept at their host paths
+    kernel: Kernel
+    modules: list[Path]
+
+    def digest(self) -> str:
+        h = hashlib.sha256(f"tkbox-initramfs/{BUILD_VERSION}/{tkbox.__version__}\n".encode())
+        items = [("python", self.python), *sorted(self.files.items()),
+                 *[(str(p), p) for p in self.libs], *[(str(p), p) for p in self.modules]]
+        for name, path in items:
+            h.update(name.encode() + b"\0" + hashlib.sha256(path.read_bytes()).digest())
+        return h.hexdigest()
+
+
+def _ldd(paths: list[Path]) -> list[Path]:
+    libs: set[Path] = set()
+    for p in paths:
+        proc = subprocess.run(["ldd", str(p)], capture_output=True, text=True, check=False)
+        for line in proc.stdout.splitlines():
+            m = re.search(r"(/\S+)\s+\(0x", line)
+            if m:
+                libs.add(Path(m.group(1)))
+    return sorted(libs)
+
+
+def collect(kernel: Kernel | None = None) -> Inputs:
+    python = Path(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
+    stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix}))
+    if not (stdlib / "os.py").is_file():
+        raise HostError(f"cannot find this Python's standard library at {stdlib}")
+    pkg_root = Path(tkbox.__file__).parent
+    msgpack_spec = importlib.util.find_spec("msgpack")
+    if msgpack_spec is None or msgpack_spec.origin is None:
+        raise HostError("msgpack is not installed; run 'pip install msgpack'")
+    msgpack_dir = Path(msgpack_spec.origin).parent
+
+    files: dict[str, Path] = {}
+    for rel in ["__init__.py", "errors.py"]:
+        files[f"{APP_DIR}/tkbox/{rel}"] = pkg_root / rel
+    for sub in ["protocol", "guest"]:
+        for p in sorted((pkg_root / sub).glob("*.py")):
+            files[f"{APP_DIR}/tkbox/{sub}/{p.name}"] = p
+    for p in sorted(msgpack_dir.iterdir()):
+        if p.suffix in (".py", ".so"):
+            files[f"{APP_DIR}/msgpack/{p.name}"] = p
+
+    # The stdlib the agent imports, found by reading the agent's imports.
+    finder = modulefinder.ModuleFinder(path=[str(pkg_root.parent), str(stdlib),
+                                             str(stdlib / "lib-dynload")], excludes=EXCLUDE)
+    for p in sorted(files.values()):
+        if p.suffix == ".py" and "msgpack" not in p.parts:
+            finder.run_script(str(p))
+    finder.import_hook("encodings.utf_8")
+    finder.import_hook("encodings.latin_1")
+    finder.import_hook("encodings.ascii")
+    finder.import_hook("encodings.idna")
+    for mod in finder.modules.values():
+        f = mod.__file__
+        if not f:
+            continue
+        path = Path(f)
+        try:
+            rel = path.relative_to(stdlib)
+        except ValueError:
+            continue
+        if rel.parts and rel.parts[0] == "site-packages":
+            continue
+        files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel}"] = path
+    # Always-needed bootstrap pieces modulefinder does not see.
+    for rel in ["encodings/__init__.py", "encodings/aliases.py", "os.py", "site.py"]:
+        files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel}"] = stdlib / rel
+    sos = [p for p in files.values() if p.suffix == ".so"]
+    kernel = kernel or find_kernel()
+    return Inputs(python, stdlib, files, _ldd([python, *sos]), kernel, kernel.module_paths())
+
+
+def _compile(src: Path) -> bytes:
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "x.pyc"
+        py_compile.compile(str(src), cfile=str(out), dfile=src.name, doraise=True,
+                           invalidation_mode=py_compile.PycInvalidationMode.UNCHECKED_HASH)
+        return out.read_bytes()
+
+
+def _stripped(lib: Path) -> bytes:
+    """The library without debug sections (deterministic; the original if `strip` is absent)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / lib.name
+        proc = subprocess.run(["strip", "--strip-debug", "-o", str(out), str(lib)],
+                              capture_output=True, check=False)
+        return out.read_bytes() if proc.returncode == 0 and out.is_file() else lib.read_bytes()
+
+
+def write_initramfs(inputs: Inputs, out: io.BufferedIOBase) -> None:
+    cpio = Cpio(out)
+    for d in ["dev", "proc", "sys", "run", "tmp", "etc", "/tkbox/modules"]:
+        cpio.dir(d)
+    cpio.chardev("dev/console", 5, 1)
+    cpio.chardev("dev/null", 1, 3, 0o666)
+    cpio.file("init", INIT.encode(), 0o755)
+    cpio.file(f"{PY_DIR}/bin/python3", inputs.python.read_bytes(), 0o755)
+    for lib in inputs.libs:
+        cpio.file(str(lib), _stripped(lib), 0o755)
+    for name in sorted(inputs.files):
+        src = inputs.files[name]
+        if src.suffix == ".py":
+            cpio.file(name[:-3] + ".pyc", _compile(src))
+        else:
+            cpio.file(name, src.read_bytes(), 0o755 if src.suffix == ".so" else 0o644)
+    order = []
+    for i, mod in enumerate(inputs.modules):
+        name = f"{i:02d}-{mod.name.split('.ko')[0]}.ko"
+        cpio.file(f"/tkbox/modules/{name}", read_module(mod))
+        order.append(name)
+    cpio.file("/tkbox/modules/order", ("\n".join(order) + "\n").encode())
+    cpio.close()
+
+
+@dataclass(frozen=True)
+class GuestBuild:
+    kernel: Path  # ELF vmlinux
+    initramfs: Path
+    kernel_version: str
+    digest: str
+
+
+def build(cache: Path, *, force: bool = False, kernel: Kernel | None = None) -> GuestBuild:
+    """Build (or reuse) the initramfs and the extracted kernel for this host."""
+    inputs = collect(kernel)
+    digest = inputs.digest()
+    cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    vmlinux = cached_vmlinux(inputs.kernel, cache)
+    target = cache / f"initramfs-{digest[:16]}.cpio"
+    if force or not target.is_file():
+        fd, tmp = tempfile.mkstemp(dir=cache, prefix=".initramfs-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                write_initramfs(inputs, f)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, target)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return GuestBuild(vmlinux, target, inputs.kernel.version, digest)
