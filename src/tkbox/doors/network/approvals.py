@@ -1,0 +1,201 @@
+"""Approvals: a person on the host lets a box reach a host it was not allowed.
+
+One `ApprovalBoard` is shared by every box of the daemon. A box's door asks
+with `wait_for_answer(...)`; the connection waits (up to two minutes) until
+someone on the host calls `answer(box, id, allow)` through the daemon's API
+(`tkbox approve BOX ID` / `tkbox deny BOX ID`). Nothing from the VM reaches
+`answer`: the door holds only `wait_for_answer`, and the guest's bytes never
+name an approval.
+
+Limits per box, refused at once beyond them (so a flood from one box cannot
+bury the person or the daemon): at most `max_pending` (16) pending, at most
+`max_per_minute` (30) opened in any 60 seconds. A second connection to the
+same host and port joins the pending approval instead of opening another.
+
+Every approval is recorded in the box's run as a `tkbox.approval` event:
+when it opens, and how it ends (approved or denied by a person, expired,
+box stopped, connection gone). An answer is recorded before the waiting connection learns it,
+so a connection never proceeds on an answer the record lacks; if the signer
+is down, `answer` raises `SignerUnavailable` and the approval stays pending.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from tkbox.doors.network.clock import Clock
+from tkbox.errors import Refused, UserError
+from tkbox.record.client import SignerClient
+
+WAIT_SECONDS = 120.0
+MAX_PENDING = 16
+MAX_PER_MINUTE = 30
+
+
+@dataclass(frozen=True)
+class PendingApproval:
+    box: str
+    id: int
+    host: str
+    port: int
+    since: float  # wall-clock seconds
+
+
+@dataclass(frozen=True)
+class Answer:
+    id: int
+    outcome: Literal["approved", "denied", "expired", "stopped", "abandoned"]
+
+    @property
+    def approved(self) -> bool:
+        return self.outcome == "approved"
+
+
+@dataclass
+class _Pending:
+    info: PendingApproval
+    run_id: str
+    opened: float
+    future: asyncio.Future[Answer]
+    waiters: int = 0
+
+
+@dataclass
+class _Box:
+    next_id: int = 1
+    pending: dict[int, _Pending] = field(default_factory=dict)
+    opened: collections.deque[float] = field(default_factory=collections.deque)
+
+
+class ApprovalBoard:
+    def __init__(
+        self,
+        signer: SignerClient,
+        clock: Clock,
+        wait_seconds: float = WAIT_SECONDS,
+        max_pending: int = MAX_PENDING,
+        max_per_minute: int = MAX_PER_MINUTE,
+    ) -> None:
+        self._signer = signer
+        self._clock = clock
+        self.wait_seconds = wait_seconds
+        self.max_pending = max_pending
+        self.max_per_minute = max_per_minute
+        self._boxes: dict[str, _Box] = {}
+
+    def list(self) -> list[PendingApproval]:
+        """Every pending approval, oldest first."""
+        out = [p.info for b in self._boxes.values() for p in b.pending.values()]
+        return sorted(out, key=lambda p: (p.since, p.box, p.id))
+
+    async def answer(self, box: str, approval_id: int, allow: bool) -> PendingApproval:
+        """A person's answer. Raises UserError if no such approval is pending."""
+        b = self._boxes.get(box)
+        p = b.pending.get(approval_id) if b else None
+        if b is None or p is None:
+            raise UserError(
+                f"no pending approval {approval_id} for box {box!r}; see tkbox approvals"
+            )
+        outcome: Literal["approved", "denied"] = "approved" if allow else "denied"
+        await self._record(p, outcome, by="a person on the host")
+        # the record is durable: only now may the connection learn the answer
+        if b.pending.pop(approval_id, None) is not None and not p.future.done():
+            p.future.set_result(Answer(approval_id, outcome))
+        return p.info
+
+    async def stop_box(self, box: str) -> None:
+        """The box is stopping: every pending approval of it ends, unanswered."""
+        b = self._boxes.pop(box, None)
+        if b is None:
+            return
+        for p in list(b.pending.values()):
+            if not p.future.done():
+                p.future.set_result(Answer(p.info.id, "stopped"))
+            await self._record(p, "stopped", by="tkbox (the box stopped)")
+
+    async def wait_for_answer(self, box: str, run_id: str, host: str, port: int) -> Answer:
+        """Open (or join) an approval and wait for its answer or its expiry.
+
+        Raises `Refused` at once when the box has too many pending or opened
+        too many in the last minute.
+        """
+        b = self._boxes.setdefault(box, _Box())
+        for p in b.pending.values():
+            if p.info.host == host and p.info.port == port:
+                return await self._wait(b, p)
+        now = self._clock.monotonic()
+        while b.opened and now - b.opened[0] >= 60.0:
+            b.opened.popleft()
+        if len(b.pending) >= self.max_pending:
+            raise Refused(
+                f"refused: {host}:{port} is not allowed and box {box} already has "
+                f"{self.max_pending} approvals pending; answer them on the host (tkbox approvals)"
+            )
+        if len(b.opened) >= self.max_per_minute:
+            raise Refused(
+                f"refused: {host}:{port} is not allowed and box {box} opened "
+                f"{self.max_per_minute} approvals in the last minute; try again later or "
+                "add it with --allow"
+            )
+        info = PendingApproval(box, b.next_id, host, port, self._clock.time())
+        b.next_id += 1
+        b.opened.append(now)
+        p = _Pending(info, run_id, now, asyncio.get_running_loop().create_future())
+        b.pending[info.id] = p
+        try:
+            await self._signer.event(
+                run_id,
+                "tkbox.approval",
+                {
+                    "id": info.id,
+                    "host": host,
+                    "port": port,
+                    "state": "pending",
+                    "wait_seconds": self.wait_seconds,
+                },
+            )
+        except BaseException:
+            b.pending.pop(info.id, None)
+            raise
+        return await self._wait(b, p)
+
+    async def _wait(self, b: _Box, p: _Pending) -> Answer:
+        p.waiters += 1
+        remaining = p.opened + self.wait_seconds - self._clock.monotonic()
+        timer = asyncio.ensure_future(self._clock.sleep(max(0.0, remaining)))
+        try:
+            waits: set[asyncio.Future[Any]] = {p.future, timer}
+            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+        except asyncio.CancelledError:
+            # the connection went away; the last one to leave ends the approval
+            if p.waiters == 1 and b.pending.pop(p.info.id, None) is not None:
+                p.future.set_result(Answer(p.info.id, "abandoned"))
+                await self._record(p, "abandoned", by="the connection ended before an answer")
+            raise
+        finally:
+            timer.cancel()
+            p.waiters -= 1
+        if p.future.done():
+            return p.future.result()
+        # expired: the first waiter to notice ends it, for everyone
+        if b.pending.pop(p.info.id, None) is not None:
+            p.future.set_result(Answer(p.info.id, "expired"))
+            await self._record(p, "expired", by="nobody answered in time")
+        return p.future.result()
+
+    async def _record(self, p: _Pending, outcome: str, by: str) -> None:
+        await self._signer.event(
+            p.run_id,
+            "tkbox.approval",
+            {
+                "id": p.info.id,
+                "host": p.info.host,
+                "port": p.info.port,
+                "state": outcome,
+                "by": by,
+                "waited_seconds": round(self._clock.monotonic() - p.opened, 3),
+            },
+        )
