@@ -65,7 +65,8 @@ def test_cosignature_example_decodes() -> None:
 
 def test_cosignature_v1_message_is_byte_exact() -> None:
     ex = EXAMPLES["tlog-cosignature/v1-signed-message"]
-    msg = cosignature.message(ex["input"]["timestamp"], ex["input"]["checkpoint_note_text"].encode())
+    msg = cosignature.message(ex["input"]["timestamp"],
+                              ex["input"]["checkpoint_note_text"].encode())
     assert msg.hex() == ex["expected"]["signed_message_hex"]
 
 
@@ -162,7 +163,8 @@ def test_policy_example_with_real_keys() -> None:
 def test_policy_rules() -> None:
     a, b = _vkeys(2)
     log = note.generate("example.com/log").verifier().vkey()
-    ok = f"log {log}\nwitness A {a}\n  witness\tB {b} https://b.example/\n# c\n\ngroup G any A B\nquorum G\n"
+    ok = (f"log {log}\nwitness A {a}\n  witness\tB {b} https://b.example/\n# c\n\n"
+          "group G any A B\nquorum G\n")
     assert policy.parse(ok.encode()).quorum == "G"
     bad = [
         f"witness A {a}\n",  # no quorum

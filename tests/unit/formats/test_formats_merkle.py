@@ -14,8 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.formats import FormatError
-from tkbox.formats import merkle
+from tkbox.formats import FormatError, merkle
 
 TESTDATA = Path(__file__).resolve().parents[3].parent / "shared" / "testdata" / "merkle"
 

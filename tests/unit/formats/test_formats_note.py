@@ -62,7 +62,8 @@ def test_go_every_proper_substring_and_every_incremented_byte_fails(field: str) 
 
 
 def _existing(sigs: list[dict[str, str]]) -> tuple[Signature, ...]:
-    return tuple(Signature.from_b64(s["name"], int(s["key_hash_hex"], 16), s["base64"]) for s in sigs)
+    return tuple(Signature.from_b64(s["name"], int(s["key_hash_hex"], 16), s["base64"])
+                 for s in sigs)
 
 
 def test_go_sign_vectors() -> None:
@@ -163,7 +164,8 @@ def test_c2sp_vkey_verifies_note() -> None:
     assert v.public_key.hex() == ex["expected"]["ed25519_public_key_hex"]
     n = note.open_note(ex["input"]["note"].encode(), note.Verifiers([v]))
     assert n.text == ex["expected"]["text"]
-    assert [s.raw.hex() for s in n.sigs] == [s["signature_hex"] for s in ex["expected"]["signatures"]]
+    want = [s["signature_hex"] for s in ex["expected"]["signatures"]]
+    assert [s.raw.hex() for s in n.sigs] == want
 
 
 def test_c2sp_intro_note_splits_on_the_last_blank_line() -> None:

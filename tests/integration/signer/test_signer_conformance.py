@@ -1,0 +1,159 @@
+"""One conformance suite for every SignerClient: FakeSigner and the real
+UnixSignerClient talking to a real `tkbox signer serve` process.
+
+What the daemon relies on: every call durable on return, a run used once,
+nothing added to a closed run, a decision id that completes its decision,
+SignerUnavailable when the signer is gone, and holds pushed within a second.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import pytest
+from signer_proc import SignerProc
+
+from tkbox.errors import SignerUnavailable
+from tkbox.record.client import FakeSigner, Push, SignerClient
+
+pytestmark = pytest.mark.integration
+
+
+class Harness:
+    client: SignerClient
+    make_unavailable: Callable[[], None]
+    hold: Callable[[str], None]
+
+
+class FakeHarness(Harness):
+    def __init__(self) -> None:
+        fake = FakeSigner()
+        self.client = fake
+        self.make_unavailable = lambda: setattr(fake, "available", False)
+        self.hold = lambda run: fake.push(Push("hold", run, "look"))
+
+
+class RealHarness(Harness):
+    def __init__(self, proc: SignerProc) -> None:
+        self.proc = proc
+        self.client = proc.client(timeout=5.0)
+        self.make_unavailable = proc.kill
+        self.hold = lambda run: proc.cli("signer", "hold", run, "--reason", "look")
+
+
+@pytest.fixture(params=["fake", "real"])
+def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+    if request.param == "fake":
+        yield FakeHarness()
+        return
+    proc = SignerProc()
+    try:
+        proc.start()
+        yield RealHarness(proc)
+    finally:
+        proc.cleanup()
+
+
+def _run(h: Harness, coro: Callable[[SignerClient], Any]) -> Any:
+    async def go() -> Any:
+        try:
+            return await coro(h.client)
+        finally:
+            await h.client.aclose()
+
+    return asyncio.run(go())
+
+
+def test_ping_names_the_signer_and_its_isolation(harness: Harness) -> None:
+    async def go(c: SignerClient) -> None:
+        info = await c.ping()
+        assert info["key"]
+        assert info["isolation"] in ("same-user", "separate-user")
+
+    _run(harness, go)
+
+
+def test_a_run_from_open_to_export(harness: Harness) -> None:
+    async def go(c: SignerClient) -> None:
+        await c.open_run("run-1", {"image": "sha256:00", "env": ["HOME"], "limits": {"cpus": 2}})
+        v = await c.decide("run-1", "Bash", {"command": "make test"}, {"cwd": "/workspace"})
+        assert v.allowed and v.reason and v.decision_id
+        v.raise_if_refused()
+        await c.complete("run-1", v.decision_id, {"exit": 0})
+        await c.event("run-1", "tkbox.secret.use", {"name": "TOKEN", "host": "api.example"})
+        w = await c.decide("run-1", "Connect", {"host": "pypi.org", "port": 443}, {})
+        assert w.allowed
+        await c.close_run("run-1")
+        e = await c.export("run-1")
+        assert e.bundle and e.trust
+
+    _run(harness, go)
+
+
+def test_a_run_id_is_used_once(harness: Harness) -> None:
+    async def go(c: SignerClient) -> None:
+        await c.open_run("once", {})
+        with pytest.raises(SignerUnavailable):
+            await c.open_run("once", {})
+
+    _run(harness, go)
+
+
+def test_nothing_is_added_to_an_unknown_or_closed_run(harness: Harness) -> None:
+    async def go(c: SignerClient) -> None:
+        with pytest.raises(SignerUnavailable):
+            await c.event("never-opened", "tkbox.gap", {})
+        with pytest.raises(SignerUnavailable):
+            await c.decide("never-opened", "Bash", {"command": "ls"}, {})
+        await c.open_run("done", {})
+        await c.close_run("done")
+        with pytest.raises(SignerUnavailable):
+            await c.event("done", "tkbox.gap", {})
+        with pytest.raises(SignerUnavailable):
+            await c.decide("done", "Bash", {"command": "ls"}, {})
+
+    _run(harness, go)
+
+
+def test_a_signer_that_is_gone_is_unavailable_for_every_call(harness: Harness) -> None:
+    async def go(c: SignerClient) -> None:
+        await c.open_run("r", {})
+        harness.make_unavailable()
+        for call in (c.ping(), c.decide("r", "Bash", {"command": "ls"}, {}),
+                     c.event("r", "tkbox.gap", {}), c.complete("r", "r/1", {}), c.close_run("r"),
+                     c.export("r"), c.open_run("r2", {})):
+            with pytest.raises(SignerUnavailable):
+                await call
+
+    _run(harness, go)
+
+
+def test_a_hold_is_pushed_within_a_second(harness: Harness) -> None:
+    async def go(c: SignerClient) -> None:
+        await c.open_run("held", {})
+        got: asyncio.Future[tuple[Push, float]] = asyncio.get_running_loop().create_future()
+
+        async def listen() -> None:
+            async for p in c.pushes():
+                got.set_result((p, time.monotonic()))
+                return
+
+        task = asyncio.create_task(listen())
+        await asyncio.sleep(0.2)  # subscribed
+        t0 = time.monotonic()
+        await asyncio.to_thread(harness.hold, "held")
+        push, t1 = await asyncio.wait_for(got, 5)
+        assert (push.kind, push.run_id, push.reason) == ("hold", "held", "look")
+        assert t1 - t0 < 1.0 + _cli_start_allowance(harness)
+        task.cancel()
+
+    _run(harness, go)
+
+
+def _cli_start_allowance(h: Harness) -> float:
+    # The real hold goes through `tkbox signer hold` (a new Python process); the
+    # push itself is measured separately in test_signer_process.py.
+    return 5.0 if isinstance(h, RealHarness) else 0.0
