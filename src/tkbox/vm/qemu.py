@@ -209,16 +209,17 @@ class QemuVM(VM):
         return code
 
     async def _cleanup(self) -> None:
-        if self._qmp is not None:
+        # Idempotent: several waiters may get here; each takes what is left.
+        qmp, self._qmp = self._qmp, None
+        if qmp is not None:
             with contextlib.suppress(Exception):
-                await self._qmp.disconnect()  # type: ignore[attr-defined]
-            self._qmp = None
-        if self._mux_task is not None:
+                await qmp.disconnect()  # type: ignore[attr-defined]
+        mux, self._mux_task = self._mux_task, None
+        if mux is not None:
             await self.ports.aclose()
-            self._mux_task.cancel()
+            mux.cancel()
             with contextlib.suppress(BaseException):
-                await self._mux_task
-            self._mux_task = None
+                await mux
 
     @property
     def running(self) -> bool:

@@ -1,0 +1,63 @@
+"""`tkbox doctor`: what this host can do, and the exact command for what is missing."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from typing import Any
+
+from tkbox import paths
+from tkbox.errors import TkboxError
+
+APT = "sudo apt-get install -y"
+
+
+def _tool(name: str, package: str, what: str, optional: bool = False) -> dict[str, Any]:
+    path = shutil.which(name) or (f"/usr/sbin/{name}" if os.path.exists(f"/usr/sbin/{name}")
+                                  else None)
+    return {"what": what, "ok": path is not None, "detail": path or f"{name} not found",
+            "fix": f"{APT} {package}", "optional": optional}
+
+
+def checks() -> list[dict[str, Any]]:
+    from tkbox.vm.qemu import decide_accel
+
+    out = [
+        _tool("qemu-system-x86_64", "qemu-system-x86", "QEMU"),
+        _tool("tar2sqfs", "squashfs-tools-ng", "squashfs builder (tar2sqfs)"),
+        _tool("mkfs.ext4", "e2fsprogs", "ext4 tools"),
+        _tool("git", "git", "git (patch checks)"),
+        _tool("mmdebstrap", "mmdebstrap", "default image builder", optional=True),
+        _tool("firecracker", "firecracker (not packaged: put a release binary on PATH)",
+              "Firecracker", optional=True),
+    ]
+    try:
+        from tkbox.image.kernel import find_kernel
+
+        k = find_kernel()
+        out.append({"what": "guest kernel", "ok": True, "detail": f"{k.version} ({k.image})"})
+        d = decide_accel(k.version)
+        out.append({"what": "acceleration", "ok": True,
+                    "detail": f"{'KVM' if d.accel == 'kvm' else 'software emulation (TCG)'}: "
+                              f"{d.reason}"})
+    except TkboxError as exc:
+        out.append({"what": "guest kernel", "ok": False, "detail": str(exc),
+                    "fix": f"{APT} linux-image-amd64"})
+    vhost = os.path.exists("/dev/vhost-vsock")
+    out.append({"what": "vhost-vsock", "ok": vhost, "optional": True,
+                "detail": "present" if vhost else "absent: ports use the serial mux",
+                "fix": "sudo modprobe vhost_vsock"})
+    builds = sorted(paths.guest_build().glob("initramfs-*.cpio")) \
+        if paths.guest_build().is_dir() else []
+    out.append({"what": "guest build", "ok": bool(builds), "optional": True,
+                "detail": str(builds[-1]) if builds else "not built yet (built at first run)",
+                "fix": "tkbox guest build"})
+    sock = paths.daemon_socket()
+    out.append({"what": "daemon", "ok": sock.exists(), "optional": True,
+                "detail": f"socket {sock}" if sock.exists() else "not running",
+                "fix": "tkbox daemon &"})
+    ssock = paths.signer_socket()
+    out.append({"what": "signer", "ok": ssock.exists(), "optional": True,
+                "detail": f"socket {ssock}" if ssock.exists() else "not running",
+                "fix": "tkbox signer init --dev && tkbox signer serve &"})
+    return out

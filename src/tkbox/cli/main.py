@@ -1,0 +1,416 @@
+"""The `tkbox` command. Output for people by default, `--json` for programs.
+
+Every verb that touches boxes is a client of the daemon's API; `image`,
+`guest`, `doctor`, `presets`, `verify`, `signer` and `witness` work without it.
+Errors are one line (`tkbox: error: …`) with an exit status by kind
+(`tkbox.errors`).
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import os
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from tkbox import __version__
+from tkbox.errors import TkboxError, UserError
+
+app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
+                  pretty_exceptions_enable=False,
+                  help="Run each AI-agent job in its own micro-VM with no network card.")
+guest_app = typer.Typer(help="The guest kernel and initramfs built from this host.",
+                        no_args_is_help=True)
+egress_app = typer.Typer(help="What the network door would decide.", no_args_is_help=True)
+app.add_typer(guest_app, name="guest")
+app.add_typer(egress_app, name="egress")
+
+out = Console()
+err = Console(stderr=True)
+JsonOpt = Annotated[bool, typer.Option("--json", help="output for programs")]
+
+
+def _client() -> Any:
+    from tkbox.cli.client import DaemonClient
+
+    return DaemonClient()
+
+
+def _emit(data: Any, as_json: bool, human: Any = None) -> None:
+    if as_json:
+        print(json.dumps(data, indent=1, sort_keys=True, default=str))
+    elif human is not None:
+        human(data)
+
+
+def _box_line(b: dict[str, Any]) -> str:
+    e = f" — {b['error']}" if b.get("error") else ""
+    return f"{b.get('display_name', b['name'])}: {b['state']}{e}"
+
+
+@app.command()
+def daemon(
+    unrecorded: Annotated[bool, typer.Option(help="UNSAFE: no signer; only to debug tkbox")] = False,
+    egress_block: Annotated[list[str], typer.Option(help="CIDR no box may reach")] = [],  # noqa: B006
+    egress_permit: Annotated[list[str], typer.Option(help="CIDR boxes may reach on purpose")] = [],  # noqa: B006
+    egress_hosts: Annotated[Path | None, typer.Option(help="hosts file: names for mirrors")] = None,
+    ca_cert: Annotated[list[Path], typer.Option(help="extra CA certificate for boxes")] = [],  # noqa: B006
+    socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
+    signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
+) -> None:
+    """Run the daemon (the VMs and the doors) in the foreground."""
+    from tkbox.daemon.manager import Options
+    from tkbox.daemon.server import main
+
+    pems = []
+    for p in ca_cert:
+        try:
+            pems.append(p.read_text())
+        except OSError as exc:
+            raise UserError(f"cannot read --ca-cert {p}: {exc.strerror}") from None
+    if egress_hosts is not None and not egress_hosts.is_file():
+        raise UserError(f"--egress-hosts {egress_hosts} does not exist")
+    main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
+                 egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems),
+         socket_path=socket_path, signer_socket=signer_socket)
+
+
+@app.command()
+def run(
+    name: Annotated[str, typer.Option("--name", help="the box's name")],
+    workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
+    image: Annotated[str, typer.Option(help="image reference")] = "tkbox/default",
+    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
+    memory: Annotated[int, typer.Option(help="MiB")] = 1024,
+    cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    as_json: JsonOpt = False,
+) -> None:
+    """Create and boot a box; returns when it is ready."""
+    envs: dict[str, str] = {}
+    for item in env:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise UserError(f"--env {item!r} must be NAME=VALUE")
+        envs[k] = v
+    body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
+            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
+    with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() else _null():
+        b = _client().call("POST", "/v1/boxes", json=body)
+    _emit(b, as_json, lambda b: out.print(
+        f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
+        f"image {b['image_digest'][:19]})"))
+
+
+class _null:
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *a: Any) -> None:
+        return None
+
+
+@app.command(name="exec", context_settings={"allow_interspersed_args": False})
+def exec_(
+    name: Annotated[str, typer.Argument(help="the box")],
+    argv: Annotated[list[str], typer.Argument(help="the command, after --")],
+    cwd: Annotated[str | None, typer.Option(help="working directory in the box")] = None,
+    env: Annotated[list[str], typer.Option(help="NAME=VALUE for this command")] = [],  # noqa: B006
+    stdin: Annotated[bool, typer.Option("--stdin", "-i", help="pass this terminal's stdin")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a command in a box; output streams as it comes; exits with its status."""
+    envs = {}
+    for item in env:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise UserError(f"--env {item!r} must be NAME=VALUE")
+        envs[k] = v
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        raise UserError(f"give a command after '--', e.g. tkbox exec {name} -- ls")
+    body: dict[str, Any] = {"argv": argv, "cwd": cwd, "env": envs}
+    if stdin:
+        body["stdin_b64"] = base64.b64encode(sys.stdin.buffer.read()).decode()
+    client = _client()
+    state: dict[str, Any] = {"exec_id": None, "interrupts": 0}
+
+    def on_sigint(signum: int, frame: Any) -> None:
+        state["interrupts"] += 1
+        if state["exec_id"] is None or state["interrupts"] > 1:
+            raise KeyboardInterrupt
+        threading.Thread(target=lambda: _send_signal(name, state["exec_id"], 2),
+                         daemon=True).start()
+
+    old = signal.signal(signal.SIGINT, on_sigint)
+    code = 0
+    try:
+        for ev in client.stream("POST", f"/v1/boxes/{name}/exec", json=body):
+            if as_json:
+                print(json.dumps(ev), flush=True)
+            kind = ev.get("ev")
+            if kind == "started":
+                state["exec_id"] = ev.get("exec_id")
+            elif kind == "out" and not as_json:
+                stream = sys.stdout.buffer if ev.get("fd") == 1 else sys.stderr.buffer
+                stream.write(base64.b64decode(ev.get("data", "")))
+                stream.flush()
+            elif kind == "exit":
+                code = int(ev.get("status", 1))
+                if ev.get("error") and not as_json:
+                    err.print(f"tkbox: {ev['error']}", markup=False, highlight=False)
+            elif kind == "error":
+                raise TkboxError(str(ev.get("message")))
+    except KeyboardInterrupt:
+        code = 130
+    finally:
+        signal.signal(signal.SIGINT, old)
+    raise typer.Exit(code)
+
+
+def _send_signal(name: str, exec_id: str, sig: int) -> None:
+    try:
+        _client().call("POST", f"/v1/boxes/{name}/exec/{exec_id}/signal", json={"sig": sig})
+    except TkboxError:
+        pass
+
+
+@app.command()
+def stop(name: str, as_json: JsonOpt = False) -> None:
+    """Stop a box: egress closes at once, the workspace patch is saved, the VM ends."""
+    b = _client().call("POST", f"/v1/boxes/{name}/stop")
+    p = b.get("patch", {})
+    _emit(b, as_json, lambda b: out.print(
+        f"{b['display_name']}: stopped; patch saved ({p.get('bytes', 0)} bytes, "
+        f"sha256 {str(p.get('sha256', ''))[:16]}…). Next: 'tkbox apply {name}'"))
+
+
+@app.command()
+def patch(name: str) -> None:
+    """Print the patch saved when the box stopped."""
+    data = _client().call("GET", f"/v1/boxes/{name}/patch")
+    sys.stdout.buffer.write(base64.b64decode(data["patch_b64"]))
+
+
+@app.command()
+def apply(
+    name: str,
+    checkout: Annotated[Path | None, typer.Option(help="default: the box's workspace")] = None,
+    allow_sensitive: Annotated[bool, typer.Option(help="UNSAFE: also write held-back files")] = False,
+    dry_run: Annotated[bool, typer.Option(help="decide and show, write nothing")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Apply a stopped box's patch to the checkout, file by file, as the signer allows."""
+    if allow_sensitive:
+        err.print("tkbox: WARNING: --allow-sensitive: held-back files (CI, hooks, credentials) "
+                  "will be written too", style="bold red")
+    body = {"checkout": str(checkout.resolve()) if checkout else None,
+            "allow_sensitive": allow_sensitive, "dry_run": dry_run}
+    report = _client().call("POST", f"/v1/boxes/{name}/apply", json=body)
+    if as_json:
+        _emit(report, True)
+        return
+    from tkbox.doors.changes.report import ApplyReport, FileResult, render_report
+
+    render_report(ApplyReport(
+        checkout=report["checkout"], patch_sha256=report["patch_sha256"],
+        dry_run=report["dry_run"], allow_sensitive=report["allow_sensitive"],
+        files=tuple(FileResult(**f) for f in report["files"]),
+        notes=tuple(report.get("notes", ()))), out)
+
+
+@app.command()
+def export(
+    name: str,
+    output: Annotated[Path | None, typer.Option("-o", "--output", help="NAME.tkb")] = None,
+    as_json: JsonOpt = False,
+) -> None:
+    """Close the box's run and write its bundle and trust file."""
+    from tkbox.record.export import trust_path_for, write_atomic
+
+    target = output or Path(f"{name}.tkb")
+    if not target.parent.is_dir():
+        raise UserError(f"directory {target.parent} does not exist")
+    data = _client().call("POST", f"/v1/boxes/{name}/export")
+    trust = trust_path_for(target)
+    write_atomic(target, base64.b64decode(data["bundle_b64"]))
+    write_atomic(trust, base64.b64decode(data["trust_b64"]))
+    _emit({"bundle": str(target), "trust": str(trust)}, as_json, lambda d: out.print(
+        f"wrote {d['bundle']} and {d['trust']}. Check it: "
+        f"tkbox verify {d['bundle']} --trust {d['trust']}"))
+
+
+@app.command()
+def ls(as_json: JsonOpt = False) -> None:
+    """List boxes."""
+    boxes = _client().call("GET", "/v1/boxes")["boxes"]
+
+    def human(bs: list[dict[str, Any]]) -> None:
+        if not bs:
+            out.print("no boxes; start one with 'tkbox run --name NAME'")
+            return
+        t = Table("NAME", "STATE", "IMAGE", "ACCEL", "RUN")
+        for b in bs:
+            t.add_row(b["display_name"], b["state"], b["image"], b.get("accel", ""), b["run_id"])
+        out.print(t)
+
+    _emit(boxes, as_json, human)
+
+
+@app.command()
+def inspect(name: str, as_json: JsonOpt = False) -> None:
+    """Everything known about a box."""
+    b = _client().call("GET", f"/v1/boxes/{name}")
+    _emit(b, as_json, lambda b: out.print_json(json.dumps(b, default=str)))
+
+
+@app.command()
+def rm(name: str, force: Annotated[bool, typer.Option(help="kill it if live")] = False) -> None:
+    """Remove a box and its disks."""
+    _client().call("DELETE", f"/v1/boxes/{name}", params={"force": force})
+    out.print(f"removed {name}")
+
+
+@app.command()
+def approvals(as_json: JsonOpt = False) -> None:
+    """Connections waiting for a person's answer."""
+    items = _client().call("GET", "/v1/approvals")["approvals"]
+
+    def human(items: list[dict[str, Any]]) -> None:
+        if not items:
+            out.print("nothing waits for approval")
+            return
+        t = Table("BOX", "ID", "HOST", "PORT", "WAITING SINCE")
+        for i in items:
+            t.add_row(str(i.get("box")), str(i.get("id")), str(i.get("host")),
+                      str(i.get("port")), str(i.get("since")))
+        out.print(t)
+
+    _emit(items, as_json, human)
+
+
+@app.command()
+def approve(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
+    """Let one waiting connection through."""
+    r = _client().call("POST", f"/v1/approvals/{box}/{approval_id}", json={"allow": True})
+    _emit(r, as_json, lambda r: out.print(f"approved {box} #{approval_id}"))
+
+
+@app.command()
+def deny(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
+    """Refuse one waiting connection."""
+    r = _client().call("POST", f"/v1/approvals/{box}/{approval_id}", json={"allow": False})
+    _emit(r, as_json, lambda r: out.print(f"denied {box} #{approval_id}"))
+
+
+@app.command()
+def presets(as_json: JsonOpt = False) -> None:
+    """What each allowlist preset means on this host (registry hosts read at run time)."""
+    from tkbox.doors.network.presets import describe_presets
+
+    d = describe_presets()
+
+    def human(d: dict[str, list[str]]) -> None:
+        t = Table("PRESET", "ENTRIES")
+        for k, v in d.items():
+            t.add_row(k, ", ".join(v) or "(none found on this host)")
+        out.print(t)
+
+    _emit(d, as_json, human)
+
+
+@egress_app.command("check")
+def egress_check(box: str, target: str, as_json: JsonOpt = False) -> None:
+    """What the box's door would decide for HOST[:PORT], and why (nothing is dialed)."""
+    host, _, port = target.rpartition(":") if target.count(":") == 1 else (target, "", "443")
+    if not port.isdigit():
+        raise UserError(f"{target!r}: give HOST or HOST:PORT")
+    r = _client().call("GET", f"/v1/boxes/{box}/egress-check",
+                       params={"host": host or target, "port": int(port)})
+    _emit(r, as_json, lambda r: out.print_json(json.dumps(r, default=str)))
+
+
+@guest_app.command("build")
+def guest_build(force: Annotated[bool, typer.Option(help="rebuild")] = False,
+                as_json: JsonOpt = False) -> None:
+    """Build (or reuse) the guest initramfs and extract the kernel's vmlinux."""
+    from tkbox import paths
+    from tkbox.image.initramfs import build
+
+    b = build(paths.private_dir(paths.guest_build()), force=force)
+    d = {"kernel": str(b.kernel), "initramfs": str(b.initramfs), "version": b.kernel_version,
+         "digest": b.digest, "bytes": b.initramfs.stat().st_size}
+    _emit(d, as_json, lambda d: out.print(
+        f"guest for kernel {d['version']}: {d['initramfs']} ({d['bytes'] // 1024} KiB)"))
+
+
+@app.command()
+def doctor(as_json: JsonOpt = False) -> None:
+    """What this host can do, and the exact command for anything missing."""
+    from tkbox.cli.doctor import checks
+
+    results = checks()
+
+    def human(rs: list[dict[str, Any]]) -> None:
+        for r in rs:
+            mark = "[green]ok[/]" if r["ok"] else ("[yellow]--[/]" if r.get("optional")
+                                                   else "[red]missing[/]")
+            out.print(f"{mark}  {r['what']}: {r['detail']}")
+            if not r["ok"] and r.get("fix"):
+                out.print(f"      fix: {r['fix']}", markup=False)
+
+    _emit(results, as_json, human)
+    if any(not r["ok"] and not r.get("optional") for r in results):
+        raise typer.Exit(3)
+
+
+@app.command()
+def version() -> None:
+    """Print tkbox's version."""
+    out.print(__version__)
+
+
+def _mount_optional() -> None:
+    try:
+        from tkbox.image.cli import image_app
+
+        app.add_typer(image_app, name="image")
+    except ImportError:
+        pass
+    try:
+        from tkbox.signer.cli import signer_app, witness_app
+
+        app.add_typer(signer_app, name="signer")
+        app.add_typer(witness_app, name="witness")
+    except ImportError:
+        pass
+    try:
+        from tkbox.verify.cli import verify_command
+
+        app.command("verify")(verify_command)
+    except ImportError:
+        pass
+
+
+_mount_optional()
+
+
+def main() -> None:
+    try:
+        app()
+    except TkboxError as exc:
+        err.print(f"tkbox: error: {exc}", markup=False, highlight=False)
+        sys.exit(exc.exit_code)
+    except KeyboardInterrupt:
+        sys.exit(130)
+    except BrokenPipeError:
+        os._exit(0)

@@ -1,0 +1,228 @@
+"""The daemon's HTTP API, on a Unix socket in a 0700 directory.
+
+The CLI, the SDK, the MCP server and the GitHub Action are all clients of
+this one API. The edge parses each request into one of a closed set of typed
+actions (the pydantic models below); nothing past it sees raw input. Errors
+come back as `{"error": {"type", "message"}}` with a status that matches the
+error's kind, and the CLI prints the message as one line.
+
+Peers are checked with `SO_PEERCRED` when the connection is made: only root
+and the daemon's own user may talk to it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import base64
+import json
+import logging
+import os
+import socket
+import struct
+from collections.abc import AsyncIterator
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+from pydantic import BaseModel, Field
+from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from tkbox import __version__
+from tkbox.daemon.manager import BoxManager, BoxSpec
+from tkbox.errors import (
+    GuestError,
+    HostError,
+    Refused,
+    RegistryError,
+    SignerUnavailable,
+    TkboxError,
+    UserError,
+)
+
+log = logging.getLogger("tkbox.daemon")
+
+
+class RunBody(BaseModel):
+    name: str = Field(max_length=63)
+    image: str = Field(default="tkbox/default", max_length=512)
+    workspace: str = Field(max_length=4096)
+    allow: list[str] = Field(default_factory=list, max_length=256)
+    env: dict[str, str] = Field(default_factory=dict)
+    memory_mib: int = 1024
+    vcpus: int = 1
+    disk_mib: int = Field(default=4096, ge=64, le=1024 * 1024)
+
+
+class ExecBody(BaseModel):
+    argv: list[str] = Field(min_length=1, max_length=4096)
+    cwd: str | None = Field(default=None, max_length=4096)
+    env: dict[str, str] = Field(default_factory=dict)
+    stdin_b64: str | None = None
+
+
+class SignalBody(BaseModel):
+    sig: int
+
+
+class ApplyBody(BaseModel):
+    checkout: str | None = Field(default=None, max_length=4096)
+    allow_sensitive: bool = False
+    dry_run: bool = False
+
+
+class AnswerBody(BaseModel):
+    allow: bool
+
+
+STATUS = {UserError: 400, Refused: 403, HostError: 500, GuestError: 502,
+          RegistryError: 502, SignerUnavailable: 503}
+
+
+def error_response(exc: TkboxError) -> JSONResponse:
+    status = next((s for t, s in STATUS.items() if isinstance(exc, t)), 500)
+    if isinstance(exc, UserError) and "no box named" in str(exc):
+        status = 404
+    return JSONResponse({"error": {"type": type(exc).__name__, "message": str(exc)}},
+                        status_code=status)
+
+
+def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
+    app = FastAPI(title="tkbox daemon", version=__version__, docs_url=None, redoc_url=None)
+
+    @app.exception_handler(TkboxError)
+    async def _tk(request: Request, exc: TkboxError) -> JSONResponse:
+        return error_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _bug(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("internal error in %s %s", request.method, request.url.path)
+        return JSONResponse({"error": {"type": "InternalError", "message":
+                             f"internal error in tkbox ({exc.__class__.__name__}: {exc}); "
+                             "this is a bug: see the daemon's log"}}, status_code=500)
+
+    @app.get("/v1/info")
+    async def get_info() -> dict[str, Any]:
+        return {**info, "boxes": len(manager.boxes)}
+
+    @app.get("/v1/boxes")
+    async def ls() -> dict[str, Any]:
+        return {"boxes": manager.list()}
+
+    @app.post("/v1/boxes")
+    async def run(body: RunBody) -> dict[str, Any]:
+        box = await manager.create(BoxSpec(**body.model_dump()))
+        return box.public()
+
+    @app.get("/v1/boxes/{name}")
+    async def inspect(name: str) -> dict[str, Any]:
+        return manager.get(name).public()
+
+    @app.post("/v1/boxes/{name}/exec")
+    async def exec_(name: str, body: ExecBody) -> StreamingResponse:
+        try:
+            stdin = base64.b64decode(body.stdin_b64, validate=True) \
+                if body.stdin_b64 is not None else None
+        except ValueError:
+            raise UserError("stdin_b64 is not valid base64") from None
+        events = manager.exec(name, body.argv, body.cwd, body.env, stdin)
+        # Raise refusals before the stream starts, so they get a proper status.
+        first = await events.__anext__()
+
+        async def stream() -> AsyncIterator[bytes]:
+            try:
+                yield _line(first)
+                async for ev in events:
+                    yield _line(ev)
+            except TkboxError as exc:
+                yield _line({"ev": "error", "message": str(exc)})
+            finally:
+                await events.aclose()
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/boxes/{name}/exec/{exec_id}/signal")
+    async def signal_(name: str, exec_id: str, body: SignalBody) -> dict[str, Any]:
+        await manager.signal(name, exec_id, body.sig)
+        return {"ok": True}
+
+    @app.post("/v1/boxes/{name}/stop")
+    async def stop(name: str) -> dict[str, Any]:
+        return (await manager.stop(name)).public()
+
+    @app.get("/v1/boxes/{name}/patch")
+    async def patch(name: str) -> dict[str, Any]:
+        return {"patch_b64": base64.b64encode(manager.patch(name)).decode()}
+
+    @app.post("/v1/boxes/{name}/apply")
+    async def apply(name: str, body: ApplyBody) -> dict[str, Any]:
+        return await manager.apply(name, body.checkout, body.allow_sensitive, body.dry_run)
+
+    @app.post("/v1/boxes/{name}/export")
+    async def export(name: str) -> dict[str, Any]:
+        bundle, trust = await manager.export(name)
+        return {"bundle_b64": base64.b64encode(bundle).decode(),
+                "trust_b64": base64.b64encode(trust).decode()}
+
+    @app.delete("/v1/boxes/{name}")
+    async def rm(name: str, force: bool = False) -> dict[str, Any]:
+        await manager.rm(name, force)
+        return {"removed": name}
+
+    @app.get("/v1/approvals")
+    async def approvals() -> dict[str, Any]:
+        board = manager.approvals
+        items = [] if board is None else [_approval(p) for p in board.list()]
+        return {"approvals": items}
+
+    @app.post("/v1/approvals/{box}/{approval_id}")
+    async def answer(box: str, approval_id: int, body: AnswerBody) -> dict[str, Any]:
+        board = manager.approvals
+        if board is None:
+            raise UserError("this daemon has no network door, so nothing waits for approval")
+        manager.get(box)
+        p = await board.answer(box, approval_id, body.allow)
+        return _approval(p)
+
+    @app.get("/v1/boxes/{name}/egress-check")
+    async def egress_check(name: str, host: str, port: int = 443) -> dict[str, Any]:
+        box = manager.get(name)
+        if box.door is None:
+            raise UserError(f"box {name} has no open network door (it is {box.state})")
+        result = await _maybe_await(box.door.check(host, port))
+        return result.to_json() if hasattr(result, "to_json") else dict(result.__dict__)
+
+    return app
+
+
+async def _maybe_await(v: Any) -> Any:
+    if asyncio.iscoroutine(v):
+        return await v
+    return v
+
+
+def _approval(p: Any) -> dict[str, Any]:
+    d = p.to_json() if hasattr(p, "to_json") else dict(p.__dict__)
+    return {k: v for k, v in d.items() if not k.startswith("_")}
+
+
+def _line(ev: dict[str, Any]) -> bytes:
+    if "data" in ev and isinstance(ev["data"], bytes):
+        ev = {**ev, "data": base64.b64encode(ev["data"]).decode()}
+    return (json.dumps(ev) + "\n").encode()
+
+
+class PeerCheckedH11(H11Protocol):
+    """uvicorn's HTTP protocol, refusing peers that are neither root nor us."""
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        sock = transport.get_extra_info("socket")
+        try:
+            raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+            _pid, uid, _gid = struct.unpack("3i", raw)
+        except (OSError, AttributeError):
+            uid = -1
+        if uid not in (0, os.getuid()):
+            log.warning("refused an API connection from uid %s", uid)
+            transport.abort()
+            return
+        super().connection_made(transport)

@@ -1,0 +1,163 @@
+"""The host's side of the agent RPC (port 1024). Every guest byte is hostile.
+
+Each answer frame is checked against the closed set of events its op may
+produce, with types and sizes bounded; anything else is a `GuestError` naming
+the box, and the connection is dropped. A guest that stops answering hits a
+timeout, never a hang of the daemon.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any, BinaryIO
+
+from tkbox.errors import GuestError
+from tkbox.guest import rpc
+from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.protocol.ports import PORT_RPC, PortError, Ports
+from tkbox.protocol.streams import StreamClosed
+
+OutputSink = Callable[[int, bytes], Awaitable[None]]
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    status: int
+    signal: int
+    error: str = ""
+
+
+def _str(v: Any, limit: int = 4096) -> str:
+    return v[:limit] if isinstance(v, str) else ""
+
+
+class GuestClient:
+    def __init__(self, ports: Ports, box: str, *, timeout: float = 30.0) -> None:
+        self.ports = ports
+        self.box = box
+        self.timeout = timeout
+
+    def _bad(self, what: str) -> GuestError:
+        return GuestError(f"box {self.box}: the guest sent {what}; the request was dropped")
+
+    async def _open(self) -> FramedStream:
+        try:
+            stream = await self.ports.connect(PORT_RPC)
+        except PortError as exc:
+            raise GuestError(f"box {self.box}: cannot reach the guest agent ({exc})") from None
+        return FramedStream(stream)
+
+    async def _recv(self, fs: FramedStream, timeout: float | None) -> dict[str, Any]:
+        try:
+            msg = await asyncio.wait_for(fs.receive(), timeout)
+        except TimeoutError:
+            raise GuestError(f"box {self.box}: the guest agent did not answer within "
+                             f"{timeout:.0f}s") from None
+        except FrameError as exc:
+            raise self._bad(f"a malformed frame ({exc})") from None
+        except (StreamClosed, EOFError):
+            msg = None
+        if msg is None:
+            raise GuestError(f"box {self.box}: the guest closed the connection mid-answer")
+        ev = msg.get("ev")
+        if ev == "error":
+            raise GuestError(f"box {self.box}: guest agent error: {_str(msg.get('message'), 300)}")
+        return msg
+
+    async def ping(self, timeout: float = 10.0) -> float:
+        fs = await self._open()
+        try:
+            await fs.send({"op": "ping"})
+            msg = await self._recv(fs, timeout)
+            if msg.get("ev") != "ok":
+                raise self._bad("an unexpected answer to ping")
+            up = msg.get("uptime")
+            return float(up) if isinstance(up, (int, float)) else 0.0
+        finally:
+            await fs.aclose()
+
+    async def exec(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
+                   output: OutputSink, signals: asyncio.Queue[int]) -> ExecResult:
+        fs = await self._open()
+        sender: asyncio.Task[None] | None = None
+        try:
+            await fs.send({"op": "exec", "argv": argv, "cwd": cwd, "env": env,
+                           "stdin": stdin is not None})
+            first = await self._recv(fs, self.timeout)
+            if first.get("ev") == "exit":
+                return self._exit(first)
+            if first.get("ev") != "started":
+                raise self._bad("an unexpected first answer to exec")
+
+            async def send_side() -> None:
+                if stdin is not None:
+                    for i in range(0, len(stdin), rpc.CHUNK):
+                        await fs.send({"op": "stdin", "data": stdin[i:i + rpc.CHUNK]})
+                    await fs.send({"op": "stdin_eof"})
+                while True:
+                    sig = await signals.get()
+                    await fs.send({"op": "signal", "sig": sig})
+
+            sender = asyncio.ensure_future(send_side())
+            while True:
+                msg = await self._recv(fs, None)
+                ev = msg.get("ev")
+                if ev == "out":
+                    fd, data = msg.get("fd"), msg.get("data")
+                    if fd not in (1, 2) or not isinstance(data, bytes):
+                        raise self._bad("a malformed output frame")
+                    await output(fd, data)
+                elif ev == "exit":
+                    return self._exit(msg)
+                else:
+                    raise self._bad(f"an unexpected event {str(ev)[:40]!r} during exec")
+        finally:
+            if sender is not None:
+                sender.cancel()
+                with contextlib.suppress(BaseException):
+                    await sender
+            await fs.aclose()
+
+    def _exit(self, msg: dict[str, Any]) -> ExecResult:
+        status, sig = msg.get("status"), msg.get("signal", 0)
+        if not isinstance(status, int) or not 0 <= status <= 255 or not isinstance(sig, int):
+            raise self._bad("a malformed exit status")
+        return ExecResult(status, sig, _str(msg.get("error"), 500))
+
+    async def diff(self, sink: BinaryIO, *, kill: bool, max_bytes: int = rpc.MAX_PATCH,
+                   timeout: float = 300.0) -> dict[str, Any]:
+        """Stream the workspace patch into `sink`; bounded by `max_bytes`."""
+        fs = await self._open()
+        total = 0
+        try:
+            await fs.send({"op": "diff", "kill": kill})
+            while True:
+                msg = await self._recv(fs, timeout)
+                ev = msg.get("ev")
+                if ev == "data":
+                    data = msg.get("data")
+                    if not isinstance(data, bytes):
+                        raise self._bad("a malformed patch frame")
+                    total += len(data)
+                    if total > max_bytes:
+                        raise GuestError(f"box {self.box}: the patch exceeds {max_bytes} bytes; "
+                                         "it was not saved")
+                    sink.write(data)
+                elif ev == "end":
+                    stats = msg.get("stats")
+                    return stats if isinstance(stats, dict) else {}
+                else:
+                    raise self._bad("an unexpected event during diff")
+        finally:
+            await fs.aclose()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        fs = await self._open()
+        try:
+            await fs.send({"op": "shutdown"})
+            await self._recv(fs, timeout)
+        finally:
+            await fs.aclose()

@@ -1,0 +1,656 @@
+"""Boxes: create, exec, stop, apply, export, rm, and what the signer pushes.
+
+One `BoxManager` per daemon. Each box's state is on disk
+(`$TKBOX_HOME/boxes/NAME/box.json`, written atomically), so `ls` and
+`inspect` survive a restart; a box found in a live state at start has lost
+its VM, is marked failed, and the loss is recorded as `tkbox.gap`.
+
+Fail closed: a command needs an allowed `Bash` decision before it starts; a
+signer that does not answer refuses it. An event that cannot be recorded stops
+the box and is queued as a gap, recorded as soon as the signer takes it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import re
+import secrets
+import shutil
+import time
+from collections.abc import AsyncIterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tkbox import paths
+from tkbox.daemon import lifecycle
+from tkbox.daemon.guest_client import ExecResult, GuestClient
+from tkbox.daemon.workspace import build_lower, build_upper
+from tkbox.doors.commands.core import build_request
+from tkbox.errors import (
+    GuestError,
+    HostError,
+    InternalError,
+    Refused,
+    SignerUnavailable,
+    TkboxError,
+    UserError,
+)
+from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
+from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.record.client import SignerClient
+from tkbox.vm.base import VM, Disk, Launcher, VMSpec
+
+log = logging.getLogger("tkbox.daemon")
+
+NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
+BOOT_TIMEOUT = float(os.environ.get("TKBOX_BOOT_TIMEOUT", "180"))
+PROXY_URL = "http://127.0.0.1:3128"
+
+
+@dataclass
+class Options:
+    """What the daemon was started with (the host's settings, never the box's)."""
+
+    unrecorded: bool = False
+    egress_block: list[str] = field(default_factory=list)
+    egress_permit: list[str] = field(default_factory=list)
+    egress_hosts: str | None = None
+    ca_certs: list[str] = field(default_factory=list)  # PEM texts
+
+
+@dataclass
+class BoxSpec:
+    name: str
+    image: str
+    workspace: str
+    allow: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    memory_mib: int = 1024
+    vcpus: int = 1
+    disk_mib: int = 4096
+
+
+class Box:
+    """One box: its state on disk and, while it lives, its VM and doors."""
+
+    def __init__(self, directory: Path, state: dict[str, Any]) -> None:
+        self.dir = directory
+        self.s = state
+        self.vm: VM | None = None
+        self.guest: GuestClient | None = None
+        self.door: Any = None  # the network door, when one is wired
+        self.tasks: set[asyncio.Task[Any]] = set()
+        self.execs: dict[str, asyncio.Queue[int]] = {}
+        self.lock = asyncio.Lock()
+        self.ready: asyncio.Future[dict[str, Any]] | None = None
+        self.boot_served = False
+
+    @property
+    def name(self) -> str:
+        return str(self.s["name"])
+
+    @property
+    def state(self) -> str:
+        return str(self.s["state"])
+
+    @property
+    def run_id(self) -> str:
+        return str(self.s["run_id"])
+
+    def save(self) -> None:
+        tmp = self.dir / f".box.json.{secrets.token_hex(4)}"
+        tmp.write_text(json.dumps(self.s, indent=1, sort_keys=True))
+        os.replace(tmp, self.dir / "box.json")
+
+    def move(self, event: str) -> None:
+        self.s["state"] = lifecycle.next_state(self.state, event, f"box {self.name}")
+        self.s["updated"] = time.time()
+        self.save()
+
+    def spawn(self, coro: Any) -> asyncio.Task[Any]:
+        t = asyncio.ensure_future(coro)
+        self.tasks.add(t)
+        t.add_done_callback(self.tasks.discard)
+        return t
+
+    def public(self) -> dict[str, Any]:
+        out = {k: v for k, v in self.s.items() if k not in ("env_values",)}
+        out["display_name"] = self.name + (" [UNRECORDED]" if self.s.get("unrecorded") else "")
+        return out
+
+
+class BoxManager:
+    def __init__(self, *, launcher: Launcher, signer: SignerClient, options: Options,
+                 images: Any, guest_build: Any, accel_reason: str = "",
+                 home: Path | None = None, door_factory: Any = None,
+                 approvals: Any = None) -> None:
+        self.launcher = launcher
+        self.signer = signer
+        self.opts = options
+        self.images = images
+        self.guest_build = guest_build  # () -> GuestBuild (cached)
+        self.accel_reason = accel_reason
+        self.root = paths.private_dir((home or paths.home()) / "boxes")
+        self.vms_root = paths.private_dir((home or paths.home()) / "run" / "vms")
+        self.door_factory = door_factory
+        self.approvals = approvals
+        self.boxes: dict[str, Box] = {}
+        self.gaps: list[tuple[str, dict[str, Any]]] = []
+        self._tasks: set[asyncio.Task[Any]] = set()
+
+    # ---- start-up and shutdown -------------------------------------------------
+
+    async def load(self) -> None:
+        """Read boxes from disk; a box that was live has lost its VM."""
+        for d in sorted(self.root.iterdir()):
+            f = d / "box.json"
+            if not f.is_file():
+                if d.name.startswith(".creating-"):
+                    shutil.rmtree(d, ignore_errors=True)  # a create that never finished
+                continue
+            try:
+                state = json.loads(f.read_text())
+            except (OSError, ValueError):
+                log.warning("box state %s is unreadable; left as is", f)
+                continue
+            box = Box(d, state)
+            self.boxes[box.name] = box
+            if box.state in lifecycle.LIVE:
+                lost = box.state
+                box.s["error"] = f"the daemon stopped while the box was {lost}; its VM is gone"
+                box.move("daemon_lost")
+                self._gap(box, {"reason": "daemon restart", "state": lost})
+        await self.flush_gaps()
+
+    def _gap(self, box: Box, body: dict[str, Any]) -> None:
+        if not box.s.get("unrecorded"):
+            self.gaps.append((box.run_id, {"box": box.name, **body, "time": time.time()}))
+
+    async def flush_gaps(self) -> None:
+        while self.gaps:
+            run_id, body = self.gaps[0]
+            try:
+                await self.signer.event(run_id, "tkbox.gap", body)
+            except SignerUnavailable:
+                return
+            except TkboxError as exc:
+                log.warning("gap for %s not recordable: %s", run_id, exc)
+            self.gaps.pop(0)
+
+    async def shutdown(self) -> None:
+        """SIGTERM: stop every live box cleanly (patch saved), kill what will not stop."""
+        live = [b for b in self.boxes.values() if b.state in ("running", "held")]
+        await asyncio.gather(*(self._stop_quietly(b) for b in live))
+        for b in self.boxes.values():
+            if b.vm is not None:
+                await b.vm.kill()
+        for t in list(self._tasks):
+            t.cancel()
+
+    async def _stop_quietly(self, box: Box) -> None:
+        try:
+            await asyncio.wait_for(self.stop(box.name), 60)
+        except Exception as exc:  # noqa: BLE001 - shutting down: kill and go on
+            log.warning("stopping %s at shutdown failed: %s", box.name, exc)
+            if box.vm is not None:
+                await box.vm.kill()
+
+    # ---- records ---------------------------------------------------------------
+
+    async def record(self, box: Box, kind: str, body: dict[str, Any]) -> None:
+        """An event that must be kept; if it cannot be, the box stops (fail closed)."""
+        if box.s.get("unrecorded"):
+            return
+        try:
+            await self.signer.event(box.run_id, kind, body)
+        except TkboxError as exc:
+            self._gap(box, {"reason": f"event {kind} not recorded: {exc}", "event": kind})
+            await self.contain(box, f"an event could not be recorded ({exc})")
+
+    async def contain(self, box: Box, why: str) -> None:
+        """Stop a box at once because the record cannot be kept."""
+        log.warning("box %s stopped: %s", box.name, why)
+        box.s["error"] = f"stopped: {why}"
+        if box.door is not None:
+            with contextlib.suppress(Exception):
+                await box.door.close()
+        if box.vm is not None:
+            await box.vm.kill()
+        if lifecycle.can(box.state, "vm_died"):
+            box.move("vm_died")
+
+    async def watch_pushes(self) -> None:
+        """Holds, releases and quarantines, as the signer pushes them."""
+        while True:
+            try:
+                async for p in self.signer.pushes():
+                    await self._on_push(p.kind, p.run_id, p.reason)
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:  # noqa: BLE001 - reconnect after a pause
+                log.info("signer push channel: %s", exc)
+            await asyncio.sleep(0.5)
+
+    async def _on_push(self, kind: str, run_id: str, reason: str) -> None:
+        box = next((b for b in self.boxes.values() if b.s.get("run_id") == run_id), None)
+        if box is None:
+            return
+        if kind == "hold" and box.state == "running" and box.vm is not None:
+            await box.vm.pause()
+            box.move("hold")
+        elif kind == "release" and box.state == "held" and box.vm is not None:
+            await box.vm.resume()
+            box.move("release")
+        elif kind == "quarantine" and box.state in lifecycle.LIVE:
+            box.s["error"] = f"quarantined by the signer: {reason}".rstrip(": ")
+            if box.door is not None:
+                with contextlib.suppress(Exception):
+                    await box.door.close()
+            if box.vm is not None:
+                await box.vm.kill()
+            box.move("quarantine")
+
+    # ---- lookups -----------------------------------------------------------------
+
+    def get(self, name: str) -> Box:
+        box = self.boxes.get(name)
+        if box is None:
+            raise UserError(f"no box named {name!r}; see 'tkbox ls'")
+        return box
+
+    def list(self) -> list[dict[str, Any]]:
+        return [b.public() for b in sorted(self.boxes.values(), key=lambda b: b.s["created"])]
+
+    # ---- create ------------------------------------------------------------------
+
+    async def create(self, spec: BoxSpec) -> Box:
+        if not NAME_RE.match(spec.name):
+            raise UserError(f"box name {spec.name!r} is not valid: use lowercase letters, "
+                            "digits, '.', '_' and '-', starting with a letter or digit")
+        if spec.name in self.boxes:
+            raise UserError(f"a box named {spec.name!r} exists already; pick another --name "
+                            f"or remove it with 'tkbox rm {spec.name}'")
+        ws = Path(spec.workspace).expanduser()
+        if not ws.is_dir():
+            raise UserError(f"workspace {spec.workspace} does not exist or is not a directory")
+        if not 128 <= spec.memory_mib <= 65536 or not 1 <= spec.vcpus <= 64:
+            raise UserError("memory must be 128-65536 MiB and vcpus 1-64")
+        for k in spec.env:
+            if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
+                raise UserError(f"environment name {k!r} is not valid")
+        image = await self.images.resolve(spec.image)  # UserError if unknown
+        build = await asyncio.to_thread(self.guest_build)
+        run_id = f"{spec.name}-{secrets.token_hex(6)}"
+        staging = self.root / f".creating-{run_id}"
+        staging.mkdir(mode=0o700)
+        box = Box(self.root / spec.name, {
+            "name": spec.name, "run_id": run_id, "state": "creating", "created": time.time(),
+            "updated": time.time(), "image": spec.image, "image_digest": image.digest,
+            "workspace": str(ws.resolve()), "allow": list(spec.allow),
+            "env_names": sorted(spec.env), "limits": {"memory_mib": spec.memory_mib,
+            "vcpus": spec.vcpus, "disk_mib": spec.disk_mib},
+            "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
+            "guest_build": build.digest[:16],
+        })
+        box.dir = staging
+        facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
+                 "workspace": box.s["workspace"], "allowlist": list(spec.allow),
+                 "limits": box.s["limits"], "env_names": sorted(spec.env),
+                 "operator": {"egress_block": self.opts.egress_block,
+                              "egress_permit": self.opts.egress_permit,
+                              "egress_hosts": self.opts.egress_hosts,
+                              "extra_ca_certs": len(self.opts.ca_certs)},
+                 "guest": {"kernel": build.kernel_version, "initramfs": build.digest}}
+        try:
+            if not self.opts.unrecorded:
+                await self.signer.open_run(run_id, facts)
+            stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs")
+            box.s["workspace_copy"] = stats
+            await asyncio.to_thread(build_upper, staging / "upper.ext4", spec.disk_mib)
+            box.save()
+            final = self.root / spec.name
+            if final.exists():
+                raise UserError(f"a box named {spec.name!r} exists already")
+            os.rename(staging, final)
+            box.dir = final
+            box.save()
+        except BaseException:
+            shutil.rmtree(staging, ignore_errors=True)
+            raise
+        self.boxes[spec.name] = box
+        try:
+            await self._boot(box, spec, image, build)
+        except BaseException as exc:
+            box.s["error"] = str(exc) if isinstance(exc, TkboxError) else \
+                f"{exc.__class__.__name__}: {exc}"
+            if box.vm is not None:
+                await box.vm.kill()
+            box.vm = None
+            if lifecycle.can(box.state, "boot_failed"):
+                box.move("boot_failed")
+            await self.record(box, "tkbox.box.failed", {"reason": box.s["error"][:500]})
+            raise
+        return box
+
+    def _boot_config(self, box: Box, spec: BoxSpec) -> dict[str, Any]:
+        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+               "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb",
+               "HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
+               "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""}
+        pems = list(self.opts.ca_certs)
+        if box.door is not None and getattr(box.door, "ca_pem", None):
+            pems.insert(0, box.door.ca_pem)
+        if pems:
+            bundle = "/etc/ssl/certs/ca-certificates.crt"
+            env.update({"SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle,
+                        "CURL_CA_BUNDLE": bundle, "PIP_CERT": bundle, "GIT_SSL_CAINFO": bundle,
+                        "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
+        env.update(spec.env)
+        host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
+        return {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
+                "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
+                "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
+
+    async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any) -> None:
+        if self.door_factory is not None:
+            box.door = self.door_factory(box)
+        vm_dir = self.vms_root / box.run_id
+        vm_spec = VMSpec(
+            name=box.name, kernel=build.kernel, initramfs=build.initramfs, workdir=vm_dir,
+            disks=(Disk(Path(image.rootfs), True, "root"),
+                   Disk(box.dir / "lower.sqfs", True, "lower"),
+                   Disk(box.dir / "upper.ext4", False, "upper")),
+            memory_mib=spec.memory_mib, vcpus=spec.vcpus)
+        loop = asyncio.get_running_loop()
+        box.ready = loop.create_future()
+        config = self._boot_config(box, spec)
+        t0 = time.monotonic()
+        vm = await self.launcher.start(vm_spec)
+        box.vm = vm
+        box.s["accel"] = vm.accel
+        box.guest = GuestClient(vm.ports, box.name)
+        vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
+        vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
+        box.spawn(self._watch_vm(box))
+        try:
+            msg = await asyncio.wait_for(asyncio.shield(box.ready), BOOT_TIMEOUT)
+        except TimeoutError:
+            raise HostError(f"box {box.name} did not boot within {BOOT_TIMEOUT:.0f}s; see "
+                            f"{vm_dir / 'console.log'} (TKBOX_GUEST_DEBUG=1 for kernel output)"
+                            ) from None
+        box.s["boot_seconds"] = round(time.monotonic() - t0, 3)
+        box.move("booted")
+        await self.record(box, "tkbox.box.ready", {"boot_seconds": box.s["boot_seconds"],
+                                                   "accel": vm.accel,
+                                                   "guest_uptime": msg.get("uptime")})
+
+    async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
+        """Port 1026: the boot config, served once; the guest answers ready on it."""
+        if box.boot_served:
+            return  # served once: later streams are closed unanswered
+        box.boot_served = True
+        fs = FramedStream(stream)
+        try:
+            await fs.send(config)
+            msg = await asyncio.wait_for(fs.receive(), BOOT_TIMEOUT)
+        except (FrameError, StreamClosed, EOFError, TimeoutError) as exc:
+            msg = {"ev": "error", "message": f"boot stream broke: {exc.__class__.__name__}"}
+        if box.ready is None or box.ready.done():
+            return
+        if not isinstance(msg, dict) or msg.get("ev") != "ready":
+            text = msg.get("message") if isinstance(msg, dict) else None
+            box.ready.set_exception(GuestError(
+                f"box {box.name}: the guest failed to start: "
+                f"{str(text)[:300] if text else 'no ready answer'}"))
+        else:
+            box.ready.set_result(msg)
+
+    async def _serve_egress(self, box: Box, stream: ByteStream) -> None:
+        """Port 1025: one proxied connection, through the network door."""
+        if box.door is None or box.state not in ("running",):
+            await _refuse_http(stream, "egress is closed: this box has no network door "
+                                       "open (it is stopping, or the door is not wired)")
+            return
+        await box.door.handle(stream)
+
+    async def _watch_vm(self, box: Box) -> None:
+        vm = box.vm
+        if vm is None:
+            return
+        code = await vm.wait()
+        box.s["vm_exit"] = code
+        if box.ready is not None and not box.ready.done():
+            box.ready.set_exception(GuestError(
+                f"box {box.name}: the VM ended during boot (status {code}); see "
+                f"{self.vms_root / box.run_id / 'console.log'}"))
+        if box.state in ("running", "held"):
+            box.s["error"] = f"the VM ended unexpectedly (status {code})"
+            box.move("vm_died")
+            await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
+        box.save()
+
+    # ---- exec -------------------------------------------------------------------
+
+    async def exec(self, name: str, argv: list[str], cwd: str | None, env: dict[str, str] | None,
+                   stdin: bytes | None) -> AsyncIterator[dict[str, Any]]:
+        """Run one command; yields events: started, out, exit (or error)."""
+        box = self.get(name)
+        if box.state != "running" or box.guest is None:
+            raise UserError(f"cannot exec in box {name}: it is {box.state}; "
+                            f"{lifecycle.HINTS.get(box.state, '')}")
+        req = build_request(argv, cwd, env, stdin)
+        decision_id = None
+        if not box.s.get("unrecorded"):
+            try:
+                verdict = await self.signer.decide(box.run_id, "Bash", req.resource(),
+                                                   req.context())
+            except SignerUnavailable as exc:
+                raise Refused(f"refused: the signer did not answer, so no command may run "
+                              f"({exc}); start it with 'tkbox signer serve'") from None
+            if not verdict.allowed:
+                raise Refused(f"refused by the signer: {verdict.reason}")
+            decision_id = verdict.decision_id
+        exec_id = secrets.token_hex(4)
+        signals: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
+        box.execs[exec_id] = signals
+        out_q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
+        counts = {1: 0, 2: 0}
+
+        async def output(fd: int, data: bytes) -> None:
+            counts[fd] += len(data)
+            await out_q.put({"ev": "out", "fd": fd, "data": data})
+
+        async def run() -> ExecResult:
+            assert box.guest is not None
+            try:
+                return await box.guest.exec(list(req.argv), cwd=req.cwd, env=req.env,
+                                            stdin=stdin, output=output, signals=signals)
+            finally:
+                await out_q.put(None)
+
+        t0 = time.monotonic()
+        task = box.spawn(run())
+        result: ExecResult | None = None
+        error: str | None = None
+        try:
+            yield {"ev": "started", "exec_id": exec_id, "command": req.command}
+            while (item := await out_q.get()) is not None:
+                yield item
+            try:
+                result = await task
+            except GuestError as exc:
+                error = str(exc)
+            if result is not None:
+                yield {"ev": "exit", "status": result.status, "signal": result.signal,
+                       "error": result.error}
+            else:
+                yield {"ev": "error", "message": error or "the command did not finish"}
+        finally:
+            box.execs.pop(exec_id, None)
+            if not task.done():
+                # The client went away (Ctrl-C): stop the command in the guest.
+                with contextlib.suppress(asyncio.QueueFull):
+                    signals.put_nowait(15)
+                with contextlib.suppress(BaseException):
+                    await asyncio.wait_for(asyncio.shield(task), 3)
+                task.cancel()
+            outcome = {"status": result.status if result else None,
+                       "signal": result.signal if result else None,
+                       "error": (error or (result.error if result else "client went away"))[:300],
+                       "stdout_bytes": counts[1], "stderr_bytes": counts[2],
+                       "seconds": round(time.monotonic() - t0, 3)}
+            if decision_id is not None:
+                try:
+                    await self.signer.complete(box.run_id, decision_id, outcome)
+                except TkboxError as exc:
+                    self._gap(box, {"reason": f"completion not recorded: {exc}"})
+                    await self.contain(box, f"a completion could not be recorded ({exc})")
+
+    async def signal(self, name: str, exec_id: str, sig: int) -> None:
+        box = self.get(name)
+        q = box.execs.get(exec_id)
+        if q is None:
+            raise UserError(f"no running command {exec_id} in box {name}")
+        if sig not in (1, 2, 3, 9, 15):
+            raise UserError("signal must be one of HUP, INT, QUIT, KILL, TERM")
+        with contextlib.suppress(asyncio.QueueFull):
+            q.put_nowait(sig)
+
+    # ---- stop ---------------------------------------------------------------
+
+    async def stop(self, name: str) -> Box:
+        box = self.get(name)
+        async with box.lock:
+            box.move("stop")
+            # Egress closes the moment the stop begins.
+            if box.door is not None:
+                with contextlib.suppress(Exception):
+                    await box.door.close()
+            if self.approvals is not None:
+                with contextlib.suppress(Exception):
+                    await self.approvals.stop_box(box.name)
+            vm, guest = box.vm, box.guest
+            if vm is None or guest is None:
+                raise InternalError(f"box {name} has no VM while {box.state}")
+            if box.state == "stopping" and getattr(vm, "proc", None) is not None:
+                with contextlib.suppress(Exception):
+                    await vm.resume()  # a held box must run to give its patch
+            patch_path = box.dir / "patch.diff"
+            tmp = box.dir / ".patch.diff.tmp"
+            try:
+                with open(tmp, "wb") as f:
+                    stats = await guest.diff(f, kill=True)
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, patch_path)
+            except TkboxError as exc:
+                tmp.unlink(missing_ok=True)
+                box.s["error"] = f"the patch could not be saved: {exc}"
+                await vm.kill()
+                box.move("stop_failed")
+                await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
+                raise
+            data = patch_path.read_bytes()
+            box.s["patch"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
+                              "stats": stats}
+            with contextlib.suppress(TkboxError):
+                await guest.shutdown()
+            try:
+                await asyncio.wait_for(asyncio.shield(vm.wait()), 20)
+            except TimeoutError:
+                await vm.kill()
+            box.vm = None
+            box.guest = None
+            box.move("stopped")
+        await self.record(box, "tkbox.box.stop", {"patch_sha256": box.s["patch"]["sha256"],
+                                                  "patch_bytes": len(data)})
+        shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
+        return box
+
+    def patch(self, name: str) -> bytes:
+        box = self.get(name)
+        p = box.dir / "patch.diff"
+        if box.state not in ("stopped", "exported") or not p.is_file():
+            raise UserError(f"box {name} has no saved patch: it is {box.state}; "
+                            f"{lifecycle.HINTS.get(box.state, '')}")
+        return p.read_bytes()
+
+    # ---- apply --------------------------------------------------------------------
+
+    async def apply(self, name: str, checkout: str | None, allow_sensitive: bool,
+                    dry_run: bool) -> dict[str, Any]:
+        from tkbox.doors.changes import apply_patch
+
+        box = self.get(name)
+        if box.state != "stopped":
+            raise UserError(f"cannot apply box {name}: it is {box.state}; apply works only on "
+                            "a stopped box before export")
+        data = self.patch(name)
+        target = Path(checkout or box.s["workspace"]).expanduser()
+        if not target.is_dir():
+            raise UserError(f"checkout {target} does not exist or is not a directory")
+        if allow_sensitive and not box.s.get("unrecorded"):
+            await self.record(box, "tkbox.unsafe", {"flag": "--allow-sensitive"})
+        report = await apply_patch(data, target, self.signer, box.run_id,
+                                   allow_sensitive=allow_sensitive, dry_run=dry_run)
+        result: dict[str, Any] = report.to_json()
+        if not dry_run:
+            box.s.setdefault("applied", []).append({"checkout": str(target), "time": time.time()})
+            box.save()
+        return result
+
+    # ---- export / rm ---------------------------------------------------------------
+
+    async def export(self, name: str) -> tuple[bytes, bytes]:
+        box = self.get(name)
+        if box.s.get("unrecorded"):
+            raise UserError(f"box {name} was started by a daemon run with --unrecorded: "
+                            "nothing was recorded, so there is nothing to export")
+        lifecycle.next_state(box.state, "export", f"box {name}")
+        await self.flush_gaps()
+        if any(r == box.run_id for r, _ in self.gaps):
+            raise SignerUnavailable("the signer does not answer, so this run's gaps cannot be "
+                                    "recorded yet; start the signer and export again")
+        try:
+            await self.signer.close_run(box.run_id)
+        except SignerUnavailable:
+            raise
+        except TkboxError:
+            pass  # already closed by an earlier export attempt
+        exp = await self.signer.export(box.run_id)
+        box.move("export")
+        return exp.bundle, exp.trust
+
+    async def rm(self, name: str, force: bool = False) -> None:
+        box = self.get(name)
+        if box.state in lifecycle.LIVE:
+            if not force:
+                raise UserError(f"box {name} is {box.state}; stop it first or use --force")
+            if box.vm is not None:
+                await box.vm.kill()
+            box.s["error"] = "removed with --force while live"
+            self._gap(box, {"reason": "removed with --force while live"})
+            await self.flush_gaps()
+        for t in list(box.tasks):
+            t.cancel()
+        shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
+        shutil.rmtree(box.dir, ignore_errors=True)
+        del self.boxes[name]
+
+
+async def _refuse_http(stream: ByteStream, reason: str) -> None:
+    body = (reason + "\n").encode()
+    head = (f"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}"
+            "\r\nConnection: close\r\nX-Tkbox-Refused: 1\r\n\r\n").encode()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(stream.receive(65536), 2)
+        await stream.send_all(head + body)
+    with contextlib.suppress(Exception):
+        await stream.aclose()

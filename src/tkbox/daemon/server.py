@@ -1,0 +1,171 @@
+"""`tkbox daemon`: one asyncio process holding the VMs and the doors.
+
+Start-up fails closed: unless `--unrecorded`, the daemon exits at once when no
+signer answers. SIGTERM or SIGINT stops every box cleanly (patches saved),
+kills any VM that will not stop, then exits; VMs also carry PR_SET_PDEATHSIG,
+so none outlives the daemon even if it is killed.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+
+from tkbox import __version__, paths
+from tkbox.daemon.api import PeerCheckedH11, make_app
+from tkbox.daemon.manager import BoxManager, Options
+from tkbox.errors import HostError, SignerUnavailable, UserError
+from tkbox.record.client import FakeSigner, SignerClient
+
+log = logging.getLogger("tkbox.daemon")
+
+
+class UnrecordedSigner(FakeSigner):
+    """`--unrecorded`: allows everything and keeps nothing durable.
+
+    Only for debugging tkbox itself; every box started this way says so in
+    its name (`[UNRECORDED]`), its hostname and the daemon's output.
+    """
+
+
+def _bind(path: Path) -> socket.socket:
+    paths.private_dir(path.parent)
+    if path.exists() or path.is_symlink():
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            probe.connect(str(path))
+        except OSError:
+            path.unlink()  # stale socket of a daemon that died
+        else:
+            raise UserError(f"a tkbox daemon is already running on {path}; stop it first")
+        finally:
+            probe.close()
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    old = os.umask(0o177)
+    try:
+        sock.bind(str(path))
+    finally:
+        os.umask(old)
+    sock.listen(128)
+    return sock
+
+
+def _door_support(manager_opts: Options) -> tuple[Any, Any]:
+    """The network door's factory and approval board, if the door is installed."""
+    try:
+        from tkbox.doors.network.daemon import make_door_support
+    except ImportError:
+        return None, None
+    return make_door_support(manager_opts)  # type: ignore[no-any-return]
+
+
+class _Server(uvicorn.Server):
+    def __init__(self, config: uvicorn.Config, on_exit: Any) -> None:
+        super().__init__(config)
+        self._on_exit = on_exit
+
+    def handle_exit(self, sig: int, frame: Any) -> None:
+        self._on_exit()
+
+
+async def serve(opts: Options, *, socket_path: Path | None = None,
+                signer_socket: Path | None = None) -> None:
+    from tkbox.image.initramfs import build
+    from tkbox.image.kernel import find_kernel
+    from tkbox.image.store import ImageStore
+    from tkbox.vm.qemu import QemuLauncher, decide_accel, qemu_binary
+
+    qemu_binary()
+    kernel = find_kernel()
+    accel = decide_accel(kernel.version, paths.private_dir(paths.guest_build()))
+    if accel.accel != "kvm":
+        print(f"tkbox: notice: software emulation (TCG): {accel.reason}. Boxes are still "
+              "separate kernels behind a VMM, but much slower.", file=sys.stderr)
+    signer: SignerClient
+    if opts.unrecorded:
+        print("tkbox: WARNING: --unrecorded: nothing is decided or recorded by a signer. "
+              "Use only to debug tkbox itself; every box says [UNRECORDED].", file=sys.stderr)
+        signer = UnrecordedSigner()
+    else:
+        from tkbox.record.unix import UnixSignerClient
+
+        spath = signer_socket or paths.signer_socket()
+        signer = UnixSignerClient(spath)
+        try:
+            who = await signer.ping()
+        except SignerUnavailable as exc:
+            raise SignerUnavailable(
+                f"no signer answers on {spath} ({exc}); start one with 'tkbox signer init "
+                "--dev && tkbox signer serve &' (or pass --unrecorded to debug tkbox)") from None
+        log.info("signer: %s", who)
+
+    cache: dict[str, Any] = {}
+
+    def guest_build() -> Any:
+        if "b" not in cache:
+            cache["b"] = build(paths.private_dir(paths.guest_build()), kernel=kernel)
+        return cache["b"]
+
+    images = ImageStore(paths.images())
+    door_factory, approvals = _door_support(opts)
+    manager = BoxManager(launcher=QemuLauncher(accel), signer=signer, options=opts,
+                         images=images, guest_build=guest_build, accel_reason=accel.reason,
+                         door_factory=None, approvals=approvals)
+    if door_factory is not None:
+        manager.door_factory = lambda box: door_factory(box, manager)
+    await manager.load()
+    info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
+            "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
+            "network_door": door_factory is not None}
+    app = make_app(manager, info)
+    path = socket_path or paths.daemon_socket()
+    sock = _bind(path)
+    config = uvicorn.Config(app, http=PeerCheckedH11, lifespan="off", log_level="warning",
+                            timeout_graceful_shutdown=5, access_log=False)
+    loop = asyncio.get_running_loop()
+    stopping = asyncio.Event()
+    server = _Server(config, lambda: loop.call_soon_threadsafe(stopping.set))
+    pushes = asyncio.ensure_future(manager.watch_pushes())
+
+    async def on_stop() -> None:
+        await stopping.wait()
+        print("tkbox: stopping every box…", file=sys.stderr)
+        await manager.shutdown()
+        server.should_exit = True
+
+    stopper = asyncio.ensure_future(on_stop())
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        loop.add_signal_handler(sig, stopping.set)
+    print(f"tkbox daemon {__version__} listening on {path}", file=sys.stderr, flush=True)
+    try:
+        await server.serve(sockets=[sock])
+    finally:
+        stopping.set()
+        with contextlib.suppress(BaseException):
+            await asyncio.wait_for(stopper, 90)
+        pushes.cancel()
+        images.close()
+        with contextlib.suppress(Exception):
+            await signer.aclose()
+        with contextlib.suppress(OSError):
+            path.unlink()
+
+
+def main(opts: Options, socket_path: Path | None = None,
+         signer_socket: Path | None = None) -> None:
+    logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
+                        format="tkbox: %(levelname)s %(message)s")
+    try:
+        asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket))
+    except (HostError, UserError, SignerUnavailable) as exc:
+        print(f"tkbox: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)
