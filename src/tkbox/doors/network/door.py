@@ -463,6 +463,7 @@ class EgressDoor:
                             ) from None
                 if not data:
                     await origin.send_eof()
+                    gate.set()  # let the origin's close (or its last bytes, checked) through
                     return "client closed"
                 out = insp.client_data(data)
                 if out:

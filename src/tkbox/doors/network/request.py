@@ -127,6 +127,22 @@ def _check_raw_head(head: bytes) -> None:
             raise BadRequest(400, "refused: malformed header field name")
 
 
+def _check_framing(head: bytes) -> None:
+    """Refuse ambiguous message framing before any parser interprets it."""
+    raw_names = [line.partition(b":")[0].lower() for line in head[:-4].split(b"\r\n")[1:]]
+    counts = {n: raw_names.count(n) for n in (b"content-length", b"transfer-encoding", b"host")}
+    if counts[b"content-length"] > 1:
+        raise BadRequest(400, "refused: duplicate Content-Length (request smuggling)")
+    if counts[b"transfer-encoding"] > 1:
+        raise BadRequest(400, "refused: duplicate Transfer-Encoding (request smuggling)")
+    if counts[b"content-length"] and counts[b"transfer-encoding"]:
+        raise BadRequest(
+            400, "refused: both Content-Length and Transfer-Encoding (request smuggling)"
+        )
+    if counts[b"host"] > 1:
+        raise BadRequest(400, "refused: duplicate Host header")
+
+
 def _split_absolute(target: str) -> tuple[str, str]:
     """`http://authority/path?q` → (authority, origin-form path)."""
     scheme, sep, rest = target.partition("://")
@@ -185,6 +201,7 @@ class RequestHeadParser:
         self.leftover = bytes(self._buf[end + 4 :])
         self._buf.clear()
         _check_raw_head(head)
+        _check_framing(head)
         self.conn.receive_data(head)
         try:
             event = self.conn.next_event()
@@ -193,10 +210,10 @@ class RequestHeadParser:
             raise BadRequest(status, f"refused: malformed request ({exc})") from None
         if not isinstance(event, h11.Request):
             raise BadRequest(400, "refused: malformed request head")
-        self.request = self._interpret(event, head)
+        self.request = self._interpret(event)
         return self.request
 
-    def _interpret(self, event: h11.Request, head: bytes) -> ProxyRequest:
+    def _interpret(self, event: h11.Request) -> ProxyRequest:
         method = event.method.decode("ascii")
         version = event.http_version.decode("ascii")
         if version not in ("1.0", "1.1"):
@@ -204,18 +221,6 @@ class RequestHeadParser:
         target = event.target.decode("ascii")
         if len(target) > MAX_TARGET:
             raise BadRequest(414, f"refused: request target longer than {MAX_TARGET} bytes")
-        raw_names = [line.partition(b":")[0].lower() for line in head[:-4].split(b"\r\n")[1:]]
-        counts = {n: raw_names.count(n) for n in (b"content-length", b"transfer-encoding", b"host")}
-        if counts[b"content-length"] > 1:
-            raise BadRequest(400, "refused: duplicate Content-Length (request smuggling)")
-        if counts[b"transfer-encoding"] > 1:
-            raise BadRequest(400, "refused: duplicate Transfer-Encoding (request smuggling)")
-        if counts[b"content-length"] and counts[b"transfer-encoding"]:
-            raise BadRequest(
-                400, "refused: both Content-Length and Transfer-Encoding (request smuggling)"
-            )
-        if counts[b"host"] > 1:
-            raise BadRequest(400, "refused: duplicate Host header")
         headers = [(bytes(n).lower(), bytes(v)) for n, v in event.headers]
         values = dict(headers)
         te = values.get(b"transfer-encoding")
