@@ -171,7 +171,8 @@ class BoxManager:
 
     def _gap(self, box: Box, body: dict[str, Any]) -> None:
         if not box.s.get("unrecorded"):
-            self.gaps.append((box.run_id, {"box": box.name, **body, "time": time.time()}))
+            self.gaps.append((box.run_id, {"box": box.name, **body,
+                                           "time_ms": int(time.time() * 1000)}))
 
     async def flush_gaps(self) -> None:
         while self.gaps:
@@ -387,9 +388,10 @@ class BoxManager:
                             ) from None
         box.s["boot_seconds"] = round(time.monotonic() - t0, 3)
         box.move("booted")
-        await self.record(box, "tkbox.box.ready", {"boot_seconds": box.s["boot_seconds"],
-                                                   "accel": vm.accel,
-                                                   "guest_uptime": msg.get("uptime")})
+        up = msg.get("uptime")
+        await self.record(box, "tkbox.box.ready", {
+            "boot_ms": int(box.s["boot_seconds"] * 1000), "accel": vm.accel,
+            "guest_uptime_ms": int(up * 1000) if isinstance(up, (int, float)) else None})
 
     async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
         """Port 1026: the boot config, served once; the guest answers ready on it."""
@@ -445,7 +447,14 @@ class BoxManager:
         if box.state != "running" or box.guest is None:
             raise UserError(f"cannot exec in box {name}: it is {box.state}; "
                             f"{lifecycle.HINTS.get(box.state, '')}")
-        req = build_request(argv, cwd, env, stdin)
+        try:
+            req = build_request(argv, cwd, env, stdin)
+        except Refused as exc:
+            # Refused before the signer was asked: still part of the record.
+            await self.record(box, "tkbox.command.refused", {
+                "argv0": argv[0][:256] if argv else "", "reason": str(exc)[:500],
+                "env_names": sorted(env or {})})
+            raise
         decision_id = None
         if not box.s.get("unrecorded"):
             try:
@@ -505,7 +514,7 @@ class BoxManager:
                        "signal": result.signal if result else None,
                        "error": (error or (result.error if result else "client went away"))[:300],
                        "stdout_bytes": counts[1], "stderr_bytes": counts[2],
-                       "seconds": round(time.monotonic() - t0, 3)}
+                       "duration_ms": int((time.monotonic() - t0) * 1000)}
             if decision_id is not None:
                 try:
                     await self.signer.complete(box.run_id, decision_id, outcome)
