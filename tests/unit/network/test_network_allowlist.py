@@ -37,6 +37,14 @@ def test_invalid_names_are_refused(bad: str) -> None:
         parse_host(bad)
 
 
+def test_a_name_that_idna_maps_to_digits_is_an_address_not_a_name() -> None:
+    """Stops '0\u30020' (ideographic full stop) becoming the name '0.0' (glibc: 0.0.0.0)."""
+    h = parse_host("0\u30020")
+    assert h.literal is not None and h.name == "0.0.0.0"
+    with pytest.raises(HostNameError):
+        parse_host("x\u30020")
+
+
 def test_userinfo_in_a_target_is_refused_not_stripped() -> None:
     """Stops `allowed.org@evil.net` style confusion between two URL parsers."""
     with pytest.raises(HostNameError, match="userinfo"):

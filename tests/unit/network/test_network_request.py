@@ -14,7 +14,6 @@ from tkbox.doors.network.request import (
     answer,
 )
 
-
 POST_HEAD = b"POST http://a.example/ HTTP/1.1\r\nHost: a.example\r\n"
 
 

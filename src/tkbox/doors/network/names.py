@@ -92,7 +92,16 @@ def parse_host(text: str) -> Host:
         raise HostNameError(exc.message) from None
     if lit is not None:
         return Host(str(lit.address), lit)
-    return Host(normalize_name(text))
+    name = normalize_name(text)
+    # IDNA mapping can turn a name into a numeric one ('0\u30020' -> '0.0'): look again,
+    # so a normalised name is never something the resolver would read as an address.
+    try:
+        lit = parse_literal(name)
+    except AddressError as exc:
+        raise HostNameError(exc.message) from None
+    if lit is not None:
+        return Host(str(lit.address), lit)
+    return Host(name)
 
 
 def parse_port(text: str) -> int:
