@@ -307,3 +307,75 @@ def test_pip_download_through_the_door(
         assert door.records("tkbox.egress.refused") == []
     finally:
         door.close()
+
+
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_real_hello_retry_request_is_rechecked_and_passes(
+    site: tuple[TestCA, HTTPSOrigin, Path],
+) -> None:
+    """A real HelloRetryRequest (client key share X25519, server P-256 only) goes through,
+    and the door saw and checked the second ClientHello."""
+    import socket
+
+    ca, _origin, hosts = site
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [
+            "openssl",
+            "s_server",
+            "-quiet",
+            "-accept",
+            f"127.0.0.1:{port}",
+            "-cert",
+            str(ca.cert_pem),
+            "-key",
+            str(ca.key_pem),
+            "-groups",
+            "P-256",
+            "-tls1_3",
+            "-www",
+        ],
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    door = DoorThread([f"origin.test:{port}"], operator(hosts))
+    try:
+        deadline = time.monotonic() + 20
+        while time.monotonic() < deadline:
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=0.2).close()
+                break
+            except OSError:
+                time.sleep(0.05)
+        r = subprocess.run(
+            [
+                "openssl",
+                "s_client",
+                "-quiet",
+                "-proxy",
+                f"127.0.0.1:{door.port}",
+                "-connect",
+                f"origin.test:{port}",
+                "-servername",
+                "origin.test",
+                "-groups",
+                "X25519:P-256",
+                "-CAfile",
+                str(ca.ca_pem),
+                "-verify_return_error",
+            ],
+            input="GET / HTTP/1.0\r\n\r\n",
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert "HTTP/1.0 200 ok" in r.stdout, r.stderr
+        [c] = door.records("tkbox.complete")
+        assert c["outcome"]["hello_retry"] is True and c["outcome"]["server_name"] == "origin.test"
+    finally:
+        door.close()
+        server.terminate()
+        server.wait(10)
