@@ -548,7 +548,7 @@ class EgressDoor:
         )
         gconn.receive_data(parser.leftover)
 
-        async def up() -> str:
+        async def up_events() -> str:
             while True:
                 try:
                     ev = gconn.next_event()
@@ -565,7 +565,7 @@ class EgressDoor:
                 else:
                     return "client closed"
 
-        async def down() -> str:
+        async def down_events() -> str:
             nonlocal started, status
             while True:
                 try:
@@ -609,6 +609,18 @@ class EgressDoor:
                     return "response sent"
                 else:
                     raise _OriginError("the origin closed the connection before its response ended")
+
+        async def up() -> str:
+            try:
+                return await up_events()
+            except h11.LocalProtocolError as exc:
+                raise BadRequest(400, f"refused: the request cannot be relayed ({exc})") from None
+
+        async def down() -> str:
+            try:
+                return await down_events()
+            except h11.LocalProtocolError as exc:
+                raise _OriginError(f"the origin's response cannot be relayed ({exc})") from None
 
         result = await self._run_pair(conn, up(), down())
         if result.get("ended") == "refused" and not started:
