@@ -173,7 +173,12 @@ class PolicyEngine:
             if cmd is None:
                 return Decision(False, "a Bash decision needs the command line "
                                 "(resource.command or resource.argv)")
-            analysis = analyze(cmd).to_json()
+            try:
+                analysis = analyze(cmd).to_json()
+            except Exception as exc:  # noqa: BLE001 - a reader bug refuses, never allows
+                log.exception("the shell reader failed")
+                msg = f"policy error: the command line reader failed ({exc.__class__.__name__})"
+                return Decision(False, msg, diagnostics=(msg,))
         if self._error or self._set is None:
             return Decision(False, self._error or "policy error: no policy loaded",
                             diagnostics=(self._error,), analysis=analysis)

@@ -198,6 +198,12 @@ class Signer:
             conn.send({"id": rid, "ok": False, "kind": "refused", "error": str(exc)})
             slots.release()
             return
+        except Exception as exc:  # noqa: BLE001 - our bug: answer "failed", keep serving
+            log.exception("%s failed", op)
+            conn.send({"id": rid, "ok": False, "kind": "failed",
+                       "error": f"{op} failed in the signer: {exc.__class__.__name__}"})
+            slots.release()
+            return
         if isinstance(result, dict):
             conn.send({"id": rid, "ok": True, "result": result})
             slots.release()

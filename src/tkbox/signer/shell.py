@@ -567,6 +567,9 @@ def _parse_command(r: _Reader, stop: str | None) -> Command:
             if lit == "function":
                 continue
         cmd.words.append(t.word)
+    if not (cmd.words or cmd.assigns or cmd.redirs) and (t := r.peek()) is not None \
+            and t.kind == "op" and t.value != stop and t.value not in _SEPARATORS:
+        raise ShellSyntaxError(f"unexpected {t.value!r}")  # nothing read: never loop
     return cmd
 
 
@@ -921,7 +924,7 @@ class _Walker:
 def _to_stdout(name: str, args: list[Word]) -> bool:
     """Whether this downloader writes what it fetches to stdout."""
     lits = [w.literal() or "" for w in args]
-    nxt = [*lits[1:], ""]
+    nxt = [*lits[1:], ""][: len(lits)]
     stdout_names = ("-", "/dev/stdout")
     if name in ("curl", "curlie"):
         to_file = False
