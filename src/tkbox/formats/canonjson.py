@@ -39,7 +39,7 @@ def _fail(what: str, where: str = "") -> CanonicalJSONError:
 # RFC 8785 §3.2.2.2 escapes, the same way: \" \\ \b \f \n \r \t, and other
 # controls as \u00xx in lowercase hex. A lone surrogate passes through it and
 # is refused when the result is encoded to UTF-8.
-_encode_string = json.encoder.encode_basestring  # type: ignore[attr-defined]
+_encode_string = json.encoder.encode_basestring
 
 
 def _string(s: str, out: list[str]) -> None:

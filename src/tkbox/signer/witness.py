@@ -28,6 +28,7 @@ import threading
 from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
+from typing import Any
 
 from tkbox.errors import HostError, UserError
 from tkbox.formats import checkpoint as cpfmt
@@ -171,7 +172,7 @@ def load_key(home: Path) -> cosignature.CosignatureSigner:
         raise HostError(f"{home / KEY}: {exc.what}") from None
 
 
-def _config(home: Path) -> dict[str, object]:
+def _config(home: Path) -> dict[str, Any]:
     try:
         obj = json.loads((home / CONFIG).read_text())
     except FileNotFoundError:
@@ -189,7 +190,7 @@ def add_log(home: Path, vkey: str) -> str:
     except FormatError as exc:
         raise UserError(f"bad log verifier key: {exc.what}") from None
     cfg = _config(home)
-    logs = [x for x in cfg["logs"] if x != vkey]  # type: ignore[union-attr]
+    logs = [x for x in cfg["logs"] if x != vkey]
     cfg["logs"] = [*logs, vkey]
     _write_private(home / CONFIG, json.dumps(cfg, indent=2).encode())
     return v.name
@@ -198,7 +199,7 @@ def add_log(home: Path, vkey: str) -> str:
 def open_witness(home: Path) -> Witness:
     signer = load_key(home)
     cfg = _config(home)
-    logs = [note.parse_vkey(str(v)) for v in cfg["logs"]]  # type: ignore[union-attr]
+    logs = [note.parse_vkey(str(v)) for v in cfg["logs"]]
     return Witness(signer, logs, home / DB)
 
 
