@@ -33,8 +33,8 @@ egress_app = typer.Typer(help="What the network door would decide.", no_args_is_
 app.add_typer(guest_app, name="guest")
 app.add_typer(egress_app, name="egress")
 
-out = Console()
-err = Console(stderr=True)
+out = Console(soft_wrap=not sys.stdout.isatty())
+err = Console(stderr=True, soft_wrap=True)
 JsonOpt = Annotated[bool, typer.Option("--json", help="output for programs")]
 
 
@@ -63,6 +63,8 @@ def daemon(
     egress_permit: Annotated[list[str], typer.Option(help="CIDR boxes may reach on purpose")] = [],  # noqa: B006
     egress_hosts: Annotated[Path | None, typer.Option(help="hosts file: names for mirrors")] = None,
     ca_cert: Annotated[list[Path], typer.Option(help="extra CA certificate for boxes")] = [],  # noqa: B006
+    approval_wait: Annotated[float, typer.Option(help="seconds a connection waits for "
+                                                 "'tkbox approve'")] = 120.0,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
 ) -> None:
@@ -78,8 +80,11 @@ def daemon(
             raise UserError(f"cannot read --ca-cert {p}: {exc.strerror}") from None
     if egress_hosts is not None and not egress_hosts.is_file():
         raise UserError(f"--egress-hosts {egress_hosts} does not exist")
+    if not 1 <= approval_wait <= 3600:
+        raise UserError("--approval-wait must be between 1 and 3600 seconds")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
-                 egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems),
+                 egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
+                 approval_wait=approval_wait),
          socket_path=socket_path, signer_socket=signer_socket)
 
 
@@ -167,7 +172,7 @@ def exec_(
             elif kind == "exit":
                 code = int(ev.get("status", 1))
                 if ev.get("error") and not as_json:
-                    err.print(f"tkbox: {ev['error']}", markup=False, highlight=False)
+                    print(f"tkbox: {ev['error']}", file=sys.stderr, flush=True)
             elif kind == "error":
                 raise TkboxError(str(ev.get("message")))
     except KeyboardInterrupt:
@@ -408,7 +413,8 @@ def main() -> None:
     try:
         app()
     except TkboxError as exc:
-        err.print(f"tkbox: error: {exc}", markup=False, highlight=False)
+        # Plain print: an error is one line, never wrapped to the terminal's width.
+        print(f"tkbox: error: {exc}", file=sys.stderr, flush=True)
         sys.exit(exc.exit_code)
     except KeyboardInterrupt:
         sys.exit(130)

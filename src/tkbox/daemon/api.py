@@ -188,8 +188,11 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
         box = manager.get(name)
         if box.door is None:
             raise UserError(f"box {name} has no open network door (it is {box.state})")
-        result = await _maybe_await(box.door.check(host, port))
-        return result.to_json() if hasattr(result, "to_json") else dict(result.__dict__)
+        if hasattr(box.door, "resolve_and_check"):
+            result = await box.door.resolve_and_check(host, port)
+        else:
+            result = await _maybe_await(box.door.check(host, port))
+        return result.to_dict() if hasattr(result, "to_dict") else dict(result.__dict__)
 
     return app
 
@@ -201,7 +204,9 @@ async def _maybe_await(v: Any) -> Any:
 
 
 def _approval(p: Any) -> dict[str, Any]:
-    d = p.to_json() if hasattr(p, "to_json") else dict(p.__dict__)
+    import dataclasses
+
+    d = dataclasses.asdict(p) if dataclasses.is_dataclass(p) else dict(p.__dict__)
     return {k: v for k, v in d.items() if not k.startswith("_")}
 
 

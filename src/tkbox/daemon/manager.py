@@ -63,6 +63,7 @@ class Options:
     egress_permit: list[str] = field(default_factory=list)
     egress_hosts: str | None = None
     ca_certs: list[str] = field(default_factory=list)  # PEM texts
+    approval_wait: float = 120.0  # seconds a connection waits for a person
 
 
 @dataclass
@@ -143,6 +144,7 @@ class BoxManager:
         self.approvals = approvals
         self.boxes: dict[str, Box] = {}
         self.gaps: list[tuple[str, dict[str, Any]]] = []
+        self.operator_facts: dict[str, Any] | None = None
         self._tasks: set[asyncio.Task[Any]] = set()
 
     # ---- start-up and shutdown -------------------------------------------------
@@ -304,12 +306,15 @@ class BoxManager:
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
                  "workspace": box.s["workspace"], "allowlist": list(spec.allow),
                  "limits": box.s["limits"], "env_names": sorted(spec.env),
-                 "operator": {"egress_block": self.opts.egress_block,
-                              "egress_permit": self.opts.egress_permit,
-                              "egress_hosts": self.opts.egress_hosts,
-                              "extra_ca_certs": len(self.opts.ca_certs)},
+                 "operator": {**(self.operator_facts or {
+                     "egress_block": self.opts.egress_block,
+                     "egress_permit": self.opts.egress_permit,
+                     "egress_hosts": self.opts.egress_hosts}),
+                     "extra_ca_certs": len(self.opts.ca_certs)},
                  "guest": {"kernel": build.kernel_version, "initramfs": build.digest}}
         try:
+            if self.door_factory is not None:
+                box.door = self.door_factory(box)  # a bad --allow entry is refused here
             if not self.opts.unrecorded:
                 await self.signer.open_run(run_id, facts)
             stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs")
@@ -360,8 +365,6 @@ class BoxManager:
                 "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
 
     async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any) -> None:
-        if self.door_factory is not None:
-            box.door = self.door_factory(box)
         vm_dir = self.vms_root / box.run_id
         vm_spec = VMSpec(
             name=box.name, kernel=build.kernel, initramfs=build.initramfs, workdir=vm_dir,
@@ -380,6 +383,7 @@ class BoxManager:
         vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
         vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
         box.spawn(self._watch_vm(box))
+        box.spawn(self._watch_transport(box, vm))
         try:
             msg = await asyncio.wait_for(asyncio.shield(box.ready), BOOT_TIMEOUT)
         except TimeoutError:
@@ -437,6 +441,18 @@ class BoxManager:
             box.move("vm_died")
             await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
         box.save()
+
+    async def _watch_transport(self, box: Box, vm: VM) -> None:
+        """A guest that breaks the transport (a protocol violation) loses its VM."""
+        why = await vm.ports.wait_closed()
+        if box.vm is vm and box.state in ("creating", "running", "held"):
+            box.s["error"] = f"the guest broke its transport ({why}); the VM was killed"
+            if box.ready is not None and not box.ready.done():
+                box.ready.set_exception(GuestError(f"box {box.name}: {box.s['error']}"))
+            if lifecycle.can(box.state, "vm_died"):
+                box.move("vm_died")
+            await vm.kill()
+            await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
 
     # ---- exec -------------------------------------------------------------------
 

@@ -59,15 +59,6 @@ def _bind(path: Path) -> socket.socket:
     return sock
 
 
-def _door_support(manager_opts: Options) -> tuple[Any, Any]:
-    """The network door's factory and approval board, if the door is installed."""
-    try:
-        from tkbox.doors.network.daemon import make_door_support
-    except ImportError:
-        return None, None
-    return make_door_support(manager_opts)  # type: ignore[no-any-return]
-
-
 class _Server(uvicorn.Server):
     def __init__(self, config: uvicorn.Config, on_exit: Any) -> None:
         super().__init__(config)
@@ -116,16 +107,15 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         return cache["b"]
 
     images = ImageStore(paths.images())
-    door_factory, approvals = _door_support(opts)
     manager = BoxManager(launcher=QemuLauncher(accel), signer=signer, options=opts,
-                         images=images, guest_build=guest_build, accel_reason=accel.reason,
-                         door_factory=None, approvals=approvals)
-    if door_factory is not None:
-        manager.door_factory = lambda box: door_factory(box, manager)
+                         images=images, guest_build=guest_build, accel_reason=accel.reason)
+    from tkbox.daemon import egress
+
+    await egress.install(manager, opts, signer)
     await manager.load()
     info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
-            "network_door": door_factory is not None}
+            "network_door": True}
     app = make_app(manager, info)
     path = socket_path or paths.daemon_socket()
     sock = _bind(path)

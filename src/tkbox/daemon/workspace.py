@@ -154,25 +154,25 @@ def build_lower(checkout: Path, target: Path) -> dict[str, int]:
     tool = shutil.which("tar2sqfs")
     if tool is None:
         raise HostError("tar2sqfs is missing; run 'sudo apt-get install squashfs-tools-ng'")
-    proc = subprocess.Popen([tool, "-q", "-f", "-c", "zstd", "-s", str(target)],
-                            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE)
-    assert proc.stdin is not None
     err: list[bytes] = []
-    reader = threading.Thread(target=lambda: err.append(proc.stderr.read() if proc.stderr
-                                                        else b""))
-    reader.start()
-    try:
-        stats = _tar_checkout(checkout, proc.stdin)  # type: ignore[arg-type]
-        proc.stdin.close()
-    except OSError as exc:
-        proc.kill()
-        proc.wait()
+    with subprocess.Popen([tool, "-q", "-f", "-c", "zstd", "-s", str(target)],
+                          stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE) as proc:
+        assert proc.stdin is not None and proc.stderr is not None
+        stderr = proc.stderr
+        reader = threading.Thread(target=lambda: err.append(stderr.read()))
+        reader.start()
+        try:
+            stats = _tar_checkout(checkout, proc.stdin)  # type: ignore[arg-type]
+            proc.stdin.close()
+        except OSError as exc:
+            proc.kill()
+            proc.wait()
+            reader.join()
+            target.unlink(missing_ok=True)
+            raise HostError(f"cannot copy the workspace: {exc}") from None
+        code = proc.wait()
         reader.join()
-        target.unlink(missing_ok=True)
-        raise HostError(f"cannot copy the workspace: {exc}") from None
-    code = proc.wait()
-    reader.join()
     if code != 0:
         target.unlink(missing_ok=True)
         msg = b"".join(err).decode(errors="replace").strip().splitlines()[-1:] or [""]

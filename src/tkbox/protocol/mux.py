@@ -391,6 +391,7 @@ class MuxPorts(Ports):
         self._flushed.set()
         self._open_timeout = open_timeout
         self.dead: str | None = None
+        self._dead_event = asyncio.Event()
 
     # -- Ports ---------------------------------------------------------
 
@@ -436,9 +437,14 @@ class MuxPorts(Ports):
         # Back-pressure: wait until the writer has handed our frames to the link.
         await self._flushed.wait()
 
+    async def wait_closed(self) -> str:
+        await self._dead_event.wait()
+        return self.dead or "closed"
+
     def _fail(self, why: str) -> None:
         if self.dead is None:
             self.dead = why
+            self._dead_event.set()
         for s in list(self._streams.values()):
             s._on_reset(why)
         for f in self._pending.values():

@@ -51,3 +51,13 @@ class Ports(ABC):
     @abstractmethod
     async def aclose(self) -> None:
         """Tear down every stream and stop serving. Idempotent."""
+
+    async def wait_closed(self) -> str:
+        """Return (with the reason) once the transport is gone for good.
+
+        Transports that cannot tell never return; the VM's own end then tells.
+        """
+        import asyncio
+
+        await asyncio.Event().wait()
+        return ""  # pragma: no cover

@@ -1,0 +1,3 @@
+from tkbox.cli.main import main
+
+main()

@@ -1,0 +1,50 @@
+"""Wiring the network door into the daemon: one board, one door per box."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from typing import Any
+
+from tkbox.daemon.manager import Box, BoxManager, Options
+from tkbox.doors.network import (
+    ApprovalBoard,
+    EgressDoor,
+    OperatorConfig,
+    SystemClock,
+    SystemResolver,
+    describe_presets,
+)
+from tkbox.errors import TkboxError
+from tkbox.record.client import SignerClient
+
+log = logging.getLogger("tkbox.daemon")
+
+
+async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> OperatorConfig:
+    """Give `manager` a network door per box, sharing one approval board."""
+    op = OperatorConfig.from_flags(opts.egress_block, opts.egress_permit, opts.egress_hosts)
+    # Presets read the clients' own definitions (npm may take seconds): warm them here,
+    # off the event loop, not inside the first box's create.
+    await asyncio.to_thread(describe_presets)
+    clock = SystemClock()
+    board = ApprovalBoard(signer, clock, wait_seconds=opts.approval_wait)
+    resolver = SystemResolver()
+    loop = asyncio.get_running_loop()
+
+    def factory(box: Box) -> EgressDoor:
+        def lost(exc: TkboxError) -> None:
+            # A connection record that cannot be kept stops the box (fail closed).
+            loop.create_task(manager.contain(box, f"an egress record could not be kept ({exc})"))
+
+        return EgressDoor(box.run_id, signer, box.s["allow"], op, resolver, board, clock,
+                          box=box.name, on_record_lost=lost)
+
+    manager.door_factory = factory
+    manager.approvals = board
+    manager.operator_facts = op.facts()
+    return op
+
+
+def presets_json() -> dict[str, Any]:
+    return dict(describe_presets())

@@ -1,0 +1,109 @@
+"""The daemon's life: restarts, SIGTERM, missing parts, and failing closed."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+from conftest import TKBOX, Stack, fresh_name, make_home, stack_env
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path):
+    """A signer and daemon of this test's own, for tests that stop or kill them."""
+    home = make_home(tmp_path)
+    s = Stack(home, stack_env(home))
+    s.start_signer()
+    s.start_daemon()
+    yield s
+    for name in list(s.procs):
+        s.stop(name)
+
+
+def qemu_pids_for(home: Path) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{home}"], capture_output=True,
+                         text=True).stdout
+    return [int(p) for p in out.split()]
+
+
+def test_sigterm_stops_every_box_cleanly_and_no_vm_outlives_the_daemon(own_stack: Stack,
+                                                                        workspace: Path) -> None:
+    name = fresh_name("term")
+    own_stack.tk("run", "--name", name, "--workspace", str(workspace))
+    own_stack.tk("exec", name, "--", "sh", "-c", "echo kept > /workspace/kept.txt")
+    assert qemu_pids_for(own_stack.home)
+    assert own_stack.stop("daemon") == 0
+    assert qemu_pids_for(own_stack.home) == []
+    # State survives the restart; the box was stopped cleanly, with its patch.
+    own_stack.start_daemon()
+    info = own_stack.tkjson("inspect", name)
+    assert info["state"] == "stopped"
+    assert "kept.txt" in own_stack.tk("patch", name).stdout
+
+
+def test_killed_daemon_leaves_no_vm_and_the_loss_is_recorded_as_a_gap(own_stack: Stack,
+                                                                     workspace: Path,
+                                                                     tmp_path: Path) -> None:
+    name = fresh_name("kill")
+    own_stack.tk("run", "--name", name, "--workspace", str(workspace))
+    proc = own_stack.procs.pop("daemon")
+    os.killpg(proc.pid, 9)
+    proc.wait()
+    deadline = time.monotonic() + 20
+    while qemu_pids_for(own_stack.home) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert qemu_pids_for(own_stack.home) == []  # PR_SET_PDEATHSIG
+    own_stack.start_daemon()
+    info = own_stack.tkjson("inspect", name)
+    assert info["state"] == "failed" and "daemon stopped" in info["error"]
+    out = tmp_path / "kill.tkb"
+    own_stack.tk("export", name, "-o", str(out))
+    v = own_stack.tk("verify", str(out), "--trust", str(tmp_path / "kill.trust.json"), "--json")
+    report = json.loads(v.stdout)
+    assert "tkbox.gap" in json.dumps(report)
+
+
+def test_no_signer_no_daemon(tmp_path: Path) -> None:
+    """Fail closed: without a signer the daemon refuses to start (unless --unrecorded)."""
+    home = make_home(tmp_path)
+    s = Stack(home, stack_env(home))
+    r = subprocess.run([*TKBOX, "daemon"], env=s.env, capture_output=True, text=True,
+                       timeout=60)
+    assert r.returncode != 0
+    assert "no signer answers" in r.stderr and "tkbox signer serve" in r.stderr
+
+
+def test_signer_stopped_mid_box_refuses_the_next_exec(own_stack: Stack, workspace: Path) -> None:
+    name = fresh_name("fc")
+    own_stack.tk("run", "--name", name, "--workspace", str(workspace))
+    own_stack.tk("exec", name, "--", "true")
+    own_stack.stop("signer")
+    r = own_stack.tk("exec", name, "--", "sh", "-c", "echo must-not-run", check=False)
+    assert r.returncode != 0
+    assert "must-not-run" not in r.stdout
+    assert "signer did not answer" in r.stderr
+
+
+@pytest.mark.parametrize("what, env_change, needle", [
+    ("kernel", {"TKBOX_KERNEL": "/nonexistent/vmlinuz-0"}, "kernel"),
+    ("qemu", {"PATH": "/nonexistent"}, "qemu-system-x86"),
+])
+def test_missing_kernel_or_qemu_is_a_one_line_error(tmp_path: Path, what: str,
+                                                    env_change: dict[str, str],
+                                                    needle: str) -> None:
+    home = make_home(tmp_path)
+    env = {**stack_env(home), **env_change}
+    import sys
+
+    r = subprocess.run([sys.executable, "-m", "tkbox.cli", "daemon", "--unrecorded"], env=env,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0
+    lines = [line for line in r.stderr.splitlines() if line.startswith("tkbox: error:")]
+    assert lines and needle in lines[0], r.stderr
+    assert not (home / "run" / "daemon.sock").exists()
+    assert shutil.which("qemu-system-x86_64")  # the host itself still has it

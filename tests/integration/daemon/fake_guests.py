@@ -1,0 +1,139 @@
+"""Guest agents for tests above the launcher: one that behaves, several that attack."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import struct
+from typing import Any
+
+from tkbox.protocol.framing import FramedStream, encode
+from tkbox.protocol.mux import HEADER, MuxPorts, T
+from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
+from tkbox.protocol.streams import ByteStream
+from tkbox.vm.base import VMSpec
+
+PATCH = (b"diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n"
+         b"index 0000000000000000000000000000000000000000..ce013625030ba8dba906f756967f9e9ca394464a\n"
+         b"--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n")
+
+
+async def boot(ports: MuxPorts) -> dict[str, Any]:
+    fs = FramedStream(await ports.connect(PORT_BOOT))
+    cfg = await fs.receive()
+    await fs.send({"ev": "ready", "uptime": 0.01})
+    await fs.aclose()
+    assert cfg is not None
+    return cfg
+
+
+async def serve_forever(ports: MuxPorts, handler: Any) -> None:
+    ports.serve(PORT_RPC, handler)
+    await asyncio.Event().wait()
+
+
+async def polite_rpc(stream: ByteStream, patch: bytes = PATCH) -> None:
+    fs = FramedStream(stream)
+    req = await fs.receive()
+    if req is None:
+        return
+    op = req.get("op")
+    if op == "ping":
+        await fs.send({"ev": "ok", "uptime": 1.0})
+    elif op == "exec":
+        await fs.send({"ev": "started", "pid": 2})
+        if req.get("stdin"):
+            while (m := await fs.receive()) is not None and m.get("op") != "stdin_eof":
+                if m.get("op") == "stdin":
+                    await fs.send({"ev": "out", "fd": 1, "data": m["data"]})
+        else:
+            await fs.send({"ev": "out", "fd": 1, "data": " ".join(req["argv"]).encode() + b"\n"})
+        await fs.send({"ev": "exit", "status": 0, "signal": 0})
+    elif op == "diff":
+        await fs.send({"ev": "data", "data": patch})
+        await fs.send({"ev": "end", "stats": {}})
+    elif op == "shutdown":
+        await fs.send({"ev": "ok"})
+        raise SystemExit
+
+
+async def polite(ports: MuxPorts, spec: VMSpec) -> None:
+    await boot(ports)
+    done = asyncio.Event()
+
+    async def handler(stream: ByteStream) -> None:
+        try:
+            await polite_rpc(stream)
+        except SystemExit:
+            done.set()
+
+    ports.serve(PORT_RPC, handler)
+    await done.wait()
+
+
+def hostile(kind: str) -> Any:
+    """A guest that boots politely, then answers every RPC with an attack."""
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is None:
+            return
+        if req.get("op") in ("diff", "shutdown") and kind != "not-a-patch":
+            await polite_rpc_again(fs, req)
+            return
+        if kind == "oversized-frame":
+            await stream.send_all(struct.pack(">I", 2 << 20) + b"\x80" * 1024)
+        elif kind == "truncated-frame":
+            frame = encode({"ev": "started", "pid": 2})
+            await stream.send_all(frame[: len(frame) // 2])
+        elif kind == "garbage":
+            await stream.send_all(os.urandom(4096))
+        elif kind == "never-answers":
+            await asyncio.sleep(3600)
+        elif kind == "flood":
+            await fs.send({"ev": "started", "pid": 2})
+            chunk = encode({"ev": "out", "fd": 1, "data": b"F" * 200_000})
+            for _ in range(200):  # 40 MB of output: must stream, not pile up
+                await stream.send_all(chunk)
+            await fs.send({"ev": "exit", "status": 0, "signal": 0})
+        elif kind == "wrong-events":
+            await fs.send({"ev": "started", "pid": 2})
+            await fs.send({"ev": "out", "fd": 7, "data": "not bytes"})
+        elif kind == "not-a-patch":
+            if req.get("op") == "diff":
+                await fs.send({"ev": "data", "data": b"this is not a patch\n\x00\xff"})
+                await fs.send({"ev": "end", "stats": {}})
+            else:
+                await polite_rpc_again(fs, req)
+        await asyncio.sleep(0.1)
+
+    async def polite_rpc_again(fs: FramedStream, req: dict[str, Any]) -> None:
+        if req.get("op") == "diff":
+            await fs.send({"ev": "data", "data": PATCH})
+            await fs.send({"ev": "end", "stats": {}})
+        elif req.get("op") == "shutdown":
+            await fs.send({"ev": "ok"})
+            done.set()
+        else:
+            await fs.send({"ev": "error", "message": "no"})
+
+    async def agent(ports: MuxPorts, spec: VMSpec) -> None:
+        await boot(ports)
+        ports.serve(PORT_RPC, rpc)
+        await done.wait()
+
+    return agent
+
+
+async def link_flooder(ports: MuxPorts, spec: VMSpec) -> None:
+    """Breaks the mux itself: data on a stream far past its credit."""
+    await boot(ports)
+    ports.serve(PORT_RPC, lambda s: asyncio.sleep(0))
+    sid = 1000  # an unused guest-side id; frames forged straight onto the link
+    link = ports._link
+    await link.send_all(HEADER.pack(T.OPEN, sid, 4) + struct.pack(">I", 1025))
+    for _ in range(64):
+        await link.send_all(HEADER.pack(T.DATA, sid, 65536) + b"Z" * 65536)
+    await asyncio.Event().wait()
