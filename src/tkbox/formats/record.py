@@ -82,7 +82,9 @@ def make(run: str, seq: int, prev: bytes | None, kind: str, body: dict[str, Any]
         "body": body,
     }
     raw = canonjson.dumps(obj)
-    return parse(raw)
+    if len(raw) > MAX_RECORD:
+        raise _fail(f"{len(raw)} bytes, more than {MAX_RECORD}", "record", "record.json")
+    return _check(obj, raw, "record")  # the bytes are ours: no need to parse them back
 
 
 def _fail(what: str, where: str, code: str = "record.schema") -> FormatError:
@@ -93,7 +95,10 @@ def parse(raw: bytes, where: str = "record") -> Record:
     """Parse and check one record's bytes."""
     if len(raw) > MAX_RECORD:
         raise _fail(f"{len(raw)} bytes, more than {MAX_RECORD}", where, "record.json")
-    obj = canonjson.loads(raw, max_size=MAX_RECORD, where=where)
+    return _check(canonjson.loads(raw, max_size=MAX_RECORD, where=where), raw, where)
+
+
+def _check(obj: Any, raw: bytes, where: str) -> Record:
     if not isinstance(obj, dict):
         raise _fail("a record is a JSON object", where)
     if set(obj) != FIELDS:
