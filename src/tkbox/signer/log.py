@@ -137,7 +137,7 @@ class Log:
             if merkle.leaf_hash(raw) != h:
                 raise InternalError(f"{where}: the stored hash is not the record's hash")
             try:
-                rec = record.parse(raw, where)
+                rec = record.parse(raw, where, ours=True)
             except FormatError as exc:
                 raise InternalError(f"{where}: {exc}") from None
             if (rec.run, rec.seq, rec.kind) != (run, seq, kind):
