@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
+import queue
 import sqlite3
 import threading
 from collections.abc import Callable
@@ -118,8 +119,11 @@ class Log:
         self.runs: dict[str, Run] = {}
         self.durable_size = 0
         self._staged: list[Staged] = []
-        self._wake: asyncio.Event | None = None
-        self._writer: asyncio.Task[None] | None = None
+        self._busy = False  # a batch is with the writer thread
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._queue: queue.SimpleQueue[list[Staged] | None] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._failed = False
         self._lock = threading.Lock()  # the writer thread against readers of self.db
         self._on_fatal = on_fatal or _die
         self._replay()
@@ -211,33 +215,55 @@ class Log:
         idx = self.tree.append(rec.hash)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._staged.append(Staged(idx, rec, fut))
-        if self._wake is None:
-            self._wake = asyncio.Event()
-            self._writer = asyncio.get_running_loop().create_task(self._write_loop(),
-                                                                   name="log-writer")
-        self._wake.set()
+        if self._thread is None:
+            self._loop = asyncio.get_running_loop()
+            self._thread = threading.Thread(target=self._writer, name="log-writer", daemon=True)
+            self._thread.start()
+        if not self._busy:
+            self._hand_over()
         return rec, fut
 
-    async def _write_loop(self) -> None:
-        assert self._wake is not None
-        while True:
-            await self._wake.wait()
-            self._wake.clear()
-            while self._staged:
-                batch, self._staged = self._staged, []
-                try:
-                    await asyncio.to_thread(self._write, batch)
-                except Exception as exc:  # noqa: BLE001 - any storage failure stops the signer
-                    self._on_fatal(f"cannot write the log ({exc.__class__.__name__}: {exc}); "
-                                   "stopping so nothing unrecorded is acknowledged")
-                    for s in batch:
-                        if not s.future.done():
-                            s.future.set_exception(LogError("the signer could not write its log"))
-                    return
-                self.durable_size = batch[-1].idx + 1
-                for s in batch:
-                    if not s.future.done():
-                        s.future.set_result(None)
+    def _hand_over(self) -> None:
+        """Give every staged record to the writer thread: one transaction (group commit)."""
+        if self._failed:
+            for s in self._staged:
+                s.future.set_exception(LogError("the signer could not write its log"))
+            self._staged = []
+            return
+        batch, self._staged = self._staged, []
+        self._busy = True
+        self._queue.put(batch)
+
+    def _writer(self) -> None:
+        """The writer thread: commit each batch, then tell the loop."""
+        assert self._loop is not None
+        while (batch := self._queue.get()) is not None:
+            try:
+                self._write(batch)
+                error: BaseException | None = None
+            except Exception as exc:  # noqa: BLE001 - handed to the loop, which stops
+                error = exc
+            try:
+                self._loop.call_soon_threadsafe(self._written, batch, error)
+            except RuntimeError:  # the loop is closed: nobody is waiting any more
+                return
+
+    def _written(self, batch: list[Staged], error: BaseException | None) -> None:
+        self._busy = False
+        if error is not None:
+            self._failed = True
+            self._on_fatal(f"cannot write the log ({error.__class__.__name__}: {error}); "
+                           "stopping so nothing unrecorded is acknowledged")
+            for s in batch:
+                if not s.future.done():
+                    s.future.set_exception(LogError("the signer could not write its log"))
+        else:
+            self.durable_size = batch[-1].idx + 1
+            for s in batch:
+                if not s.future.done():
+                    s.future.set_result(None)
+        if self._staged:
+            self._hand_over()
 
     def _write(self, batch: list[Staged]) -> None:
         with self._lock:
@@ -254,8 +280,8 @@ class Log:
                 raise
 
     async def wait_durable(self) -> None:
-        """Until everything staged so far is durable."""
-        while self._staged or self.durable_size < self.tree.size:
+        """Until everything staged so far is durable (or has failed)."""
+        while (self._staged or self._busy) and not self._failed:
             await asyncio.sleep(0.001)
 
     # --- reads ---------------------------------------------------------------
@@ -284,8 +310,10 @@ class Log:
             self.db.execute("DELETE FROM checkpoints WHERE size < ?", (size,))
 
     def close(self) -> None:
-        if self._writer is not None:
-            self._writer.cancel()
+        if self._thread is not None:
+            self._queue.put(None)
+            self._thread.join(timeout=30)
+            self._thread = None
         with self._lock:
             self.db.close()
 
