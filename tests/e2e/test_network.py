@@ -140,6 +140,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
         s.stop(name_)
     for httpd in servers:
         httpd.shutdown()
+        httpd.server_close()
 
 
 def sh(net: dict[str, object], script: str, check: bool = False) -> subprocess.CompletedProcess[str]:

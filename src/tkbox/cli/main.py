@@ -63,8 +63,8 @@ def daemon(
     egress_permit: Annotated[list[str], typer.Option(help="CIDR boxes may reach on purpose")] = [],  # noqa: B006
     egress_hosts: Annotated[Path | None, typer.Option(help="hosts file: names for mirrors")] = None,
     ca_cert: Annotated[list[Path], typer.Option(help="extra CA certificate for boxes")] = [],  # noqa: B006
-    approval_wait: Annotated[float, typer.Option(help="seconds a connection waits for "
-                                                 "'tkbox approve'")] = 120.0,
+    approval_wait: Annotated[int, typer.Option(help="seconds a connection waits for "
+                                                 "'tkbox approve'")] = 120,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
 ) -> None:

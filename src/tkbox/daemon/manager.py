@@ -63,7 +63,7 @@ class Options:
     egress_permit: list[str] = field(default_factory=list)
     egress_hosts: str | None = None
     ca_certs: list[str] = field(default_factory=list)  # PEM texts
-    approval_wait: float = 120.0  # seconds a connection waits for a person
+    approval_wait: int = 120  # seconds a connection waits for a person
 
 
 @dataclass

@@ -82,8 +82,10 @@ def sanitize_git_config(text: str) -> str:
         k = key.strip().lower()
         if eq and k in _DROP_KEYS:
             continue
-        if eq and k in ("url", "pushurl"):
-            line = line.replace(value, _URL_USERINFO.sub(r"\1", value.strip()))
+        if eq and k in ("url", "pushurl", "insteadof", "pushinsteadof"):
+            indent = line[: len(line) - len(line.lstrip())]
+            clean = _URL_USERINFO.sub(r"\1", value.strip())
+            line = f"{indent}{key.strip()} = {clean}"
         out.append(line)
     return "\n".join(out) + "\n"
 

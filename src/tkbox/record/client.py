@@ -100,6 +100,31 @@ class SignerClient(ABC):
 Policy = Callable[[str, Action, JSON, JSON], tuple[bool, str]]
 
 
+def _unrecordable(value: Any, path: str = "body") -> str | None:
+    """Why `value` cannot be a record field, or None."""
+    if value is None or isinstance(value, (bool, str)):
+        return None
+    if isinstance(value, int):
+        return None if -(2**53) < value < 2**53 else f"{path} is an integer beyond 2^53"
+    if isinstance(value, float):
+        return f"{path} is a float"
+    if isinstance(value, (list, tuple)):
+        for i, v in enumerate(value):
+            why = _unrecordable(v, f"{path}[{i}]")
+            if why:
+                return why
+        return None
+    if isinstance(value, dict):
+        for k, v in value.items():
+            if not isinstance(k, str):
+                return f"{path} has a non-string key"
+            why = _unrecordable(v, f"{path}.{k}")
+            if why:
+                return why
+        return None
+    return f"{path} is a {type(value).__name__}"
+
+
 def allow_all(run_id: str, action: Action, resource: JSON, context: JSON) -> tuple[bool, str]:
     return True, "allowed by the fake signer"
 
@@ -126,6 +151,12 @@ class FakeSigner(SignerClient):
             raise SignerUnavailable("the signer did not answer (fake signer set unavailable)")
 
     def _append(self, run_id: str, kind: str, body: JSON) -> str:
+        # As the real client does: records hold JSON objects, strings, booleans
+        # and integers only, so a float (or anything else) is refused here too.
+        why = _unrecordable(dict(body))
+        if why:
+            raise SignerUnavailable(f"{kind} cannot be recorded: {why} (records hold JSON "
+                                    "objects, strings, booleans and integers only)")
         if run_id not in self._open:
             raise SignerUnavailable(f"run {run_id} is not open at the signer")
         rid = f"{run_id}/{next(self._ids)}"

@@ -154,7 +154,7 @@ class ApprovalBoard:
                     "host": host,
                     "port": port,
                     "state": "pending",
-                    "wait_seconds": self.wait_seconds,
+                    "wait_ms": int(self.wait_seconds * 1000),
                 },
             )
         except BaseException:
@@ -196,6 +196,6 @@ class ApprovalBoard:
                 "port": p.info.port,
                 "state": outcome,
                 "by": by,
-                "waited_seconds": round(self._clock.monotonic() - p.opened, 3),
+                "waited_ms": int((self._clock.monotonic() - p.opened) * 1000),
             },
         )

@@ -1,0 +1,57 @@
+"""The QEMU command line: no network card, the right devices, the TCG workarounds."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tkbox.vm import qemu
+from tkbox.vm.base import Disk, VMSpec
+
+
+def spec(tmp_path: Path) -> VMSpec:
+    return VMSpec(name="t", kernel=tmp_path / "vmlinux", initramfs=tmp_path / "initrd",
+                  workdir=tmp_path, disks=(Disk(tmp_path / "r", True, "root"),
+                                           Disk(tmp_path / "u", False, "upper")))
+
+
+def test_argv_has_no_network_card_and_no_defaults(tmp_path: Path) -> None:
+    argv = qemu.build_argv(spec(tmp_path), "tcg")
+    assert argv[argv.index("-nic") + 1] == "none"
+    assert "-nodefaults" in argv and "-no-reboot" in argv
+    assert not any("netdev" in a or "virtio-net" in a for a in argv)
+    assert argv[argv.index("-M") + 1].startswith("microvm,")
+
+
+def test_disks_are_identified_by_serial_and_read_only_where_asked(tmp_path: Path) -> None:
+    argv = qemu.build_argv(spec(tmp_path), "tcg")
+    drives = [argv[i + 1] for i, a in enumerate(argv) if a == "-drive"]
+    assert "readonly=on" in drives[0] and "readonly=on" not in drives[1]
+    assert "virtio-blk-device,drive=d0,serial=root" in argv
+    assert "virtio-blk-device,drive=d1,serial=upper" in argv
+
+
+def test_tcg_gets_the_host_tsc_rate_and_a_fixed_lpj(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(qemu, "host_tsc_khz", lambda: 2_000_000)
+    tcg = qemu.build_argv(spec(tmp_path), "tcg")
+    kvm = qemu.build_argv(spec(tmp_path), "kvm")
+    cmd_tcg = tcg[tcg.index("-append") + 1]
+    cmd_kvm = kvm[kvm.index("-append") + 1]
+    assert "tsc_early_khz=2000000" in cmd_tcg and "lpj=" in cmd_tcg
+    assert "lpj=" not in cmd_kvm and "tsc_early_khz" not in cmd_kvm
+    assert kvm[kvm.index("-accel") + 1] == "kvm" and tcg[tcg.index("-accel") + 1] == "tcg"
+
+
+def test_accel_decision_on_a_pvm_host_reads_the_guest_kernel_config(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("TKBOX_ACCEL", raising=False)
+    real_exists = qemu.os.path.exists
+    monkeypatch.setattr(qemu.os.path, "exists",
+                        lambda p: True if p in ("/dev/kvm", "/sys/module/kvm_pvm")
+                        else real_exists(p))
+    monkeypatch.setattr(qemu.os, "open", lambda *a, **k: 99)
+    monkeypatch.setattr(qemu.os, "close", lambda fd: None)
+    d = qemu._decide("0.0-no-such-kernel")
+    assert d.accel == "tcg" and "PVM" in d.reason
