@@ -14,7 +14,6 @@ user.
 from __future__ import annotations
 
 import json
-import os
 import secrets
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +21,7 @@ from typing import Any
 
 from tkbox.errors import HostError, UserError
 from tkbox.formats import bundle, cosignature, note, policy
+from tkbox.record.export import write_atomic
 
 CONFIG = "config.json"
 KEY = "signer.key"
@@ -95,7 +95,7 @@ class Config:
         }
 
     def save(self) -> None:
-        _write_private(self.home / CONFIG, (json.dumps(self.to_json(), indent=2) + "\n").encode())
+        write_private(self.home / CONFIG, (json.dumps(self.to_json(), indent=2) + "\n").encode())
 
     def signer(self) -> note.Ed25519Signer:
         try:
@@ -141,33 +141,19 @@ def init(home: Path, origin: str | None = None, mode: str = "dev") -> Config:
         cfg = Config(home, origin, mode=mode)
         cfg.save()
     if not cfg.key_path.exists():
-        _write_private(cfg.key_path, (note.generate(cfg.origin).skey() + "\n").encode())
+        write_private(cfg.key_path, (note.generate(cfg.origin).skey() + "\n").encode())
     if not cfg.policy_path.exists():
-        _write_private(cfg.policy_path, POLICY_TEMPLATE.encode())
+        write_private(cfg.policy_path, POLICY_TEMPLATE.encode())
     write_trust(cfg)
     return cfg
 
 
 def write_trust(cfg: Config) -> bytes:
     data = cfg.trust(cfg.signer().verifier())
-    _write_private(cfg.trust_path, data, mode=0o644)
+    write_private(cfg.trust_path, data, mode=0o644)
     return data
 
 
-def _write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
-    tmp = path.with_name(f".{path.name}.{secrets.token_hex(4)}.tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
-    dfd = os.open(path.parent, os.O_RDONLY)
-    try:
-        os.fsync(dfd)
-    finally:
-        os.close(dfd)
+def write_private(path: Path, data: bytes, mode: int = 0o600) -> None:
+    """Atomically (temporary file, fsync, rename), readable by the signer's user only."""
+    write_atomic(path, data, mode)

@@ -26,6 +26,7 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import re
 import shlex
 from dataclasses import dataclass, field
 from importlib import resources
@@ -161,6 +162,11 @@ class PolicyEngine:
         if self._file_stamp() != self._stamp:
             self._load()
 
+    def _name_policies(self, text: str) -> str:
+        """Cedar says `policy3`; say the policy's @id where it has one."""
+        return re.sub(r"`(policy\d+)`", lambda m: f"`{self._ids.get(m.group(1), m.group(1))}`",
+                      text)
+
     def decide(self, run: str, action: str, resource: dict[str, Any],
                context: dict[str, Any]) -> Decision:
         self._maybe_reload()
@@ -194,7 +200,8 @@ class PolicyEngine:
         except Exception as exc:  # noqa: BLE001 - any Cedar failure is a refusal
             msg = f"policy error: Cedar failed: {' '.join(str(exc).split())}"
             return Decision(False, msg, diagnostics=(msg,), analysis=analysis)
-        errors = tuple(" ".join(str(e).split()) for e in result.diagnostics.errors)
+        errors = tuple(self._name_policies(" ".join(str(e).split()))
+                       for e in result.diagnostics.errors)
         ids = tuple(self._ids.get(p, p) for p in result.diagnostics.reasons)
         if errors:
             return Decision(False, f"policy error: {errors[0]}", ids, errors, analysis)

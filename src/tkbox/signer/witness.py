@@ -35,7 +35,7 @@ from tkbox.formats import checkpoint as cpfmt
 from tkbox.formats import cosignature, merkle, note
 from tkbox.formats import witness as wfmt
 from tkbox.formats.errors import FormatError
-from tkbox.signer.config import _write_private
+from tkbox.signer.config import write_private
 
 log = logging.getLogger("tkbox.witness")
 
@@ -158,8 +158,8 @@ def init(home: Path, name: str | None = None) -> cosignature.CosignatureSigner:
     if not note.valid_name(name):
         raise UserError(f"{name!r} cannot be a witness name (no spaces, no '+')")
     signer = cosignature.generate(name)
-    _write_private(home / KEY, (signer.skey() + "\n").encode())
-    _write_private(home / CONFIG, json.dumps({"name": name, "logs": []}, indent=2).encode())
+    write_private(home / KEY, (signer.skey() + "\n").encode())
+    write_private(home / CONFIG, json.dumps({"name": name, "logs": []}, indent=2).encode())
     return signer
 
 
@@ -192,7 +192,7 @@ def add_log(home: Path, vkey: str) -> str:
     cfg = _config(home)
     logs = [x for x in cfg["logs"] if x != vkey]
     cfg["logs"] = [*logs, vkey]
-    _write_private(home / CONFIG, json.dumps(cfg, indent=2).encode())
+    write_private(home / CONFIG, json.dumps(cfg, indent=2).encode())
     return v.name
 
 
