@@ -43,6 +43,7 @@ from tkbox.signer.policy import Decision, PolicyEngine
 log = logging.getLogger("tkbox.signer")
 
 MAX_IN_FLIGHT = 256
+MAX_UNREAD_PUSHES = 1 << 20  # bytes a subscriber may leave unread before it is dropped
 EXPORT_PART = 512 * 1024
 #: kinds a client may not send as events: the signer writes these itself
 RESERVED_KINDS = frozenset({record.OPEN, record.CLOSE, record.DECISION, record.COMPLETE, HOLD,
@@ -366,8 +367,13 @@ class Signer:
 
     def push(self, msg: dict[str, Any]) -> None:
         for c in list(self.conns):
-            if c.subscribed:
-                c.send(msg)
+            if not c.subscribed:
+                continue
+            if c.writer.transport.get_write_buffer_size() > MAX_UNREAD_PUSHES:
+                log.warning("peer pid %d does not read its pushes; dropping it", c.peer.pid)
+                c.writer.close()
+                continue
+            c.send(msg)
 
     def _export(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
         run = wire.need(req, "run", str)
