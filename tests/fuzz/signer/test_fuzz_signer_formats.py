@@ -48,7 +48,7 @@ SEEDS = [BUNDLE, TRUST, CHECKPOINT, KIT.raw[0],
          bundle.parse(BUNDLE).tlog_proof(0),
          bundle.parse_trust(TRUST).policy.text().encode()]
 
-SETTINGS = settings(max_examples=300, deadline=None,
+SETTINGS = settings(deadline=None,  # examples: the profile (`make fuzz` runs "long")
                     suppress_health_check=[HealthCheck.too_slow])
 
 
