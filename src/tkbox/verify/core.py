@@ -124,9 +124,9 @@ def verify_bundle(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         raise _fail("checkpoint.quorum", "checkpoint",
                     f"cosigned by {have}; the trust file's policy needs quorum "
                     f"{_describe(pol, pol.quorum)}")
-    if pol.quorum == "none":
+    if not cosigned:
         assurance = "dev"
-    elif pol.satisfied(set(cosigned) & trust.independent):
+    elif pol.quorum != "none" and pol.satisfied(set(cosigned) & trust.independent):
         assurance = "witnessed"
     else:
         assurance = "local"

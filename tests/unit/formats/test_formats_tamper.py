@@ -154,3 +154,11 @@ def test_each_entry_is_a_standalone_c2sp_tlog_proof(kit: Kit) -> None:
         assert p.entry.extra is not None
         merkle.verify_inclusion(p.entry.index, size, merkle.leaf_hash(p.entry.extra),
                                 p.entry.path, root)
+
+
+def test_cosignatures_beyond_a_quorum_of_none_are_local_not_dev() -> None:
+    k = Kit(witnesses=1, independent=("w0",), quorum=None)
+    k.run("r")
+    trust = k.trust().replace(b"quorum w0", b"quorum none")
+    assert verify_bundle(k.bundle("r"), trust).assurance == "local"
+    assert verify_bundle(k.bundle("r", cosigners=[]), trust).assurance == "dev"
