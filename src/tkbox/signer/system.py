@@ -122,7 +122,7 @@ def apply(p: Plan, root: Path = Path("/"), dry_run: bool = False) -> Iterator[st
     home = root / p.home.relative_to("/")
     unit = root / p.unit.relative_to("/")
     verb = "would" if dry_run else "will"
-    if any(str(Path(p.python)).startswith(d) for d in ("/root/", "/home/")):
+    if Path(p.python).parts[1:2] in (("root",), ("home",)):
         yield (f"warning: the unit runs {p.python}, under a home directory the signer's user "
                "cannot read (ProtectHome=yes); install tkbox system-wide (e.g. in /opt/tkbox)")
 

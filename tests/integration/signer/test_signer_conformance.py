@@ -84,7 +84,7 @@ def test_a_run_from_open_to_export(harness: Harness) -> None:
         v.raise_if_refused()
         await c.complete("run-1", v.decision_id, {"exit": 0})
         await c.event("run-1", "tkbox.secret.use", {"name": "TOKEN", "host": "api.example"})
-        w = await c.decide("run-1", "Connect", {"host": "pypi.org", "port": 443}, {})
+        w = await c.decide("run-1", "Connect", {"host": "mirror.example.org", "port": 443}, {})
         assert w.allowed
         await c.close_run("run-1")
         e = await c.export("run-1")

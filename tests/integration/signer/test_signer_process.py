@@ -30,7 +30,7 @@ def _records(data: bytes) -> list[record.Record]:
 
 
 async def _a_run(c: UnixSignerClient, run: str) -> None:
-    await c.open_run(run, {"image": "sha256:11", "allowlist": ["pypi.org"]})
+    await c.open_run(run, {"image": "sha256:11", "allowlist": ["mirror.example.org"]})
     v = await c.decide(run, "Bash", {"command": "pip install -r requirements.txt"},
                        {"cwd": "/workspace", "env": {"CI": "1"}, "stdin_sha256": "e3b0"})
     await c.complete(run, v.decision_id, {"exit": 0})
@@ -197,7 +197,7 @@ def test_a_broken_user_policy_refuses_with_its_diagnostic_recorded(signer: Signe
         c = signer.client()
         try:
             await c.open_run("p", {})
-            v = await c.decide("p", "Connect", {"host": "pypi.org", "port": 443}, {})
+            v = await c.decide("p", "Connect", {"host": "mirror.example.org", "port": 443}, {})
             assert not v.allowed and v.reason.startswith("policy error in")
             await c.close_run("p")
             return await c.export("p")

@@ -21,7 +21,7 @@ def test_base_allows_and_download_exec_refuses() -> None:
 
 def test_connect_write_approval_are_decided() -> None:
     e = PolicyEngine(None)
-    assert e.decide("r", "Connect", {"host": "pypi.org", "port": 443}, {}).allowed
+    assert e.decide("r", "Connect", {"host": "mirror.example.org", "port": 443}, {}).allowed
     assert e.decide("r", "Write", {"path": "src/a.py", "sha256": "00"}, {}).allowed
     assert e.decide("r", "Approval", {"host": "x.example"}, {"by": "alice"}).allowed
     assert not e.decide("r", "Delete", {}, {}).allowed

@@ -51,3 +51,11 @@ def test_apply_under_a_root(tmp_path: Path) -> None:
         r = subprocess.run(["systemd-analyze", "verify", str(unit)], capture_output=True,
                            text=True)
         assert r.returncode == 0, r.stderr
+
+
+def test_a_python_under_a_home_directory_is_warned_about(tmp_path: Path) -> None:
+    import dataclasses
+
+    p = dataclasses.replace(system.plan(), python=str(Path("/home/someone/venv/bin/python")))
+    lines = list(system.apply(p, root=tmp_path, dry_run=True))
+    assert lines[0].startswith("warning:") and "ProtectHome" in lines[0]
