@@ -285,4 +285,4 @@ def test_status_and_the_trust_file_on_disk(signer: SignerProc) -> None:
     trust = (signer.home / "trust.json").read_bytes()
     t = bundle.parse_trust(trust)
     assert t.policy.logs[0].vkey() == st["vkey"]  # type: ignore[attr-defined]
-    assert base64.b64decode(st["vkey"].split("+")[2])[0] == 1
+    assert base64.b64decode(st["vkey"].split("+", 2)[2])[0] == 1  # Ed25519, type 0x01
