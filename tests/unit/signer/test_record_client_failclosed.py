@@ -9,6 +9,7 @@ scripted fake over a socket pair: no signer process, no file system.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import socket
 import struct
 from collections.abc import Awaitable, Callable
@@ -24,18 +25,35 @@ from tkbox.signer import wire
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 
 
-def _client(script: Script, timeout: float = 0.2) -> tuple[UnixSignerClient, list[int]]:
+class _Client(UnixSignerClient):
+    """The real client, its peer a scripted fake; `aclose` also ends the peers."""
+
+    peers: list[tuple[asyncio.Task[None], asyncio.StreamWriter]]
+
+    async def aclose(self) -> None:
+        await super().aclose()
+        for task, w in self.peers:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            w.close()
+
+
+def _client(script: Script, timeout: float = 0.2) -> tuple[_Client, list[int]]:
     opened: list[int] = []
+    peers: list[tuple[asyncio.Task[None], asyncio.StreamWriter]] = []
 
     async def connector() -> tuple[asyncio.StreamReader, asyncio.StreamWriter]:
         a, b = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
         r, w = await asyncio.open_unix_connection(sock=b)
         pr, pw = await asyncio.open_unix_connection(sock=a)
-        asyncio.get_running_loop().create_task(script(pr, pw))
+        peers.append((asyncio.get_running_loop().create_task(script(pr, pw)), pw))
         opened.append(1)
         return r, w
 
-    return UnixSignerClient("/nonexistent", timeout=timeout, connector=connector), opened
+    c = _Client("/nonexistent", timeout=timeout, connector=connector)
+    c.peers = peers
+    return c, opened
 
 
 async def _frame(reader: asyncio.StreamReader) -> dict[str, Any] | None:
