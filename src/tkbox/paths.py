@@ -40,6 +40,22 @@ def private_dir(path: Path) -> Path:
     return path
 
 
+#: longest VM directory that leaves room for "/qmp.sock" etc. in a sun_path (108 bytes)
+MAX_VM_DIR = 80
+
+
+def vms(home_dir: Path | None = None) -> Path:
+    """Where each VM's private directory (and its sockets) lives.
+
+    `$TKBOX_HOME/run/vms` when that is short enough for Unix socket paths,
+    else `/tmp/tkbox-<uid>/vms` (still 0700, still ours).
+    """
+    base = (home_dir or home()) / "run" / "vms"
+    if len(str(base)) + 40 <= MAX_VM_DIR:
+        return base
+    return Path(f"/tmp/tkbox-{os.getuid()}") / "vms"
+
+
 def daemon_socket() -> Path:
     return runtime() / "daemon.sock"
 

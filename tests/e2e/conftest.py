@@ -96,6 +96,12 @@ class Stack:
     def start_daemon(self, *extra: str) -> subprocess.Popen[bytes]:
         proc = self.start("daemon", "daemon", *extra)
         self.wait_socket(self.home / "run" / "daemon.sock", proc, "daemon")
+        # A killed daemon leaves its socket file behind: wait for a real answer.
+        deadline = time.monotonic() + 60
+        while self.tk("ls", check=False).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"daemon did not answer: {self.log_tail('daemon')}")
+            time.sleep(0.2)
         return proc
 
     def stop(self, name: str, timeout: float = 120) -> int | None:
@@ -185,3 +191,15 @@ def box(stack: Stack, workspace: Path) -> Iterator[Box]:
     stack.tk("run", "--name", name, "--workspace", str(workspace), "--image", "tkbox/default")
     yield Box(stack, name, workspace)
     stack.tk("rm", "--force", name, check=False)
+
+
+@pytest.fixture
+def own_stack(tmp_path: Path) -> Iterator[Stack]:
+    """A signer and daemon of this test's own, for tests that stop or kill them."""
+    home = make_home(tmp_path)
+    s = Stack(home, stack_env(home))
+    s.start_signer()
+    s.start_daemon()
+    yield s
+    for name in list(s.procs):
+        s.stop(name)

@@ -44,7 +44,8 @@ def test_write_to_usr_succeeds_and_is_gone_in_the_next_box(stack: Stack, box: Bo
 
 def test_no_credential_file_hook_or_git_credential_reaches_the_box(box: Box) -> None:
     """Credential files, .git/hooks and secrets in .git/config are never copied in."""
-    r = box.sh("ls -a /workspace; echo ---; ls /workspace/.git; echo ---; cat /workspace/.git/config")
+    r = box.sh("ls -a /workspace; echo ---; ls /workspace/.git; echo ---; "
+               "cat /workspace/.git/config")
     listing, gitdir, config = r.stdout.split("---")
     names = listing.split()
     for secret in (".env", "server.pem", ".ssh"):

@@ -13,22 +13,14 @@ import pytest
 from conftest import TKBOX, Stack, fresh_name, make_home, stack_env
 
 
-@pytest.fixture
-def own_stack(tmp_path: Path):
-    """A signer and daemon of this test's own, for tests that stop or kill them."""
-    home = make_home(tmp_path)
-    s = Stack(home, stack_env(home))
-    s.start_signer()
-    s.start_daemon()
-    yield s
-    for name in list(s.procs):
-        s.stop(name)
-
-
-def qemu_pids_for(home: Path) -> list[int]:
-    out = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{home}"], capture_output=True,
+def qemu_pids_for(run_id: str) -> list[int]:
+    out = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{run_id}"], capture_output=True,
                          text=True).stdout
     return [int(p) for p in out.split()]
+
+
+def run_id_of(s: Stack, name: str) -> str:
+    return str(s.tkjson("inspect", name)["run_id"])  # type: ignore[index]
 
 
 def test_sigterm_stops_every_box_cleanly_and_no_vm_outlives_the_daemon(own_stack: Stack,
@@ -36,9 +28,10 @@ def test_sigterm_stops_every_box_cleanly_and_no_vm_outlives_the_daemon(own_stack
     name = fresh_name("term")
     own_stack.tk("run", "--name", name, "--workspace", str(workspace))
     own_stack.tk("exec", name, "--", "sh", "-c", "echo kept > /workspace/kept.txt")
-    assert qemu_pids_for(own_stack.home)
+    run_id = run_id_of(own_stack, name)
+    assert qemu_pids_for(run_id)
     assert own_stack.stop("daemon") == 0
-    assert qemu_pids_for(own_stack.home) == []
+    assert qemu_pids_for(run_id) == []
     # State survives the restart; the box was stopped cleanly, with its patch.
     own_stack.start_daemon()
     info = own_stack.tkjson("inspect", name)
@@ -51,13 +44,15 @@ def test_killed_daemon_leaves_no_vm_and_the_loss_is_recorded_as_a_gap(own_stack:
                                                                      tmp_path: Path) -> None:
     name = fresh_name("kill")
     own_stack.tk("run", "--name", name, "--workspace", str(workspace))
+    run_id = run_id_of(own_stack, name)
+    assert qemu_pids_for(run_id)
     proc = own_stack.procs.pop("daemon")
     os.killpg(proc.pid, 9)
     proc.wait()
     deadline = time.monotonic() + 20
-    while qemu_pids_for(own_stack.home) and time.monotonic() < deadline:
+    while qemu_pids_for(run_id) and time.monotonic() < deadline:
         time.sleep(0.2)
-    assert qemu_pids_for(own_stack.home) == []  # PR_SET_PDEATHSIG
+    assert qemu_pids_for(run_id) == []  # PR_SET_PDEATHSIG
     own_stack.start_daemon()
     info = own_stack.tkjson("inspect", name)
     assert info["state"] == "failed" and "daemon stopped" in info["error"]

@@ -34,7 +34,7 @@ NAMES = ["origin.test", "other.test", "waits.test", "denied.test", "late.test"]
 def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
     key = ec.generate_private_key(ec.SECP256R1())
     name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox e2e test CA")])
-    now = datetime.datetime.now(datetime.timezone.utc)
+    now = datetime.datetime.now(datetime.UTC)
     ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
           .public_key(key.public_key()).serial_number(x509.random_serial_number())
           .not_valid_before(now - datetime.timedelta(days=1))
@@ -65,7 +65,8 @@ def make_wheel(root: Path) -> None:
     name = "tkdemo-1.0-py3-none-any.whl"
     buf = io.BytesIO()
     files = {"tkdemo.py": b"VALUE = 42\n",
-             "tkdemo-1.0.dist-info/METADATA": b"Metadata-Version: 2.1\nName: tkdemo\nVersion: 1.0\n",
+             "tkdemo-1.0.dist-info/METADATA":
+                 b"Metadata-Version: 2.1\nName: tkdemo\nVersion: 1.0\n",
              "tkdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: test\n"
                                           b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
     record = "".join(f"{k},,\n" for k in files) + "tkdemo-1.0.dist-info/RECORD,,\n"
@@ -143,7 +144,8 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
         httpd.server_close()
 
 
-def sh(net: dict[str, object], script: str, check: bool = False) -> subprocess.CompletedProcess[str]:
+def sh(net: dict[str, object], script: str,
+       check: bool = False) -> subprocess.CompletedProcess[str]:
     s: Stack = net["stack"]  # type: ignore[assignment]
     return s.tk("exec", str(net["box"]), "--", "sh", "-c", script, check=check, timeout=120)
 

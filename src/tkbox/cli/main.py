@@ -58,7 +58,8 @@ def _box_line(b: dict[str, Any]) -> str:
 
 @app.command()
 def daemon(
-    unrecorded: Annotated[bool, typer.Option(help="UNSAFE: no signer; only to debug tkbox")] = False,
+    unrecorded: Annotated[bool, typer.Option(
+        help="UNSAFE: no signer; only to debug tkbox")] = False,
     egress_block: Annotated[list[str], typer.Option(help="CIDR no box may reach")] = [],  # noqa: B006
     egress_permit: Annotated[list[str], typer.Option(help="CIDR boxes may reach on purpose")] = [],  # noqa: B006
     egress_hosts: Annotated[Path | None, typer.Option(help="hosts file: names for mirrors")] = None,
@@ -129,7 +130,8 @@ def exec_(
     argv: Annotated[list[str], typer.Argument(help="the command, after --")],
     cwd: Annotated[str | None, typer.Option(help="working directory in the box")] = None,
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for this command")] = [],  # noqa: B006
-    stdin: Annotated[bool, typer.Option("--stdin", "-i", help="pass this terminal's stdin")] = False,
+    stdin: Annotated[bool, typer.Option(
+        "--stdin", "-i", help="pass this terminal's stdin")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command in a box; output streams as it comes; exits with its status."""
@@ -210,7 +212,8 @@ def patch(name: str) -> None:
 def apply(
     name: str,
     checkout: Annotated[Path | None, typer.Option(help="default: the box's workspace")] = None,
-    allow_sensitive: Annotated[bool, typer.Option(help="UNSAFE: also write held-back files")] = False,
+    allow_sensitive: Annotated[bool, typer.Option(
+        help="UNSAFE: also write held-back files")] = False,
     dry_run: Annotated[bool, typer.Option(help="decide and show, write nothing")] = False,
     as_json: JsonOpt = False,
 ) -> None:

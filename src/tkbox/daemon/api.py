@@ -19,8 +19,8 @@ import logging
 import os
 import socket
 import struct
-from collections.abc import AsyncIterator
-from typing import Any
+from collections.abc import AsyncGenerator, AsyncIterator
+from typing import Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
@@ -106,7 +106,7 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
 
     @app.get("/v1/boxes")
     async def ls() -> dict[str, Any]:
-        return {"boxes": manager.list()}
+        return {"boxes": manager.list_boxes()}
 
     @app.post("/v1/boxes")
     async def run(body: RunBody) -> dict[str, Any]:
@@ -115,7 +115,15 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
 
     @app.get("/v1/boxes/{name}")
     async def inspect(name: str) -> dict[str, Any]:
-        return manager.get(name).public()
+        box = manager.get(name)
+        out = box.public()
+        status = getattr(box.vm, "status", None)
+        if status is not None:
+            try:
+                out["vm_status"] = await asyncio.wait_for(status(), 5)
+            except Exception as exc:  # noqa: BLE001 - a status is a nicety, never an error
+                out["vm_status"] = f"unknown ({exc.__class__.__name__})"
+        return out
 
     @app.post("/v1/boxes/{name}/exec")
     async def exec_(name: str, body: ExecBody) -> StreamingResponse:
@@ -124,7 +132,8 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
                 if body.stdin_b64 is not None else None
         except ValueError:
             raise UserError("stdin_b64 is not valid base64") from None
-        events = manager.exec(name, body.argv, body.cwd, body.env, stdin)
+        events = cast(AsyncGenerator[dict[str, Any], None],
+                      manager.exec(name, body.argv, body.cwd, body.env, stdin))
         # Raise refusals before the stream starts, so they get a proper status.
         first = await events.__anext__()
 
@@ -206,7 +215,8 @@ async def _maybe_await(v: Any) -> Any:
 def _approval(p: Any) -> dict[str, Any]:
     import dataclasses
 
-    d = dataclasses.asdict(p) if dataclasses.is_dataclass(p) else dict(p.__dict__)
+    is_instance = dataclasses.is_dataclass(p) and not isinstance(p, type)
+    d = dataclasses.asdict(p) if is_instance else dict(p.__dict__)
     return {k: v for k, v in d.items() if not k.startswith("_")}
 
 

@@ -116,7 +116,7 @@ class Box:
         self.save()
 
     def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        t = asyncio.ensure_future(coro)
+        t: asyncio.Task[Any] = asyncio.ensure_future(coro)
         self.tasks.add(t)
         t.add_done_callback(self.tasks.discard)
         return t
@@ -139,7 +139,7 @@ class BoxManager:
         self.guest_build = guest_build  # () -> GuestBuild (cached)
         self.accel_reason = accel_reason
         self.root = paths.private_dir((home or paths.home()) / "boxes")
-        self.vms_root = paths.private_dir((home or paths.home()) / "run" / "vms")
+        self.vms_root = paths.private_dir(paths.vms(home))
         self.door_factory = door_factory
         self.approvals = approvals
         self.boxes: dict[str, Box] = {}
@@ -221,13 +221,14 @@ class BoxManager:
         """Stop a box at once because the record cannot be kept."""
         log.warning("box %s stopped: %s", box.name, why)
         box.s["error"] = f"stopped: {why}"
+        # The state moves first: the VM watcher must not see a "running" box die.
+        if lifecycle.can(box.state, "vm_died"):
+            box.move("vm_died")
         if box.door is not None:
             with contextlib.suppress(Exception):
                 await box.door.close()
         if box.vm is not None:
             await box.vm.kill()
-        if lifecycle.can(box.state, "vm_died"):
-            box.move("vm_died")
 
     async def watch_pushes(self) -> None:
         """Holds, releases and quarantines, as the signer pushes them."""
@@ -253,12 +254,12 @@ class BoxManager:
             box.move("release")
         elif kind == "quarantine" and box.state in lifecycle.LIVE:
             box.s["error"] = f"quarantined by the signer: {reason}".rstrip(": ")
+            box.move("quarantine")  # first, so the VM's end is not taken for a crash
             if box.door is not None:
                 with contextlib.suppress(Exception):
                     await box.door.close()
             if box.vm is not None:
                 await box.vm.kill()
-            box.move("quarantine")
 
     # ---- lookups -----------------------------------------------------------------
 
@@ -268,7 +269,7 @@ class BoxManager:
             raise UserError(f"no box named {name!r}; see 'tkbox ls'")
         return box
 
-    def list(self) -> list[dict[str, Any]]:
+    def list_boxes(self) -> list[dict[str, Any]]:
         return [b.public() for b in sorted(self.boxes.values(), key=lambda b: b.s["created"])]
 
     # ---- create ------------------------------------------------------------------

@@ -161,7 +161,7 @@ def setup_disks(cfg: dict[str, Any]) -> None:
     mount("overlay", ROOT, "overlay", 0, f"lowerdir={ro},upperdir={rw}/upper,workdir={rw}/work")
     for d in ("proc", "sys", "dev", "tmp", "workspace", "run"):
         (ROOT / d).mkdir(exist_ok=True)
-    os.chmod(ROOT / "tmp", 0o1777)
+    os.chmod(ROOT / "tmp", 0o1777)  # noqa: S103 - /tmp is sticky and world-writable
     mount("proc", ROOT / "proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC)
     mount("sysfs", ROOT / "sys", "sysfs", MS_NOSUID | MS_NODEV | MS_NOEXEC | MS_RDONLY)
     mount("/dev", ROOT / "dev", "", MS_BIND | MS_REC)
@@ -222,7 +222,11 @@ class FdStream(ByteStream):
         fut: asyncio.Future[None] = loop.create_future()
         add = loop.add_writer if writer else loop.add_reader
         rm = loop.remove_writer if writer else loop.remove_reader
-        add(self.fd, lambda: fut.done() or fut.set_result(None))
+        def ready() -> None:
+            if not fut.done():
+                fut.set_result(None)
+
+        add(self.fd, ready)
         try:
             await fut
         finally:
@@ -394,7 +398,11 @@ class Agent:
                     data = os.read(raw, rpc.CHUNK)
                 except BlockingIOError:
                     fut: asyncio.Future[None] = loop.create_future()
-                    loop.add_reader(raw, lambda: fut.done() or fut.set_result(None))
+                    def ready(f: asyncio.Future[None] = fut) -> None:
+                        if not f.done():
+                            f.set_result(None)
+
+                    loop.add_reader(raw, ready)
                     try:
                         await fut
                     finally:
@@ -543,13 +551,19 @@ async def amain(dev: str) -> None:
     if isinstance(cfg.get("time"), (int, float)):
         with contextlib.suppress(OSError):
             time.clock_settime(time.CLOCK_REALTIME, float(cfg["time"]))
-    setup_disks(cfg)
-    install_ca(cfg)
-    write_etc(cfg)
-    lo_up()
-    agent = Agent(ports, cfg, reaper)
-    server = await asyncio.start_server(agent.forward, *PROXY_ADDR)
-    ports.serve(PORT_RPC, agent.handle_rpc)
+    try:
+        setup_disks(cfg)
+        install_ca(cfg)
+        write_etc(cfg)
+        lo_up()
+        agent = Agent(ports, cfg, reaper)
+        server = await asyncio.start_server(agent.forward, *PROXY_ADDR)
+        ports.serve(PORT_RPC, agent.handle_rpc)
+    except Exception as exc:
+        # The host learns why the box cannot start, on the stream it is waiting on.
+        with contextlib.suppress(Exception):
+            await boot.send({"ev": "error", "message": f"{exc.__class__.__name__}: {exc}"})
+        raise
     # Readiness goes back on the boot stream itself, which is then closed for good.
     await boot.send({"ev": "ready", "uptime": time.monotonic() - agent.started})
     await boot.aclose()

@@ -4,14 +4,14 @@ One connection per request. The host sends a request frame, then (for some
 ops) more frames; the guest answers with event frames. Every frame is a
 msgpack map (`tkbox.protocol.framing`).
 
-| op         | host sends after the request        | guest answers                                  |
-| ---------- | ----------------------------------- | ---------------------------------------------- |
-| `exec`     | `stdin` chunks, `stdin_eof`, `signal` | `started`, `out` (fd 1/2) chunks, `exit`       |
-| `read`     | -                                   | `data` chunks, `end` (size)                     |
-| `write`    | `data` chunks, `end`                | `ok`                                           |
-| `diff`     | -                                   | `data` chunks of the patch, `end` (stats)       |
-| `shutdown` | -                                   | `ok`, then the VM powers off                    |
-| `ping`     | -                                   | `ok` (uptime)                                  |
+| op | host sends after the request | guest answers |
+| --- | --- | --- |
+| `exec` | `stdin` chunks, `stdin_eof`, `signal` | `started`, `out` (fd 1/2) chunks, `exit` |
+| `read` | - | `data` chunks, `end` (size) |
+| `write` | `data` chunks, `end` | `ok` |
+| `diff` | - | `data` chunks of the patch, `end` (stats) |
+| `shutdown` | - | `ok`, then the VM powers off |
+| `ping` | - | `ok` (uptime) |
 
 Any op may be answered with `error` (`message`). The guest is untrusted: the
 host validates every answer (`tkbox.daemon.guest_client`).

@@ -63,7 +63,8 @@ class Cpio:
         self.ino = 0
         self.names: set[str] = set()
 
-    def _entry(self, name: str, mode: int, data: bytes = b"", rdev: tuple[int, int] = (0, 0)):
+    def _entry(self, name: str, mode: int, data: bytes = b"",
+               rdev: tuple[int, int] = (0, 0)) -> None:
         name = name.lstrip("/")
         if name in self.names:
             return
@@ -164,18 +165,18 @@ def collect(kernel: Kernel | None = None) -> Inputs:
     finder.import_hook("encodings.latin_1")
     finder.import_hook("encodings.ascii")
     finder.import_hook("encodings.idna")
-    for mod in finder.modules.values():
-        f = mod.__file__
-        if not f:
+    for found in finder.modules.values():
+        fname = getattr(found, "__file__", None)
+        if not fname:
             continue
-        path = Path(f)
+        path = Path(fname)
         try:
-            rel = path.relative_to(stdlib)
+            rel_path = path.relative_to(stdlib)
         except ValueError:
             continue
-        if rel.parts and rel.parts[0] == "site-packages":
+        if rel_path.parts and rel_path.parts[0] == "site-packages":
             continue
-        files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel}"] = path
+        files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel_path}"] = path
     # Always-needed bootstrap pieces modulefinder does not see.
     for rel in ["encodings/__init__.py", "encodings/aliases.py", "os.py", "site.py"]:
         files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel}"] = stdlib / rel

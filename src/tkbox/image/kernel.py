@@ -104,12 +104,12 @@ def resolve_modules(modules_dir: Path, wanted: tuple[str, ...]) -> list[Path]:
         order.append(mod)
 
     for name in wanted:
-        mod = by_name.get(name)
-        if mod is None:
+        found = by_name.get(name)
+        if found is None:
             if name in builtin:
                 continue
             continue  # absent from this kernel: the guest copes (e.g. no vsock)
-        visit(mod)
+        visit(found)
     return [modules_dir / m for m in order]
 
 

@@ -28,7 +28,7 @@ def encode(message: dict[str, Any]) -> bytes:
     """One frame: length prefix + msgpack map. Raises FrameError past 1 MiB."""
     if not isinstance(message, dict):
         raise FrameError("a frame must carry a map")
-    body = msgpack.packb(message, use_bin_type=True)
+    body: bytes = msgpack.packb(message, use_bin_type=True)
     if len(body) > MAX_FRAME:
         raise FrameError(f"frame of {len(body)} bytes exceeds the 1 MiB limit")
     return _LEN.pack(len(body)) + body

@@ -504,30 +504,30 @@ class MuxPorts(Ports):
             if fut is not None and not fut.done():
                 fut.set_result(None)
             return
-        stream = self._streams.get(ev.sid)
+        target = self._streams.get(ev.sid)
         if isinstance(ev, Reset):
             fut = self._pending.get(ev.sid)
             if fut is not None and not fut.done():
                 fut.set_exception(PortError(f"refused: {ev.reason}"))
-            if stream is not None:
-                stream._on_reset(ev.reason)
+            if target is not None:
+                target._on_reset(ev.reason)
                 self._streams.pop(ev.sid, None)
             return
-        if stream is None:
+        if target is None:
             return
         if isinstance(ev, Data):
-            stream._on_data(ev.data)
+            target._on_data(ev.data)
         elif isinstance(ev, Eof):
-            stream._on_eof()
+            target._on_eof()
         elif isinstance(ev, Credit):
-            stream._on_credit()
+            target._on_credit()
 
     async def _run_handler(self, handler: Handler, stream: MuxStream) -> None:
         try:
             await handler(stream)
         except asyncio.CancelledError:
             raise
-        except Exception:  # noqa: BLE001 - a handler's failure must not end the mux
+        except Exception:  # noqa: BLE001, S110 - a handler's failure ends its stream, not the mux
             pass
         finally:
             await stream.aclose()

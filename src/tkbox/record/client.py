@@ -164,7 +164,8 @@ class FakeSigner(SignerClient):
         return rid
 
     def of_run(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
-        return [r for r in self.records if r["run"] == run_id and (kind is None or r["kind"] == kind)]
+        return [r for r in self.records
+                if r["run"] == run_id and (kind is None or r["kind"] == kind)]
 
     async def ping(self) -> JSON:
         self._check()

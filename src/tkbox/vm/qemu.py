@@ -168,6 +168,7 @@ class QemuVM(VM):
         self.ports: MuxPorts
         self._mux_task: asyncio.Task[None] | None = None
         self._qmp: object | None = None
+        self._last: dict[str, object] = {}
         self._waiter = asyncio.ensure_future(proc.wait())
 
     @property
@@ -177,9 +178,27 @@ class QemuVM(VM):
     async def _connect(self) -> None:
         mux_path = self.spec.workdir / "mux.sock"
         await _wait_path(mux_path, self.proc, 10)
-        reader, writer = await asyncio.open_unix_connection(str(mux_path), limit=1 << 20)
+        deadline = time.monotonic() + 10
+        while True:
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(mux_path),
+                                                                    limit=1 << 20)
+                break
+            except ConnectionRefusedError:
+                # The socket exists from bind() on, but QEMU may not listen() yet.
+                if time.monotonic() > deadline or self.proc.returncode is not None:
+                    raise HostError(f"QEMU did not accept on {mux_path.name}; see "
+                                    f"{mux_path.parent / 'qemu.log'}") from None
+                await asyncio.sleep(0.02)
         self.ports = MuxPorts(AsyncioStream(reader, writer), initiator=True)
         self._mux_task = asyncio.ensure_future(self.ports.run())
+
+    async def status(self) -> str:
+        """The VMM's own word on the VM: "running", "paused", ... (QMP query-status)."""
+        if self.proc.returncode is not None:
+            return "ended"
+        await self._qmp_exec("query-status")
+        return str(self._last.get("status", "unknown"))
 
     async def _qmp_exec(self, cmd: str) -> None:
         from qemu.qmp import QMPClient
@@ -189,7 +208,8 @@ class QemuVM(VM):
             await _wait_path(self.spec.workdir / "qmp.sock", self.proc, 10)
             await client.connect(str(self.spec.workdir / "qmp.sock"))
             self._qmp = client
-        await self._qmp.execute(cmd)  # type: ignore[attr-defined]
+        result = await self._qmp.execute(cmd)  # type: ignore[attr-defined]
+        self._last = result if isinstance(result, dict) else {}
 
     async def pause(self) -> None:
         await self._qmp_exec("stop")
@@ -234,6 +254,9 @@ class QemuLauncher(Launcher):
 
     async def start(self, spec: VMSpec) -> QemuVM:
         qemu = qemu_binary()
+        if len(str(spec.workdir / "mux.sock")) > 100:
+            raise HostError(f"VM directory {spec.workdir} is too long for Unix socket paths; "
+                            "set TKBOX_HOME to a shorter path")
         spec.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(spec.workdir, 0o700)
         argv = build_argv(spec, self.decision.accel, qemu)

@@ -14,7 +14,8 @@ from tkbox.protocol.streams import ByteStream
 from tkbox.vm.base import VMSpec
 
 PATCH = (b"diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n"
-         b"index 0000000000000000000000000000000000000000..ce013625030ba8dba906f756967f9e9ca394464a\n"
+         b"index 0000000000000000000000000000000000000000.."
+         b"ce013625030ba8dba906f756967f9e9ca394464a\n"
          b"--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n")
 
 
