@@ -175,3 +175,19 @@ def test_daemon_that_is_not_running_is_a_clear_error(tmp_path: Path) -> None:
     r = subprocess.run([*TKBOX, "ls"], env=env, capture_output=True, text=True, timeout=60)
     assert r.returncode != 0
     assert "daemon is not running" in r.stderr and "tkbox daemon" in r.stderr
+
+
+def test_apply_writes_the_patch_and_holds_back_sensitive_files(box: Box) -> None:
+    """`tkbox apply` writes what the signer allowed and holds back CI files unasked."""
+    box.sh("cd /workspace && echo fixed > src/app.py && mkdir -p .github/workflows && "
+           "echo 'on: push' > .github/workflows/evil.yml && echo new > added.txt")
+    box.stack.tk("stop", box.name)
+    dry = box.stack.tkjson("apply", box.name, "--dry-run")
+    assert not (box.workspace / "added.txt").exists()
+    report = box.stack.tkjson("apply", box.name)
+    status = {f["path"]: f["status"] for f in report["files"]}  # type: ignore[index]
+    assert status["src/app.py"] == "applied" and status["added.txt"] == "applied"
+    assert status[".github/workflows/evil.yml"] == "held back"
+    assert (box.workspace / "src/app.py").read_text() == "fixed\n"
+    assert not (box.workspace / ".github").exists()
+    assert dry["dry_run"] is True  # type: ignore[index]

@@ -35,6 +35,7 @@ from tkbox.vm.base import VM, Launcher, VMSpec
 
 QEMU = "qemu-system-x86_64"
 PR_SET_PDEATHSIG = 1
+CONSOLE_CAP = 16 * 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -128,7 +129,10 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU) -> list[str]:
         "-cpu", "host" if accel == "kvm" else "max",
         "-m", str(spec.memory_mib), "-smp", str(spec.vcpus),
         "-kernel", str(spec.kernel), "-initrd", str(spec.initramfs), "-append", cmdline,
-        "-chardev", f"file,id=con,path={d / 'console.log'}", "-serial", "chardev:con",
+        # The console goes to a socket the daemon drains into a capped log, so a
+        # guest that floods its console cannot fill the host's disk.
+        "-chardev", f"socket,id=con,path={d / 'console.sock'},server=on,wait=off",
+        "-serial", "chardev:con",
         "-device", "virtio-rng-device",
         "-chardev", f"socket,id=mux,path={d / 'mux.sock'},server=on,wait=off",
         "-device", "virtio-serial-device,max_ports=2",
@@ -167,6 +171,7 @@ class QemuVM(VM):
         self._accel = accel
         self.ports: MuxPorts
         self._mux_task: asyncio.Task[None] | None = None
+        self._console_task: asyncio.Task[None] | None = None
         self._qmp: object | None = None
         self._last: dict[str, object] = {}
         self._waiter = asyncio.ensure_future(proc.wait())
@@ -175,7 +180,35 @@ class QemuVM(VM):
     def accel(self) -> str:
         return self._accel
 
+    async def _drain_console(self) -> None:
+        """Copy the guest's console into console.log, up to CONSOLE_CAP bytes."""
+        path = self.spec.workdir / "console.sock"
+        await _wait_path(path, self.proc, 10)
+        for _ in range(500):
+            try:
+                reader, writer = await asyncio.open_unix_connection(str(path))
+                break
+            except ConnectionRefusedError:
+                await asyncio.sleep(0.02)
+        else:
+            return
+        written = 0
+        with open(self.spec.workdir / "console.log", "ab") as log:
+            try:
+                while data := await reader.read(65536):
+                    if written < CONSOLE_CAP:
+                        chunk = data[: CONSOLE_CAP - written]
+                        log.write(chunk)
+                        log.flush()
+                        written += len(chunk)
+                        if written >= CONSOLE_CAP:
+                            log.write(b"\n[tkbox: console log truncated at 16 MiB]\n")
+                            log.flush()
+            finally:
+                writer.close()
+
     async def _connect(self) -> None:
+        self._console_task = asyncio.ensure_future(self._drain_console())
         mux_path = self.spec.workdir / "mux.sock"
         await _wait_path(mux_path, self.proc, 10)
         deadline = time.monotonic() + 10
@@ -234,6 +267,11 @@ class QemuVM(VM):
         if qmp is not None:
             with contextlib.suppress(Exception):
                 await qmp.disconnect()  # type: ignore[attr-defined]
+        con, self._console_task = self._console_task, None
+        if con is not None:
+            con.cancel()
+            with contextlib.suppress(BaseException):
+                await con
         mux, self._mux_task = self._mux_task, None
         if mux is not None:
             await self.ports.aclose()
