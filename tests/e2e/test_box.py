@@ -9,7 +9,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import TKBOX, Box, Stack, fresh_name
+from e2e_stack import TKBOX, Box, Stack, fresh_name
 
 
 def test_box_runs_its_own_kernel_with_only_loopback_and_no_route(box: Box) -> None:

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 import pytest
-from conftest import TKBOX, Stack, fresh_name, make_home, stack_env
+from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
 
 
 def qemu_pids_for(run_id: str) -> list[int]:

@@ -12,7 +12,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import Stack, fresh_name, make_home, stack_env
+from e2e_stack import Stack, fresh_name, make_home, stack_env
 
 from tkbox.image.testing import LayerBuilder, LocalRegistry, ScratchCA, push_image
 

@@ -22,11 +22,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from conftest import TKBOX, Stack, fresh_name, make_home, stack_env
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
 
 NAMES = ["origin.test", "other.test", "waits.test", "denied.test", "late.test"]
 

@@ -7,7 +7,7 @@ import subprocess
 import time
 from pathlib import Path
 
-from conftest import TKBOX, Stack, fresh_name
+from e2e_stack import TKBOX, Stack, fresh_name
 
 from tkbox import paths
 
