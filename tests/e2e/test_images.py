@@ -66,8 +66,8 @@ def test_box_boots_a_pulled_image_and_sees_exactly_its_flattened_layers(
         s.tk("rm", "--force", name, check=False)
 
 
-def test_an_image_the_registry_does_not_have_is_a_one_line_error(registry_stack: tuple[Stack, str, str],
-                                                   workspace: Path) -> None:
+def test_an_image_the_registry_does_not_have_is_a_one_line_error(
+        registry_stack: tuple[Stack, str, str], workspace: Path) -> None:
     s, ref, _ = registry_stack
     r = s.tk("run", "--name", fresh_name("img"), "--workspace", str(workspace),
              "--image", ref.replace("test/bb:1", "test/missing:1"), check=False)
