@@ -92,6 +92,7 @@ class Signer:
         self.checkpoints = Checkpointer(self.log, self.key, cfg.witnesses)
         self.trust = cfg.trust(self.key.verifier())
         self.conns: set[Conn] = set()
+        self._conn_tasks: set[asyncio.Task[None]] = set()
         self.uid = os.getuid()
         self._server: asyncio.AbstractServer | None = None
         self._ops: dict[str, Callable[[Conn, dict[str, Any]], Awaitable[dict[str, Any]] |
@@ -140,6 +141,10 @@ class Signer:
             self._server.close()
         for c in list(self.conns):
             c.writer.close()
+        # Let each connection see its EOF and end by itself: on Python 3.11 a handler
+        # cancelled by asyncio.run()'s teardown is logged as an error by asyncio.
+        if self._conn_tasks:
+            await asyncio.wait(list(self._conn_tasks), timeout=2)
         await self.log.wait_durable()
         await self.checkpoints.aclose()
         with contextlib.suppress(FileNotFoundError):
@@ -155,6 +160,10 @@ class Signer:
             return
         conn = Conn(peer, writer)
         self.conns.add(conn)
+        task = asyncio.current_task()
+        if task is not None:
+            self._conn_tasks.add(task)
+            task.add_done_callback(self._conn_tasks.discard)
         decoder = wire.Decoder()
         slots = asyncio.Semaphore(MAX_IN_FLIGHT)
         try:
