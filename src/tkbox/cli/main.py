@@ -109,11 +109,28 @@ def run(
         envs[k] = v
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
             "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
+    _pull_first(image, as_json)
     with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() else _null():
         b = _client().call("POST", "/v1/boxes", json=body)
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"))
+
+
+def _pull_first(image: str, as_json: bool) -> None:
+    """Pull a registry image into the (shared, content-addressed) store here, where a
+    person sees a bar per layer; the daemon then finds it cached. Layout references
+    (`oci:`, `oci-archive:`) are left to the daemon."""
+    import asyncio
+
+    from tkbox.image.progress import auto_progress
+    from tkbox.image.reference import RegistryRef, parse_reference
+    from tkbox.image.store import ImageStore
+
+    if not isinstance(parse_reference(image), RegistryRef):
+        return
+    with ImageStore() as store:
+        asyncio.run(store.resolve(image, progress=auto_progress(json_events=as_json)))
 
 
 class _null:
