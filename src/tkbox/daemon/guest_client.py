@@ -31,7 +31,34 @@ class ExecResult:
 
 
 def _str(v: Any, limit: int = 4096) -> str:
-    return v[:limit] if isinstance(v, str) else ""
+    """A guest-supplied string made safe to show and record: bounded, one line,
+    no control characters (a hostile guest must not write to the user's terminal)."""
+    if not isinstance(v, str):
+        return ""
+    return "".join(c if c.isprintable() else " " for c in v[:limit])
+
+
+def seconds(v: Any) -> float | None:
+    """A guest-supplied duration, if it is a finite number of seconds below a day."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    return float(v) if 0 <= v < 86400 else None  # NaN and inf fail the comparison
+
+
+def safe_stats(v: Any) -> dict[str, int | str]:
+    """Patch statistics from the guest: at most 64 string keys, int or short str values."""
+    out: dict[str, int | str] = {}
+    if not isinstance(v, dict):
+        return out
+    for k, val in list(v.items())[:64]:
+        if not isinstance(k, str) or len(k) > 64:
+            continue
+        if isinstance(val, bool) or not isinstance(val, (int, str)):
+            continue
+        if isinstance(val, int) and not 0 <= val < 2**53:
+            continue
+        out[_str(k, 64)] = val if isinstance(val, int) else _str(val, 256)
+    return out
 
 
 class GuestClient:
@@ -74,8 +101,7 @@ class GuestClient:
             msg = await self._recv(fs, timeout)
             if msg.get("ev") != "ok":
                 raise self._bad("an unexpected answer to ping")
-            up = msg.get("uptime")
-            return float(up) if isinstance(up, (int, float)) else 0.0
+            return seconds(msg.get("uptime")) or 0.0
         finally:
             await fs.aclose()
 
@@ -147,8 +173,7 @@ class GuestClient:
                                          "it was not saved")
                     sink.write(data)
                 elif ev == "end":
-                    stats = msg.get("stats")
-                    return stats if isinstance(stats, dict) else {}
+                    return safe_stats(msg.get("stats"))
                 else:
                     raise self._bad("an unexpected event during diff")
         finally:

@@ -29,7 +29,7 @@ from typing import Any
 
 from tkbox import paths
 from tkbox.daemon import lifecycle
-from tkbox.daemon.guest_client import ExecResult, GuestClient
+from tkbox.daemon.guest_client import ExecResult, GuestClient, _str, seconds
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.commands.core import build_request
 from tkbox.errors import (
@@ -393,10 +393,10 @@ class BoxManager:
                             ) from None
         box.s["boot_seconds"] = round(time.monotonic() - t0, 3)
         box.move("booted")
-        up = msg.get("uptime")
+        up = seconds(msg.get("uptime"))  # guest-supplied: checked, never trusted
         await self.record(box, "tkbox.box.ready", {
             "boot_ms": int(box.s["boot_seconds"] * 1000), "accel": vm.accel,
-            "guest_uptime_ms": int(up * 1000) if isinstance(up, (int, float)) else None})
+            "guest_uptime_ms": int(up * 1000) if up is not None else None})
 
     async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
         """Port 1026: the boot config, served once; the guest answers ready on it."""
@@ -415,7 +415,7 @@ class BoxManager:
             text = msg.get("message") if isinstance(msg, dict) else None
             box.ready.set_exception(GuestError(
                 f"box {box.name}: the guest failed to start: "
-                f"{str(text)[:300] if text else 'no ready answer'}"))
+                f"{_str(text, 300) if text else 'no ready answer'}"))
         else:
             box.ready.set_result(msg)
 

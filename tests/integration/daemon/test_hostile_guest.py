@@ -227,3 +227,53 @@ def test_refused_command_never_reaches_the_guest(tmp_path: Path, checkout: Path)
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_hostile_values_in_well_formed_frames_are_sanitised(tmp_path: Path,
+                                                           checkout: Path) -> None:
+    """inf/NaN uptimes, bytes in patch stats and control characters in messages are
+    neither trusted, stored nor shown raw."""
+    from fake_guests import PATCH  # noqa: E402
+
+    from tkbox.protocol.framing import FramedStream
+    from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
+
+    async def sly(ports, spec):
+        fs = FramedStream(await ports.connect(PORT_BOOT))
+        await fs.receive()
+        await fs.send({"ev": "ready", "uptime": float("inf")})
+        await fs.aclose()
+        done = asyncio.Event()
+
+        async def rpc(stream):
+            fs = FramedStream(stream)
+            req = await fs.receive()
+            if req["op"] == "exec":
+                await fs.send({"ev": "started", "pid": 2})
+                await fs.send({"ev": "exit", "status": 1, "signal": 0,
+                               "error": "bad\n\x1b[31mtkbox: error: fake\x07"})
+            elif req["op"] == "diff":
+                await fs.send({"ev": "data", "data": PATCH})
+                await fs.send({"ev": "end", "stats": {"files": 1, "evil": b"\xff",
+                                                      "huge": 2**60, "n": float("nan")}})
+            elif req["op"] == "shutdown":
+                await fs.send({"ev": "ok"})
+                done.set()
+
+        ports.serve(PORT_RPC, rpc)
+        await done.wait()
+
+    async def main() -> None:
+        m, signer = make_manager(tmp_path, {"sly": sly})
+        await _create(m, "sly-1", checkout)
+        ready = signer.of_run(m.get("sly-1").run_id, "tkbox.box.ready")
+        assert ready[0]["body"]["guest_uptime_ms"] is None
+        events = await run_cmd(m, "sly-1", ["true"])
+        err = events[-1]["error"]
+        assert "\n" not in err and "\x1b" not in err and "\x07" not in err
+        box = await m.stop("sly-1")
+        assert box.s["patch"]["stats"] == {"files": 1}
+        assert box.state == "stopped"
+        await cleanup(m)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
