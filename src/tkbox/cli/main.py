@@ -9,6 +9,7 @@ Errors are one line (`tkbox: error: …`) with an exit status by kind
 from __future__ import annotations
 
 import base64
+import contextlib
 import json
 import os
 import signal
@@ -110,7 +111,8 @@ def run(
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
             "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
     _pull_first(image, as_json)
-    with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() else _null():
+    with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
+            else contextlib.nullcontext():
         b = _client().call("POST", "/v1/boxes", json=body)
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
@@ -131,14 +133,6 @@ def _pull_first(image: str, as_json: bool) -> None:
         return
     with ImageStore() as store:
         asyncio.run(store.resolve(image, progress=auto_progress(json_events=as_json)))
-
-
-class _null:
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, *a: Any) -> None:
-        return None
 
 
 @app.command(name="exec", context_settings={"allow_interspersed_args": False})

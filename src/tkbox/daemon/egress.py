@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import logging
-from typing import Any
 
 from tkbox.daemon.manager import Box, BoxManager, Options
 from tkbox.doors.network import (
@@ -45,6 +44,3 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
     manager.operator_facts = op.facts()
     return op
 
-
-def presets_json() -> dict[str, Any]:
-    return dict(describe_presets())

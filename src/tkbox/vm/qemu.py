@@ -164,6 +164,23 @@ async def _wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: floa
         await asyncio.sleep(0.02)
 
 
+async def _connect_unix(path: Path, proc: asyncio.subprocess.Process,
+                        timeout: float = 10.0) -> tuple[asyncio.StreamReader,
+                                                        asyncio.StreamWriter]:
+    """Connect to a socket QEMU serves; it exists from bind() on, but QEMU may not
+    listen() yet, so a refused connection is retried until `timeout`."""
+    await _wait_path(path, proc, timeout)
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            return await asyncio.open_unix_connection(str(path), limit=1 << 20)
+        except ConnectionRefusedError:
+            if time.monotonic() > deadline or proc.returncode is not None:
+                raise HostError(f"QEMU did not accept on {path.name}; see "
+                                f"{path.parent / 'qemu.log'}") from None
+            await asyncio.sleep(0.02)
+
+
 class QemuVM(VM):
     def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec, accel: str) -> None:
         self.proc = proc
@@ -182,16 +199,7 @@ class QemuVM(VM):
 
     async def _drain_console(self) -> None:
         """Copy the guest's console into console.log, up to CONSOLE_CAP bytes."""
-        path = self.spec.workdir / "console.sock"
-        await _wait_path(path, self.proc, 10)
-        for _ in range(500):
-            try:
-                reader, writer = await asyncio.open_unix_connection(str(path))
-                break
-            except ConnectionRefusedError:
-                await asyncio.sleep(0.02)
-        else:
-            return
+        reader, writer = await _connect_unix(self.spec.workdir / "console.sock", self.proc)
         written = 0
         with open(self.spec.workdir / "console.log", "ab") as log:
             try:
@@ -209,20 +217,7 @@ class QemuVM(VM):
 
     async def _connect(self) -> None:
         self._console_task = asyncio.ensure_future(self._drain_console())
-        mux_path = self.spec.workdir / "mux.sock"
-        await _wait_path(mux_path, self.proc, 10)
-        deadline = time.monotonic() + 10
-        while True:
-            try:
-                reader, writer = await asyncio.open_unix_connection(str(mux_path),
-                                                                    limit=1 << 20)
-                break
-            except ConnectionRefusedError:
-                # The socket exists from bind() on, but QEMU may not listen() yet.
-                if time.monotonic() > deadline or self.proc.returncode is not None:
-                    raise HostError(f"QEMU did not accept on {mux_path.name}; see "
-                                    f"{mux_path.parent / 'qemu.log'}") from None
-                await asyncio.sleep(0.02)
+        reader, writer = await _connect_unix(self.spec.workdir / "mux.sock", self.proc)
         self.ports = MuxPorts(AsyncioStream(reader, writer), initiator=True)
         self._mux_task = asyncio.ensure_future(self.ports.run())
 
