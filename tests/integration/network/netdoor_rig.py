@@ -174,6 +174,16 @@ class DoorThread:
 
         return self.call(get())
 
+    def wait_records(self, kind: str, n: int = 1, timeout: float = 5.0) -> list[dict[str, Any]]:
+        """The records of `kind` once there are `n`: a connection's completion is
+        written after the client has seen its answer, so it may land a moment later."""
+        import time as _time
+
+        deadline = _time.monotonic() + timeout
+        while len(found := self.records(kind)) < n and _time.monotonic() < deadline:
+            _time.sleep(0.02)
+        return found
+
     def close(self) -> None:
         async def stop() -> None:
             self.server.close()

@@ -92,7 +92,7 @@ def test_curl_to_an_allowed_host_passes_and_is_recorded(
         [d] = [r for r in door.records("tkbox.decision")]
         assert d["action"] == "Connect" and d["resource"]["addresses"] == ["127.0.0.1"]
         assert d["context"]["operator"] == ["permit 127.0.0.1/32"]
-        [c] = door.records("tkbox.complete")
+        [c] = door.wait_records("tkbox.complete")
         assert c["outcome"]["server_name"] == "origin.test" and c["outcome"]["bytes_down"] > 0
     finally:
         door.close()
@@ -175,7 +175,7 @@ def test_curl_with_sni_for_another_host_is_cut(site: tuple[TestCA, HTTPSOrigin, 
         )
         out, err = p.communicate(timeout=60)
         assert p.returncode != 0
-        [c] = door.records("tkbox.complete")
+        [c] = door.wait_records("tkbox.complete")
         assert c["outcome"]["ended"] == "refused" and "'origin.test'" in c["outcome"]["reason"]
     finally:
         door.close()
@@ -373,7 +373,7 @@ def test_real_hello_retry_request_is_rechecked_and_passes(
             timeout=60,
         )
         assert "HTTP/1.0 200 ok" in r.stdout, r.stderr
-        [c] = door.records("tkbox.complete")
+        [c] = door.wait_records("tkbox.complete")
         assert c["outcome"]["hello_retry"] is True and c["outcome"]["server_name"] == "origin.test"
     finally:
         door.close()
