@@ -10,5 +10,9 @@ lint:
 	.venv/bin/mypy --strict src/tkbox
 bench:
 	for b in benchmarks/*.py; do .venv/bin/python $$b || exit 1; done
+# Each fuzz target runs for FUZZ_SECONDS (rounds of fresh examples); the summary
+# prints how many examples each ran. `make fuzz FUZZ_SECONDS=600` for longer.
+FUZZ_SECONDS ?= 120
 fuzz:
-	.venv/bin/python -m pytest -q tests/fuzz --hypothesis-profile=long
+	TKBOX_FUZZ_SECONDS=$(FUZZ_SECONDS) .venv/bin/python -m pytest -q \
+		--timeout=0 tests/fuzz --hypothesis-profile=long

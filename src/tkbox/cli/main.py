@@ -99,6 +99,7 @@ def run(
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    disk: Annotated[int, typer.Option(help="MiB the box may write to /workspace")] = 4096,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
@@ -109,7 +110,7 @@ def run(
             raise UserError(f"--env {item!r} must be NAME=VALUE")
         envs[k] = v
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
-            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
+            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus, "disk_mib": disk}
     _pull_first(image, as_json)
     with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():

@@ -220,7 +220,8 @@ class BoxManager:
     async def contain(self, box: Box, why: str) -> None:
         """Stop a box at once because the record cannot be kept."""
         log.warning("box %s stopped: %s", box.name, why)
-        box.s["error"] = f"stopped: {why}"
+        if box.state in lifecycle.LIVE or not box.s.get("error"):
+            box.s["error"] = f"stopped: {why}"  # the first cause, not what it then broke
         # The state moves first: the VM watcher must not see a "running" box die.
         if lifecycle.can(box.state, "vm_died"):
             box.move("vm_died")

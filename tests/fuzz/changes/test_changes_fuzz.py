@@ -55,14 +55,14 @@ def test_seed_parses() -> None:
     assert len(parse_patch(SEED).sections) == 6
 
 
-@settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.binary(max_size=2000))
 def test_random_bytes_raise_only_patch_refused(data: bytes) -> None:
     check(data)
     check(b"diff --git " + data)
 
 
-@settings(max_examples=600, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(st.lists(st.tuples(st.integers(0, len(SEED)), st.integers(0, 8), st.binary(max_size=6)),
                 min_size=1, max_size=4))
 def test_mutated_patches_raise_only_patch_refused(edits: list[tuple[int, int, bytes]]) -> None:
@@ -73,7 +73,7 @@ def test_mutated_patches_raise_only_patch_refused(edits: list[tuple[int, int, by
     check(bytes(data))
 
 
-@settings(max_examples=300, deadline=None)
+@settings(deadline=None)
 @given(st.binary(max_size=300), st.binary(max_size=300))
 def test_path_and_target_checks_raise_only_patch_refused(path: bytes, target: bytes) -> None:
     try:

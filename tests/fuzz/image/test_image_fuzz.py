@@ -20,7 +20,7 @@ from tkbox.image.auth import parse_challenges, parse_token_response
 from tkbox.image.flatten import Layer, plan_layers
 from tkbox.image.reference import parse_reference
 
-FAST = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FAST = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 ref_alphabet = st.sampled_from(list("abcAZ09:/@._-[]sha256 \t\n") + ["sha256:" + "a" * 64])
 

@@ -23,7 +23,7 @@ from tkbox.doors.network.tls import (
 )
 from tkbox.errors import GuestError
 
-FUZZ = settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])
 
 # --- request heads ------------------------------------------------------------
 
