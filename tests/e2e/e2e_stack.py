@@ -17,6 +17,7 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -203,3 +204,17 @@ def own_stack(tmp_path: Path) -> Iterator[Stack]:
     yield s
     for name in list(s.procs):
         s.stop(name)
+
+
+def export_verified(s: Stack, name: str, tmp: Path) -> list[dict[str, Any]]:
+    """Export `name`'s run, check that `tkbox verify` says VERIFIED, and return its
+    records (kind and body) as the bundle holds them, for tests to read."""
+    from tkbox.formats import bundle, record
+
+    out = tmp / f"{name}.tkb"
+    s.tk("export", name, "-o", str(out))
+    v = s.tk("verify", str(out), "--trust", str(tmp / f"{name}.trust.json"))
+    assert "Integrity: VERIFIED." in v.stdout, v.stdout
+    recs = [record.parse(e.extra) for e in bundle.parse(out.read_bytes()).entries
+            if e.extra is not None]
+    return [{"kind": r.kind, "seq": r.seq, "body": r.body} for r in recs]

@@ -20,9 +20,10 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
-from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
+from e2e_stack import TKBOX, Stack, export_verified, fresh_name, make_home, stack_env
 
 from tkbox.record.unix import UnixSignerClient
 
@@ -65,13 +66,8 @@ def wait_no_vm(run_id: str, within: float = 20) -> None:
     assert qemu_pids(run_id) == [], f"QEMU of {run_id} outlived its box"
 
 
-def export_report(s: Stack, name: str, tmp: Path) -> str:
-    out = tmp / f"{name}.tkb"
-    s.tk("export", name, "-o", str(out))
-    plain = s.tk("verify", str(out), "--trust", str(tmp / f"{name}.trust.json"))
-    assert "Integrity: VERIFIED." in plain.stdout
-    v = s.tk("verify", str(out), "--trust", str(tmp / f"{name}.trust.json"), "--json")
-    return json.dumps(json.loads(v.stdout))
+def kinds(records: list[dict[str, Any]]) -> list[str]:
+    return [str(r["kind"]) for r in records]
 
 
 # ---- the signer killed mid-box -------------------------------------------------------
@@ -214,8 +210,10 @@ def test_signer_back_apply_writes_and_the_lost_records_are_gaps(killed: Killed,
     assert {f["path"]: f["status"] for f in report["files"]} == {  # type: ignore[index]
         "file.txt": "applied"}
     assert (killed.checkout / "file.txt").read_text() == "after\n"
-    text = export_report(s, killed.live, tmp_path)
-    assert "tkbox.gap" in text and "egress" in text
+    recs = export_verified(s, killed.live, tmp_path)
+    gaps = [r["body"] for r in recs if r["kind"] == "tkbox.gap"]
+    assert gaps and any("egress" in json.dumps(g) or "completion" in json.dumps(g)
+                        for g in gaps), gaps
 
 
 # ---- the signer refuses a record -------------------------------------------------------
@@ -269,8 +267,9 @@ def test_qemu_killed_under_a_box_fails_it_and_is_recorded(stack: Stack, workspac
         assert "VM ended unexpectedly" in str(i["error"])
         r = stack.tk("exec", name, "--", "true", check=False)
         assert r.returncode != 0 and "it failed" in r.stderr
-        report = export_report(stack, name, tmp_path)
-        assert "tkbox.containment" in report and "VM ended unexpectedly" in report
+        recs = export_verified(stack, name, tmp_path)
+        cont = [r["body"] for r in recs if r["kind"] == "tkbox.containment"]
+        assert cont and "VM ended unexpectedly" in str(cont[0]["reason"]), cont
     finally:
         stack.tk("rm", "--force", name, check=False)
 
@@ -345,7 +344,7 @@ def test_four_boxes_at_once_each_keep_their_own_files_and_record(stack: Stack,
             assert f"+{n}\n" in patch
             assert not any(f"+{o}\n" in patch for o in names if o != n)
             run_ids.add(str(info(stack, n)["run_id"]))
-            assert "tkbox.box.stop" in export_report(stack, n, tmp_path)
+            assert "tkbox.box.stop" in kinds(export_verified(stack, n, tmp_path))
         assert len(run_ids) == 4
     finally:
         for n in names:
@@ -386,6 +385,12 @@ def test_stop_racing_an_exec_ends_both_and_the_run_verifies(stack: Stack, worksp
         assert patch.count("+late") == ran, (late_rcs, patch[-800:])
         r = stack.tk("exec", name, "--", "true", check=False)
         assert r.returncode != 0 and "stopped" in r.stderr
-        assert "tkbox.box.stop" in export_report(stack, name, tmp_path)
+        recs = export_verified(stack, name, tmp_path)
+        assert "tkbox.box.stop" in kinds(recs)
+        # every command the signer allowed has its completion: none was lost in the race
+        decided = {r["seq"] for r in recs if r["kind"] == "tkbox.decision"
+                   and r["body"].get("allowed")}
+        completed = {r["body"]["decision"] for r in recs if r["kind"] == "tkbox.complete"}
+        assert decided and decided == completed, (decided, completed)
     finally:
         stack.tk("rm", "--force", name, check=False)

@@ -26,7 +26,7 @@ from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
-from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
+from e2e_stack import TKBOX, Stack, export_verified, fresh_name, make_home, stack_env
 
 NAMES = ["origin.test", "other.test", "waits.test", "denied.test", "late.test"]
 
@@ -104,9 +104,29 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
     make_wheel(www)
     make_git_repo(www)
 
+    drips: list[dict[str, float | None]] = []  # /drip downloads: when the origin lost each
+
     class Handler(http.server.SimpleHTTPRequestHandler):
         def __init__(self, *a: object, **kw: object) -> None:
             super().__init__(*a, directory=str(www), **kw)  # type: ignore[arg-type]
+
+        def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+            if self.path != "/drip":
+                return super().do_GET()
+            # A download that never ends by itself: 1 KiB every 0.1 s.
+            rec: dict[str, float | None] = {"closed": None}
+            drips.append(rec)
+            self.send_response(200)
+            self.send_header("Content-Length", str(1 << 30))
+            self.end_headers()
+            try:
+                while True:
+                    self.wfile.write(b"x" * 1024)
+                    self.wfile.flush()
+                    time.sleep(0.1)
+            except OSError:
+                rec["closed"] = time.monotonic()
+            return None
 
         def log_message(self, *a: object) -> None:
             pass
@@ -135,7 +155,7 @@ def net(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, object]]
     name = fresh_name("net")
     s.tk("run", "--name", name, "--workspace", str(ws), "--allow", f"origin.test:{port}",
          "--allow", f"other.test:{port2}")
-    yield {"stack": s, "box": name, "port": port, "port2": port2, "tmp": tmp}
+    yield {"stack": s, "box": name, "port": port, "port2": port2, "tmp": tmp, "drips": drips}
     s.tk("rm", "--force", name, check=False)
     for name_ in list(s.procs):
         s.stop(name_)
@@ -218,17 +238,53 @@ def test_unlisted_host_fails_when_denied(net: dict[str, object]) -> None:
 
 
 def test_unlisted_host_fails_after_the_wait(net: dict[str, object]) -> None:
-    with _curl_bg(net, "late.test") as proc:
+    """Nobody answers: the connection waits for a person (the approval is pending),
+    then after --approval-wait (8 s) it is refused with that reason, and the approval
+    is gone. A refusal for any other reason (a denial, the allowlist) says otherwise."""
+    s: Stack = net["stack"]  # type: ignore[assignment]
+    with subprocess.Popen([*TKBOX, "exec", str(net["box"]), "--", "sh", "-c",
+                           f"curl -sS -i -m 60 http://late.test:{net['port']}/hello 2>&1; "
+                           "echo rc=$?"], env=s.env, stdout=subprocess.PIPE) as proc:
+        p = _wait_pending(s, "late.test")
         out = proc.communicate(timeout=90)[0].decode()
-    assert "rc=0" not in out and "hello" not in out
+    assert "HTTP/1.1 403" in out, out
+    assert f"nobody answered approval {p['id']} within 8 s" in out, out
+    assert "hello through the door" not in out
+    pending = json.loads(s.tk("approvals", "--json").stdout)
+    assert not [i for i in pending if i.get("host") == "late.test"]
 
 
 def test_stop_closes_egress_and_the_run_verifies(net: dict[str, object], tmp_path: Path) -> None:
-    """Runs last in this module: stop, then every connection is in the verified bundle."""
+    """Runs last in this module. A download in flight when the stop begins is cut by
+    the door (its record says "box stopped", not that the client or the origin ended
+    it), the origin loses the connection, no connection can be made after, and every
+    connection is in the verified bundle."""
     s: Stack = net["stack"]  # type: ignore[assignment]
     box = str(net["box"])
-    s.tk("stop", box)
-    out = tmp_path / "net.tkb"
-    s.tk("export", box, "-o", str(out))
-    v = s.tk("verify", str(out), "--trust", str(tmp_path / "net.trust.json"))
-    assert "Integrity: VERIFIED." in v.stdout
+    drips: list[dict[str, float | None]] = net["drips"]  # type: ignore[assignment]
+    with subprocess.Popen([*TKBOX, "exec", box, "--", "sh", "-c",
+                           f"curl -sS -m 300 https://origin.test:{net['port']}/drip "
+                           "-o /dev/null; echo rc=$?"], env=s.env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE) as proc:
+        deadline = time.monotonic() + 60
+        while not drips and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert drips, "the download never reached the origin"
+        time.sleep(1)
+        assert drips[0]["closed"] is None  # still flowing before the stop
+        s.tk("stop", box)
+        proc.communicate(timeout=60)
+    deadline = time.monotonic() + 10
+    while drips[0]["closed"] is None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert drips[0]["closed"] is not None, "the origin still has the box's connection"
+    r = sh(net, f"curl -sS -m 30 https://origin.test:{net['port']}/hello")
+    assert r.returncode != 0 and "stopped" in r.stderr and r.stdout == ""
+    assert len(drips) == 1
+    recs = export_verified(s, box, tmp_path)
+    connects = {r["seq"]: r["body"] for r in recs
+                if r["kind"] == "tkbox.decision" and r["body"]["action"] == "Connect"}
+    ends = {r["body"]["decision"]: r["body"]["outcome"] for r in recs
+            if r["kind"] == "tkbox.complete" and r["body"]["decision"] in connects}
+    assert set(ends) == {seq for seq, b in connects.items() if b["allowed"]}
+    assert [o for o in ends.values() if o.get("ended") == "box stopped"], ends

@@ -38,6 +38,9 @@ PR_SET_PDEATHSIG = 1
 CONSOLE_CAP = 16 * 1024 * 1024
 
 
+BOOT = Path("/boot")  # where a kernel's build config is read from: config-VERSION
+
+
 @dataclass(frozen=True)
 class AccelDecision:
     accel: str  # "kvm" or "tcg"
@@ -73,7 +76,7 @@ def _decide(kernel_version: str) -> AccelDecision:
         return AccelDecision("tcg", f"/dev/kvm is not usable ({exc.strerror}); "
                                     "add yourself to the 'kvm' group")
     if os.path.exists("/sys/module/kvm_pvm"):
-        config = Path(f"/boot/config-{kernel_version}")
+        config = BOOT / f"config-{kernel_version}"
         text = config.read_text() if config.is_file() else ""
         if "CONFIG_PVM_GUEST=y" in text:
             return AccelDecision("kvm", "KVM is PVM and the guest kernel is built for PVM")

@@ -20,7 +20,7 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
 from changes_trees import Tree, build_upper, file, link, make_tree, read_tree  # noqa: E402
 
-from tkbox.doors.changes import ApplyReport, PatchRefused, apply_patch  # noqa: E402
+from tkbox.doors.changes import ApplyFailed, ApplyReport, PatchRefused, apply_patch  # noqa: E402
 from tkbox.doors.changes import door as door_mod  # noqa: E402
 from tkbox.doors.changes import fs as fs_mod  # noqa: E402
 from tkbox.doors.changes.patch import parse_patch  # noqa: E402
@@ -167,8 +167,18 @@ def test_failure_half_way_leaves_the_checkout_as_it_was(tmp_path: Path, monkeypa
         real_link(*a, **k)
 
     monkeypatch.setattr(fs_mod.os, "link", failing_link)
-    with pytest.raises(OSError, match="No space left"):
-        apply(patch, co)
+    signer = FakeSigner()
+    with pytest.raises(ApplyFailed) as err:
+        apply(patch, co, signer)
+    # a clear one-line error from the door, not a raw OSError: what, why, what to do
+    msg = str(err.value)
+    assert not isinstance(err.value.__cause__, OSError) and "\n" not in msg
+    assert msg.startswith("nothing applied: writing ") and "No space left on device" in msg
+    assert "the checkout is as it was" in msg and "apply again" in msg
+    # and the record says nothing was written, with the same reason
+    outcomes = [r["outcome"] for r in signer.records if r["kind"] == "tkbox.complete"]
+    assert outcomes and all(o["written"] is False and "No space left" in o["reason"]
+                            for o in outcomes), outcomes
     assert calls["n"] == 3
     assert read_tree(co) == lower
     assert sorted(os.listdir(co)) == [".git", "a", "d", "del", "z"]

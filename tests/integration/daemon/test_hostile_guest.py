@@ -214,16 +214,76 @@ def test_polite_guest_round_trip_records_every_crossing(tmp_path: Path, checkout
     asyncio.run(asyncio.wait_for(main(), 60))
 
 
+def _spying_guest(seen: list[bytearray]) -> Any:
+    """The polite guest, keeping every byte each RPC connection brought it."""
+    from fake_guests import boot, polite_rpc
+
+    from tkbox.protocol.ports import PORT_RPC
+    from tkbox.protocol.streams import ByteStream
+
+    class Tap(ByteStream):
+        def __init__(self, inner: ByteStream) -> None:
+            self.inner, self.log = inner, bytearray()
+            seen.append(self.log)
+
+        async def receive(self, max_bytes: int = 65536) -> bytes:
+            data = await self.inner.receive(max_bytes)
+            self.log += data
+            return data
+
+        async def send_all(self, data: bytes) -> None:
+            await self.inner.send_all(data)
+
+        async def send_eof(self) -> None:
+            await self.inner.send_eof()
+
+        async def aclose(self) -> None:
+            await self.inner.aclose()
+
+    async def agent(ports: Any, spec: Any) -> None:
+        await boot(ports)
+        done = asyncio.Event()
+
+        async def handler(stream: ByteStream) -> None:
+            try:
+                await polite_rpc(Tap(stream))
+            except SystemExit:
+                done.set()
+
+        ports.serve(PORT_RPC, handler)
+        await done.wait()
+
+    return agent
+
+
 def test_refused_command_never_reaches_the_guest(tmp_path: Path, checkout: Path) -> None:
+    """A command the signer refuses, or cannot decide, is never sent to the guest: the
+    guest's own view of its RPC port holds no exec request for it (and does hold one
+    once the signer allows, so the spy sees what it should)."""
+    from tkbox.protocol.framing import FrameDecoder
+
+    seen: list[bytearray] = []
+
+    def guest_ops() -> list[tuple[str, object]]:
+        frames = [f for log in seen for f in FrameDecoder().feed(bytes(log))]
+        return [(str(f.get("op")), f.get("argv")) for f in frames]
+
     async def main() -> None:
-        m, signer = make_manager(tmp_path, AGENTS)
+        m, signer = make_manager(tmp_path, {**AGENTS, "spy": _spying_guest(seen)})
         signer.policy = lambda run, action, res, ctx: (False, "no commands today")
-        await _create(m, "polite-1", checkout)
+        await _create(m, "spy-1", checkout)
         with pytest.raises(Refused, match="no commands today"):
-            await run_cmd(m, "polite-1", ["echo", "hi"])
+            await run_cmd(m, "spy-1", ["echo", "refused"])
         signer.available = False
         with pytest.raises(Refused, match="signer did not answer"):
-            await run_cmd(m, "polite-1", ["echo", "hi"])
+            await run_cmd(m, "spy-1", ["echo", "undecided"])
+        await asyncio.sleep(0.1)  # anything in flight would have arrived by now
+        assert [op for op in guest_ops() if op[0] == "exec"] == []
+        signer.available = True
+        signer.policy = lambda run, action, res, ctx: (True, "ok")
+        events = await run_cmd(m, "spy-1", ["echo", "allowed"])
+        assert events[-1]["ev"] == "exit"
+        assert [op for op in guest_ops() if op[0] == "exec"] == [("exec", ["echo", "allowed"])]
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))

@@ -44,8 +44,9 @@ def test_tcg_gets_the_host_tsc_rate_and_a_fixed_lpj(tmp_path: Path,
     assert kvm[kvm.index("-accel") + 1] == "kvm" and tcg[tcg.index("-accel") + 1] == "tcg"
 
 
-def test_accel_decision_on_a_pvm_host_reads_the_guest_kernel_config(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def pvm_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A host whose /dev/kvm opens and whose KVM is PVM; kernel configs in a tmp /boot."""
     monkeypatch.delenv("TKBOX_ACCEL", raising=False)
     real_exists = qemu.os.path.exists
     monkeypatch.setattr(qemu.os.path, "exists",
@@ -53,5 +54,33 @@ def test_accel_decision_on_a_pvm_host_reads_the_guest_kernel_config(
                         else real_exists(p))
     monkeypatch.setattr(qemu.os, "open", lambda *a, **k: 99)
     monkeypatch.setattr(qemu.os, "close", lambda fd: None)
+    boot = tmp_path / "boot"
+    boot.mkdir()
+    monkeypatch.setattr(qemu, "BOOT", boot)
+    return boot
+
+
+def test_pvm_host_runs_a_guest_kernel_built_for_pvm_under_kvm(pvm_host: Path) -> None:
+    (pvm_host / "config-6.1.0-pvm").write_text("CONFIG_KVM_GUEST=y\nCONFIG_PVM_GUEST=y\n")
+    d = qemu._decide("6.1.0-pvm")
+    assert d.accel == "kvm" and "built for PVM" in d.reason
+
+
+def test_pvm_host_runs_other_guest_kernels_under_tcg_and_says_why(pvm_host: Path) -> None:
+    (pvm_host / "config-6.1.0-plain").write_text("CONFIG_KVM_GUEST=y\n"
+                                                 "# CONFIG_PVM_GUEST is not set\n")
+    d = qemu._decide("6.1.0-plain")
+    assert d.accel == "tcg" and "PVM" in d.reason and "6.1.0-plain" in d.reason
+    # a kernel whose config is missing cannot be shown to be built for PVM: TCG too
     d = qemu._decide("0.0-no-such-kernel")
-    assert d.accel == "tcg" and "PVM" in d.reason
+    assert d.accel == "tcg" and "0.0-no-such-kernel" in d.reason
+
+
+def test_the_accel_decision_is_cached_per_kernel(pvm_host: Path, tmp_path: Path) -> None:
+    (pvm_host / "config-6.1.0-pvm").write_text("CONFIG_PVM_GUEST=y\n")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    assert qemu.decide_accel("6.1.0-pvm", cache).accel == "kvm"
+    (pvm_host / "config-6.1.0-pvm").write_text("")  # the cache answers, not the file
+    assert qemu.decide_accel("6.1.0-pvm", cache).accel == "kvm"
+    assert qemu.decide_accel("6.1.0-other", cache).accel == "tcg"

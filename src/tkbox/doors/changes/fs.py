@@ -24,7 +24,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.errors import ApplyFailed, PatchRefused
 from tkbox.doors.changes.plan import ABSENT, State
 from tkbox.errors import HostError
 
@@ -159,6 +159,7 @@ class _Txn:
     stage_fd: int = -1
     undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
     counter: int = 0
+    current: str = ""  # the checkout path being written, for errors
 
     def backup_name(self) -> str:
         self.counter += 1
@@ -225,10 +226,21 @@ def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
             _run(txn, writes, max_bytes)
         except BaseException as exc:
             _rollback(txn, exc)
+            if isinstance(exc, OSError):
+                where = f"writing {txn.current!r}" if txn.current else "writing the checkout"
+                raise ApplyFailed(
+                    f"nothing applied: {where} in {str(co.root)!r} failed "
+                    f"({exc.strerror or exc}); the checkout is as it was; fix that "
+                    "(free space, permissions) and run tkbox apply again") from None
             raise
     finally:
         os.close(txn.stage_fd)
-    _cleanup(txn)
+    try:
+        _cleanup(txn)
+    except OSError as e:
+        raise HostError(f"the patch was applied, but the staging directory {txn.stage!r} in "
+                        f"the checkout could not be removed ({e.strerror}); remove it by hand"
+                        ) from None
 
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
@@ -244,6 +256,7 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
                        key=lambda w: w.path.split("/"), reverse=True)
     emptied: set[tuple[str, ...]] = set()
     for w in deletions:
+        txn.current = w.path
         dirs, name = _split(w.path)
         fd = txn.dir_fd(dirs, create=False)
         try:
@@ -272,6 +285,7 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
             os.close(fd)
     for w in sorted((w for w in writes if w.new.kind != "absent"),
                     key=lambda w: w.path.split("/")):
+        txn.current = w.path
         dirs, name = _split(w.path)
         fd = txn.dir_fd(dirs, create=True)
         try:
