@@ -93,6 +93,12 @@ class Stack:
         self.tk("signer", "init", "--dev", check=False)
         proc = self.start("signer", "signer", "serve")
         self.wait_socket(self.home / "run" / "signer.sock", proc, "signer")
+        # A killed signer leaves its socket file behind: wait for a real answer.
+        deadline = time.monotonic() + 60
+        while self.tk("signer", "status", check=False).returncode != 0:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                raise AssertionError(f"signer did not answer: {self.log_tail('signer')}")
+            time.sleep(0.2)
 
     def start_daemon(self, *extra: str) -> subprocess.Popen[bytes]:
         proc = self.start("daemon", "daemon", *extra)

@@ -289,8 +289,44 @@ class Reaper:
                 fut.set_result(status)
 
 
+CGROUP = Path("/sys/fs/cgroup")
+COMMANDS_CGROUP = CGROUP / "commands"
+
+
+def confine_commands() -> str:
+    """Run every command in a memory cgroup that leaves the agent room to work.
+
+    Without it, a command that eats the guest's memory pushes the kernel into
+    reclaiming file pages (the agent's own code among them) instead of killing
+    anything: under emulation the box then stalls for many minutes. With it,
+    the commands' group hits `memory.max` first and the kernel's OOM killer
+    ends the largest command at once; the agent (and the record) carry on.
+    Returns what was done, for the log; a kernel without memory cgroups is
+    left as it was.
+    """
+    try:
+        total = next(int(line.split()[1]) * 1024 for line in
+                     Path("/proc/meminfo").read_text().splitlines()
+                     if line.startswith("MemTotal:"))
+        CGROUP.mkdir(parents=True, exist_ok=True)
+        mount("cgroup2", CGROUP, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        (CGROUP / "cgroup.subtree_control").write_text("+memory")
+        COMMANDS_CGROUP.mkdir(exist_ok=True)
+        reserve = max(48 << 20, total // 8)  # the agent, the kernel, the mux buffers
+        (COMMANDS_CGROUP / "memory.max").write_text(str(max(64 << 20, total - reserve)))
+        return f"commands are limited to {max(64 << 20, total - reserve) >> 20} MiB"
+    except (OSError, StopIteration, ValueError) as exc:
+        return f"commands are not memory-confined ({exc})"
+
+
 def _preexec(root: str, cwd: str) -> Any:
+    procs = COMMANDS_CGROUP / "cgroup.procs"
+    confined = procs.exists()
+
     def fn() -> None:
+        if confined:  # before the chroot: the cgroup filesystem is outside the new root
+            with open(procs, "w") as f:
+                f.write(str(os.getpid()))
         os.chroot(root)
         os.chdir(cwd)
     return fn
@@ -556,6 +592,7 @@ async def amain(dev: str) -> None:
         install_ca(cfg)
         write_etc(cfg)
         lo_up()
+        log(confine_commands())
         agent = Agent(ports, cfg, reaper)
         server = await asyncio.start_server(agent.forward, *PROXY_ADDR)
         ports.serve(PORT_RPC, agent.handle_rpc)
