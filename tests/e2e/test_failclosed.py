@@ -216,6 +216,26 @@ def test_signer_back_apply_writes_and_the_lost_records_are_gaps(killed: Killed,
                         for g in gaps), gaps
 
 
+# ---- a signer that died before the daemon started --------------------------------------
+
+
+def test_a_dead_signers_leftover_socket_does_not_start_a_daemon(tmp_path: Path) -> None:
+    """SIGKILL leaves the signer's socket file behind; the daemon must ask, not look,
+    and refuse to start (no box could be recorded)."""
+    home = make_home(tmp_path)
+    s = Stack(home, stack_env(home))
+    s.start_signer()
+    proc = s.procs.pop("signer")
+    os.killpg(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert (home / "run" / "signer.sock").exists()
+    r = subprocess.run([*TKBOX, "daemon"], env=s.env, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode != 0
+    assert "no signer answers" in r.stderr and "tkbox signer serve" in r.stderr
+    assert not (home / "run" / "daemon.sock").exists()
+
+
 # ---- the signer refuses a record -------------------------------------------------------
 
 
@@ -371,7 +391,8 @@ def test_stop_racing_an_exec_ends_both_and_the_run_verifies(stack: Stack, worksp
                                       "echo late >> /workspace/late"], env=stack.env,
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE)
                     for _ in range(3)]
-            assert stop.wait(300) == 0, stop.communicate()[1]
+            stop_err = stop.communicate(timeout=300)[1]
+            assert stop.returncode == 0, stop_err
             assert running.wait(120) != 0  # the command did not finish on its own
             late_rcs = [p.wait(120) for p in late]
         for p in late:

@@ -447,6 +447,14 @@ class BoxManager:
     async def _watch_transport(self, box: Box, vm: VM) -> None:
         """A guest that breaks the transport (a protocol violation) loses its VM."""
         why = await vm.ports.wait_closed()
+        # A VM that ended (QEMU killed, the guest powered off) closes the link too: that
+        # is the VM watcher's to report, not the guest's fault. A guest that broke the
+        # protocol leaves its VM running.
+        ended = asyncio.ensure_future(vm.wait())
+        done, _ = await asyncio.wait({ended}, timeout=1.0)
+        if done:
+            return
+        ended.cancel()
         if box.vm is vm and box.state in ("creating", "running", "held"):
             box.s["error"] = f"the guest broke its transport ({why}); the VM was killed"
             if box.ready is not None and not box.ready.done():

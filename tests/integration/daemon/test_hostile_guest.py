@@ -165,8 +165,11 @@ def test_guest_breaking_the_mux_kills_only_its_own_box(tmp_path: Path, checkout:
             await _create(m, "linkflood-1", checkout)
         except GuestError as exc:
             assert "broke its transport" in str(exc)
-        await asyncio.sleep(0.5)
         box = m.get("linkflood-1")
+        for _ in range(50):  # the daemon first gives the VM a second to show it ended
+            if box.state == "failed":
+                break
+            await asyncio.sleep(0.1)
         assert box.state == "failed"
         assert "broke its transport" in box.s["error"] and "past its credit" in box.s["error"]
         with pytest.raises(UserError, match="it is failed"):
