@@ -393,6 +393,44 @@ def doctor(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def report(
+    bundle: Annotated[Path, typer.Argument(help="the .tkb bundle", show_default=False)],
+    trust: Annotated[Path, typer.Option("--trust", help="the .trust.json trust file",
+                                        show_default=False)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="the HTML page to write",
+                                         show_default=False)],
+) -> None:
+    """Verify a bundle, then write it as one self-contained HTML page: VERIFIED or FAILED at
+    the top, then the run as a timeline. Exits 4 (the page still written) when it fails."""
+    from tkbox.record.export import write_atomic
+    from tkbox.report import build_report, render_html
+    from tkbox.verify.cli import MAX_READ
+
+    data: list[bytes] = []
+    for path, what in ((bundle, "bundle"), (trust, "trust file")):
+        try:
+            with path.open("rb") as f:
+                chunk = f.read(MAX_READ + 1)
+        except OSError as exc:
+            raise UserError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+        if len(chunk) > MAX_READ:
+            raise UserError(f"the {what} {path} is larger than {MAX_READ} bytes")
+        data.append(chunk)
+    if not output.parent.is_dir():
+        raise UserError(f"directory {output.parent} does not exist")
+    outcome = build_report(data[0], data[1])
+    write_atomic(output, render_html(outcome, bundle.name).encode())
+    if outcome.error is not None:
+        e = outcome.error
+        err.print(f"Integrity: FAILED. {e.where + ': ' if e.where else ''}{e.what} ({e.code}); "
+                  f"wrote {output}", markup=False, highlight=False)
+        raise typer.Exit(e.exit_code)
+    assert outcome.timeline is not None
+    out.print(f"Integrity: VERIFIED. {outcome.timeline.report.records} records; wrote {output}",
+              markup=False, highlight=False)
+
+
+@app.command()
 def version() -> None:
     """Print tkbox's version."""
     out.print(__version__)

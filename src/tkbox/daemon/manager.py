@@ -628,6 +628,7 @@ class BoxManager:
                                    allow_sensitive=allow_sensitive, dry_run=dry_run)
         result: dict[str, Any] = report.to_json()
         if not dry_run:
+            await self.record(box, "tkbox.apply", _apply_record(result))
             box.s.setdefault("applied", []).append({"checkout": str(target), "time": time.time()})
             box.save()
         return result
@@ -680,3 +681,24 @@ async def _refuse_http(stream: ByteStream, reason: str) -> None:
         await stream.send_all(head + body)
     with contextlib.suppress(Exception):
         await stream.aclose()
+
+
+#: files listed by name in a `tkbox.apply` record; beyond, only counted
+MAX_APPLY_LISTED = 200
+
+
+def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
+    """What an apply did, for the record: counts, and the files not written by name.
+
+    Written files are in the record already (one `Write` decision each); the ones
+    held back never reached the signer, so this is where a reader learns of them.
+    Paths come from the guest's patch: each is cut to 256 characters, and at most
+    `MAX_APPLY_LISTED` are named.
+    """
+    def listed(status: str) -> list[dict[str, str]]:
+        return [{"path": str(f["path"])[:256], "reason": str(f.get("reason", ""))[:200]}
+                for f in result["files"] if f["status"] == status][:MAX_APPLY_LISTED]
+
+    return {"patch_sha256": result["patch_sha256"], "counts": dict(result["counts"]),
+            "allow_sensitive": bool(result["allow_sensitive"]),
+            "held_back": listed("held back"), "refused": listed("refused")}
