@@ -57,7 +57,8 @@ def a_run(kit: Kit, run: str = "job1") -> None:
     a = kit.append
     a(run, record.OPEN, {"facts": {"image": "sha256:abc"}, "isolation": "separate-user"})
     a(run, record.DECISION, {"action": "Bash", "allowed": True, "reason": "ok",
-                             "resource": {"command": "pytest -x"}, "context": {"cwd": "/workspace"}})
+                             "resource": {"command": "pytest -x"},
+                             "context": {"cwd": "/workspace"}})
     a(run, record.COMPLETE, {"decision": 1, "outcome": {"status": 3, "signal": None, "error": "",
                                                         "duration_ms": 2500, "stdout_bytes": 10,
                                                         "stderr_bytes": 2}})
