@@ -41,6 +41,7 @@ from tkbox.errors import (
     TkboxError,
     UserError,
 )
+from tkbox.image.runconfig import RunUser, image_env, user_of
 from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
@@ -290,6 +291,7 @@ class BoxManager:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
                 raise UserError(f"environment name {k!r} is not valid")
         image = await self.images.resolve(spec.image)  # UserError if unknown
+        run_user = await asyncio.to_thread(_image_user, image)
         build = await asyncio.to_thread(self.guest_build)
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
         staging = self.root / f".creating-{run_id}"
@@ -302,6 +304,7 @@ class BoxManager:
             "vcpus": spec.vcpus, "disk_mib": spec.disk_mib},
             "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
             "guest_build": build.digest[:16],
+            "image_config": _image_config_facts(image, run_user),
         })
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
@@ -312,13 +315,15 @@ class BoxManager:
                      "egress_permit": self.opts.egress_permit,
                      "egress_hosts": self.opts.egress_hosts}),
                      "extra_ca_certs": len(self.opts.ca_certs)},
-                 "guest": {"kernel": build.kernel_version, "initramfs": build.digest}}
+                 "guest": {"kernel": build.kernel_version, "initramfs": build.digest},
+                 "image_config": box.s["image_config"]}
         try:
             if self.door_factory is not None:
                 box.door = self.door_factory(box)  # a bad --allow entry is refused here
             if not self.opts.unrecorded:
                 await self.signer.open_run(run_id, facts)
-            stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs")
+            owner = (run_user.uid, run_user.gid) if run_user else (0, 0)
+            stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs", owner)
             box.s["workspace_copy"] = stats
             await asyncio.to_thread(build_upper, staging / "upper.ext4", spec.disk_mib)
             box.save()
@@ -333,7 +338,7 @@ class BoxManager:
             raise
         self.boxes[spec.name] = box
         try:
-            await self._boot(box, spec, image, build)
+            await self._boot(box, spec, image, build, run_user)
         except BaseException as exc:
             box.s["error"] = str(exc) if isinstance(exc, TkboxError) else \
                 f"{exc.__class__.__name__}: {exc}"
@@ -346,11 +351,18 @@ class BoxManager:
             raise
         return box
 
-    def _boot_config(self, box: Box, spec: BoxSpec) -> dict[str, Any]:
+    def _boot_config(self, box: Box, spec: BoxSpec, image: Any = None,
+                     run_user: RunUser | None = None) -> dict[str, Any]:
+        # Lowest first: tkbox's defaults, the image's Env, the doors' variables, --env
+        # (tkbox.image.runconfig says why).
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb",
-               "HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
-               "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""}
+               "HOME": run_user.home if run_user else "/root", "LANG": "C.UTF-8",
+               "TERM": "dumb"}
+        config = getattr(image, "config", None)
+        if config is not None:
+            env.update(image_env(config.env))
+        env.update({"HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
+                    "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""})
         pems = list(self.opts.ca_certs)
         if box.door is not None and getattr(box.door, "ca_pem", None):
             pems.insert(0, box.door.ca_pem)
@@ -361,11 +373,16 @@ class BoxManager:
                         "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
         env.update(spec.env)
         host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
-        return {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
-                "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
-                "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
+        cfg = {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
+               "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
+               "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
+        if run_user is not None:
+            cfg["user"] = {"uid": run_user.uid, "gid": run_user.gid,
+                           "groups": list(run_user.groups)}
+        return cfg
 
-    async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any) -> None:
+    async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any,
+                    run_user: RunUser | None = None) -> None:
         vm_dir = self.vms_root / box.run_id
         vm_spec = VMSpec(
             name=box.name, kernel=build.kernel, initramfs=build.initramfs, workdir=vm_dir,
@@ -375,7 +392,7 @@ class BoxManager:
             memory_mib=spec.memory_mib, vcpus=spec.vcpus)
         loop = asyncio.get_running_loop()
         box.ready = loop.create_future()
-        config = self._boot_config(box, spec)
+        config = self._boot_config(box, spec, image, run_user)
         t0 = time.monotonic()
         vm = await self.launcher.start(vm_spec)
         box.vm = vm
@@ -702,3 +719,22 @@ def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
     return {"patch_sha256": result["patch_sha256"], "counts": dict(result["counts"]),
             "allow_sensitive": bool(result["allow_sensitive"]),
             "held_back": listed("held back"), "refused": listed("refused")}
+
+
+def _image_user(image: Any) -> RunUser | None:
+    """The user the image names, resolved against its own root disk (None: root)."""
+    config = getattr(image, "config", None)
+    rootfs = getattr(image, "rootfs", None)
+    if config is None or not config.user or rootfs is None:
+        return None
+    return user_of(Path(rootfs), config.user)
+
+
+def _image_config_facts(image: Any, run_user: RunUser | None) -> dict[str, Any]:
+    """What of the image's config the box applied, for its run's open record."""
+    config = getattr(image, "config", None)
+    if config is None:
+        return {}
+    return {"env_names": sorted(image_env(config.env)), "user": config.user[:256],
+            "run_as": run_user.to_json() if run_user else None,
+            "working_dir": config.working_dir[:4096]}
