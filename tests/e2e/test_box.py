@@ -182,9 +182,13 @@ def test_apply_writes_the_patch_and_holds_back_sensitive_files(box: Box) -> None
     box.sh("cd /workspace && echo fixed > src/app.py && mkdir -p .github/workflows && "
            "echo 'on: push' > .github/workflows/evil.yml && echo new > added.txt")
     box.stack.tk("stop", box.name)
-    dry = box.stack.tkjson("apply", box.name, "--dry-run")
+    r = box.stack.tk("apply", box.name, "--dry-run", "--json", check=False)
+    assert r.returncode == 6  # held back: a person must look (docs/exit-status.md)
+    dry = json.loads(r.stdout)
     assert not (box.workspace / "added.txt").exists()
-    report = box.stack.tkjson("apply", box.name)
+    r = box.stack.tk("apply", box.name, "--json", check=False)
+    assert r.returncode == 6
+    report = json.loads(r.stdout)
     status = {f["path"]: f["status"] for f in report["files"]}  # type: ignore[index]
     assert status["src/app.py"] == "applied" and status["added.txt"] == "applied"
     assert status[".github/workflows/evil.yml"] == "held back"

@@ -60,8 +60,13 @@ def test_the_report_of_a_real_run_reads_as_what_the_box_did(box: Box, tmp_path: 
     refused = box.stack.tk("exec", box.name, "--env", "LD_PRELOAD=/x.so", "--", "true",
                            check=False)
     assert refused.returncode != 0
+    # exit statuses a script can use (docs/exit-status.md)
+    assert box.stack.tk("egress", "check", box.name, "169.254.169.254:80",
+                        check=False).returncode == 5
+    assert box.stack.tk("egress", "check", box.name, "unlisted.example:443",
+                        check=False).returncode == 6  # would wait for a person
     box.stack.tk("stop", box.name)
-    box.stack.tk("apply", box.name, check=False)
+    assert box.stack.tk("apply", box.name, check=False).returncode == 6  # held back
     bundle, trust = tmp_path / "job.tkb", tmp_path / "job.trust.json"
     box.stack.tk("export", box.name, "-o", str(bundle))
 

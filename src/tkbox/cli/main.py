@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tkbox import __version__
-from tkbox.errors import TkboxError, UserError
+from tkbox.errors import Refused, TkboxError, UserError
 
 app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -237,14 +237,30 @@ def apply(
     report = _client().call("POST", f"/v1/boxes/{name}/apply", json=body)
     if as_json:
         _emit(report, True)
-        return
-    from tkbox.doors.changes.report import ApplyReport, FileResult, render_report
+    else:
+        from tkbox.doors.changes.report import ApplyReport, FileResult, render_report
 
-    render_report(ApplyReport(
-        checkout=report["checkout"], patch_sha256=report["patch_sha256"],
-        dry_run=report["dry_run"], allow_sensitive=report["allow_sensitive"],
-        files=tuple(FileResult(**f) for f in report["files"]),
-        notes=tuple(report.get("notes", ()))), out)
+        render_report(ApplyReport(
+            checkout=report["checkout"], patch_sha256=report["patch_sha256"],
+            dry_run=report["dry_run"], allow_sensitive=report["allow_sensitive"],
+            files=tuple(FileResult(**f) for f in report["files"]),
+            notes=tuple(report.get("notes", ()))), out)
+    raise typer.Exit(apply_status(report))
+
+
+#: exit statuses a script can act on (docs/exit-status.md): a person must look
+EXIT_NEEDS_PERSON = 6
+
+
+def apply_status(report: dict[str, Any]) -> int:
+    """0 when every file was written (or would be, with --dry-run); 5 when any was
+    refused; 6 when some were held back and none refused."""
+    statuses = {f.get("status") for f in report.get("files", [])}
+    if "refused" in statuses:
+        return Refused.exit_code
+    if "held back" in statuses:
+        return EXIT_NEEDS_PERSON
+    return 0
 
 
 @app.command()
@@ -356,6 +372,9 @@ def egress_check(box: str, target: str, as_json: JsonOpt = False) -> None:
     r = _client().call("GET", f"/v1/boxes/{box}/egress-check",
                        params={"host": host or target, "port": int(port)})
     _emit(r, as_json, lambda r: out.print_json(json.dumps(r, default=str)))
+    # 0: it would pass; 6: it would wait for a person; 5: it would be refused
+    raise typer.Exit({"allow": 0, "ask": EXIT_NEEDS_PERSON}.get(str(r.get("verdict")),
+                                                              Refused.exit_code))
 
 
 @guest_app.command("build")

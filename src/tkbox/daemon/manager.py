@@ -357,7 +357,10 @@ class BoxManager:
         # (tkbox.image.runconfig says why).
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
                "HOME": run_user.home if run_user else "/root", "LANG": "C.UTF-8",
-               "TERM": "dumb"}
+               "TERM": "dumb",
+               # Bytecode caches are files nobody commits; without this, running the
+               # tests in the box put __pycache__/*.pyc into the patch and the checkout.
+               "PYTHONDONTWRITEBYTECODE": "1"}
         config = getattr(image, "config", None)
         if config is not None:
             env.update(image_env(config.env))
