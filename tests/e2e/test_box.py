@@ -195,3 +195,28 @@ def test_apply_writes_the_patch_and_holds_back_sensitive_files(box: Box) -> None
     assert (box.workspace / "src/app.py").read_text() == "fixed\n"
     assert not (box.workspace / ".github").exists()
     assert dry["dry_run"] is True  # type: ignore[index]
+
+
+def test_a_box_without_a_name_gets_one_and_stops_at_its_timeout(stack: Stack, workspace: Path,
+                                                                 tmp_path: Path) -> None:
+    """`tkbox run` without --name picks a name and prints it; --timeout stops the box by
+    itself (its patch kept), and the record says why."""
+    r = stack.tk("run", "--workspace", str(workspace), "--timeout", "20s", "--json")
+    info = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if "\n{" in r.stdout else r.stdout)
+    name = info["name"]
+    assert name.startswith("box-") and info["timeout_s"] == 20
+    try:
+        deadline = time.monotonic() + 180
+        while stack.tkjson("inspect", name)["state"] != "stopped":  # type: ignore[index]
+            assert time.monotonic() < deadline, "the box did not stop at its timeout"
+            time.sleep(1)
+        assert "--timeout of 20 s" in stack.tkjson("inspect", name)["error"]  # type: ignore[index]
+        stack.tk("patch", name)  # the patch was saved, as by tkbox stop
+        stack.tk("export", name, "-o", str(tmp_path / "t.tkb"))
+        v = json.loads(stack.tk("verify", str(tmp_path / "t.tkb"), "--trust",
+                                str(tmp_path / "t.trust.json"), "--json").stdout)
+        assert v["kinds"]["tkbox.timeout"] == 1
+    finally:
+        stack.tk("rm", "--force", name, check=False)
+    human = stack.tk("run", "--workspace", str(workspace), "--timeout", "0", check=False)
+    assert human.returncode == 2 and "--timeout" in human.stderr

@@ -92,13 +92,16 @@ def daemon(
 
 @app.command()
 def run(
-    name: Annotated[str, typer.Option("--name", help="the box's name")],
+    name: Annotated[str, typer.Option("--name", help="the box's name (default: one is "
+                                      "picked and printed)")] = "",
     workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
     image: Annotated[str, typer.Option(help="image reference")] = "tkbox/default",
     allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    timeout: Annotated[str | None, typer.Option(
+        help="stop the box by itself after this long: 90, 90s, 15m, 2h")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
@@ -109,14 +112,27 @@ def run(
             raise UserError(f"--env {item!r} must be NAME=VALUE")
         envs[k] = v
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
-            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
+            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus,
+            "timeout_s": parse_duration(timeout) if timeout is not None else None}
     _pull_first(image, as_json)
-    with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
+    with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
         b = _client().call("POST", "/v1/boxes", json=body)
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"))
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from `90`, `90s`, `15m` or `2h` (a one-line error otherwise)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    mult = units.get(t[-1:], 0)
+    digits = t[:-1] if mult else t
+    if not digits.isdigit() or len(digits) > 9 or int(digits) == 0:
+        raise UserError(f"--timeout {text!r}: give a positive duration such as 90, 90s, 15m "
+                        "or 2h")
+    return int(digits) * (mult or 1)
 
 
 def _pull_first(image: str, as_json: bool) -> None:

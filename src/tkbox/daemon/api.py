@@ -43,7 +43,7 @@ log = logging.getLogger("tkbox.daemon")
 
 
 class RunBody(BaseModel):
-    name: str = Field(max_length=63)
+    name: str = Field(default="", max_length=63)  # "": the daemon picks one
     image: str = Field(default="tkbox/default", max_length=512)
     workspace: str = Field(max_length=4096)
     allow: list[str] = Field(default_factory=list, max_length=256)
@@ -51,6 +51,7 @@ class RunBody(BaseModel):
     memory_mib: int = 1024
     vcpus: int = 1
     disk_mib: int = Field(default=4096, ge=64, le=1024 * 1024)
+    timeout_s: int | None = Field(default=None, ge=1)
 
 
 class ExecBody(BaseModel):

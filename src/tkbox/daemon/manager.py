@@ -53,6 +53,8 @@ log = logging.getLogger("tkbox.daemon")
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 BOOT_TIMEOUT = float(os.environ.get("TKBOX_BOOT_TIMEOUT", "180"))
 PROXY_URL = "http://127.0.0.1:3128"
+#: the longest --timeout a box may have (a week)
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -77,6 +79,7 @@ class BoxSpec:
     memory_mib: int = 1024
     vcpus: int = 1
     disk_mib: int = 4096
+    timeout_s: int | None = None  # the box stops by itself after this long (recorded)
 
 
 class Box:
@@ -276,6 +279,10 @@ class BoxManager:
     # ---- create ------------------------------------------------------------------
 
     async def create(self, spec: BoxSpec) -> Box:
+        if not spec.name:
+            spec.name = self._fresh_name()
+        if spec.timeout_s is not None and not 1 <= spec.timeout_s <= MAX_TIMEOUT_S:
+            raise UserError(f"--timeout must be 1 s to {MAX_TIMEOUT_S // 3600} h")
         if not NAME_RE.match(spec.name):
             raise UserError(f"box name {spec.name!r} is not valid: use lowercase letters, "
                             "digits, '.', '_' and '-', starting with a letter or digit")
@@ -305,11 +312,13 @@ class BoxManager:
             "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
             "guest_build": build.digest[:16],
             "image_config": _image_config_facts(image, run_user),
+            "timeout_s": spec.timeout_s,
         })
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
                  "workspace": box.s["workspace"], "allowlist": list(spec.allow),
-                 "limits": box.s["limits"], "env_names": sorted(spec.env),
+                 "limits": {**box.s["limits"], "timeout_s": spec.timeout_s},
+                 "env_names": sorted(spec.env),
                  "operator": {**(self.operator_facts or {
                      "egress_block": self.opts.egress_block,
                      "egress_permit": self.opts.egress_permit,
@@ -339,6 +348,8 @@ class BoxManager:
         self.boxes[spec.name] = box
         try:
             await self._boot(box, spec, image, build, run_user)
+            if spec.timeout_s is not None:
+                box.spawn(self._expire(box, spec.timeout_s))
         except BaseException as exc:
             box.s["error"] = str(exc) if isinstance(exc, TkboxError) else \
                 f"{exc.__class__.__name__}: {exc}"
@@ -350,6 +361,29 @@ class BoxManager:
             await self.record(box, "tkbox.box.failed", {"reason": box.s["error"][:500]})
             raise
         return box
+
+    def _fresh_name(self) -> str:
+        """A name for a box run without --name: short, unused, printed by `tkbox run`."""
+        while True:
+            name = f"box-{secrets.token_hex(3)}"
+            if name not in self.boxes and not (self.root / name).exists():
+                return name
+
+    async def _expire(self, box: Box, after_s: int) -> None:
+        """`--timeout`: the box stops by itself, like `tkbox stop`, and the record says why.
+
+        Counted from when the box was ready; a box already stopping or stopped is left be.
+        """
+        await asyncio.sleep(after_s)
+        if box.state not in ("running", "held"):
+            return
+        log.warning("box %s reached its --timeout of %d s; stopping it", box.name, after_s)
+        await self.record(box, "tkbox.timeout", {"after_s": after_s})
+        box.s["error"] = f"stopped: it reached its --timeout of {after_s} s"
+        try:
+            await self.stop(box.name)
+        except TkboxError as exc:
+            log.warning("stopping %s at its timeout failed: %s", box.name, exc)
 
     def _boot_config(self, box: Box, spec: BoxSpec, image: Any = None,
                      run_user: RunUser | None = None) -> dict[str, Any]:

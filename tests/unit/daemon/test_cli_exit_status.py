@@ -27,3 +27,19 @@ def test_apply_exits_0_only_when_every_file_was_written(statuses: tuple[str, ...
 
 def test_the_statuses_are_distinct_from_the_error_tree() -> None:
     assert EXIT_NEEDS_PERSON == 6 and Refused.exit_code == 5
+
+
+@pytest.mark.parametrize("text,seconds", [("90", 90), ("90s", 90), ("15m", 900), ("2H", 7200)])
+def test_timeout_durations(text: str, seconds: int) -> None:
+    from tkbox.cli.main import parse_duration
+
+    assert parse_duration(text) == seconds
+
+
+@pytest.mark.parametrize("text", ["", "0", "-5", "1.5m", "10d", "m", "9999999999s"])
+def test_a_bad_timeout_is_a_user_error(text: str) -> None:
+    from tkbox.cli.main import parse_duration
+    from tkbox.errors import UserError
+
+    with pytest.raises(UserError, match="--timeout"):
+        parse_duration(text)
