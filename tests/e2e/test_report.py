@@ -4,13 +4,14 @@ FAILED for the same bundle with one byte changed."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import subprocess
 from html.parser import HTMLParser
 from pathlib import Path
 
 import pytest
-from e2e_stack import Box
+from e2e_stack import TKBOX, Box
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
@@ -53,20 +54,36 @@ def browse(page: Path, shot: Path) -> tuple[str, list[str]]:
 
 
 def test_the_report_of_a_real_run_reads_as_what_the_box_did(box: Box, tmp_path: Path) -> None:
+    """Also `tkbox logs`: the same run, live (-f) and afterwards, for a person."""
+    follower = subprocess.Popen([*TKBOX, "logs", box.name, "-f"], env=box.stack.env,
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     box.sh("cd /workspace && echo fixed > src/app.py && mkdir -p .github/workflows && "
            "echo 'on: push' > .github/workflows/evil.yml")
     assert box.sh("exit 3", check=False).returncode == 3
     box.sh("curl -sS -m 30 http://169.254.169.254/latest/meta-data/ >/dev/null", check=False)
-    refused = box.stack.tk("exec", box.name, "--env", "LD_PRELOAD=/x.so", "--", "true",
+    misplaced = box.stack.tk("exec", box.name, "--env", "X=1", "--", "true", check=False)
+    assert misplaced.returncode == 2 and "options go before" in misplaced.stderr
+    refused = box.stack.tk("exec", "--env", "LD_PRELOAD=/x.so", box.name, "--", "true",
                            check=False)
-    assert refused.returncode != 0
+    assert refused.returncode == 5, refused.stderr
     # exit statuses a script can use (docs/exit-status.md)
     assert box.stack.tk("egress", "check", box.name, "169.254.169.254:80",
                         check=False).returncode == 5
     assert box.stack.tk("egress", "check", box.name, "unlisted.example:443",
                         check=False).returncode == 6  # would wait for a person
     box.stack.tk("stop", box.name)
+    live, _ = follower.communicate(timeout=60)  # -f ends when the box has stopped
+    assert follower.returncode == 0
+    assert "exec      sh -c 'exit 3' → allowed" in live
+    assert "exit      sh -c 'exit 3' → exit 3" in live
+    assert "refused   169.254.169.254:80" in live
+    assert "LD_PRELOAD" in live and "REFUSED" in live, live
     assert box.stack.tk("apply", box.name, check=False).returncode == 6  # held back
+    after = box.stack.tk("logs", box.name).stdout
+    assert "written   src/app.py" in after and live.splitlines()[0] == after.splitlines()[0]
+    as_json = [json.loads(x) for x in box.stack.tk("logs", box.name, "--json").stdout.split("\n")
+               if x]
+    assert {e["op"] for e in as_json} >= {"open", "decide", "complete", "event"}
     bundle, trust = tmp_path / "job.tkb", tmp_path / "job.trust.json"
     box.stack.tk("export", box.name, "-o", str(bundle))
 

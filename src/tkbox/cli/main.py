@@ -170,6 +170,11 @@ def exec_(
         envs[k] = v
     if argv and argv[0] == "--":
         argv = argv[1:]
+    elif argv and argv[0].startswith("-") and "--" in argv:
+        # `tkbox exec NAME --env X -- cmd`: everything after NAME is the command, so this
+        # would run a program called "--env". Say where the options go instead.
+        raise UserError(f"options go before the box's name: tkbox exec {argv[0]} … {name} "
+                        "-- COMMAND")
     if not argv:
         raise UserError(f"give a command after '--', e.g. tkbox exec {name} -- ls")
     body: dict[str, Any] = {"argv": argv, "cwd": cwd, "env": envs}
@@ -298,6 +303,29 @@ def export(
     _emit({"bundle": str(target), "trust": str(trust)}, as_json, lambda d: out.print(
         f"wrote {d['bundle']} and {d['trust']}. Check it: "
         f"tkbox verify {d['bundle']} --trust {d['trust']}"))
+
+
+@app.command()
+def logs(
+    name: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f",
+                                         help="keep printing until the box ends")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the box has had recorded, as it happens: commands and exits, connections
+    allowed, waiting and refused, secret uses and leaks, model calls."""
+    from tkbox.cli.logs import Formatter
+
+    fmt = Formatter()
+    try:
+        for entry in _client().stream("GET", f"/v1/boxes/{name}/logs",
+                                      params={"follow": follow}):
+            if as_json:
+                print(json.dumps(entry, sort_keys=True), flush=True)
+            elif (line := fmt.line(entry)) is not None:
+                print(line, flush=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 @app.command()

@@ -150,6 +150,22 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 
+    @app.get("/v1/boxes/{name}/logs")
+    async def logs(name: str, follow: bool = False) -> StreamingResponse:
+        box = manager.get(name)  # UserError (404) before the stream starts
+        journals = manager.journals
+        if journals is None:
+            raise UserError("this daemon keeps no journal (it runs --unrecorded)")
+
+        def done() -> bool:
+            return box.state not in ("creating", "running", "held", "stopping")
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for entry in journals.follow(box.run_id, follow=follow, done=done):
+                yield _line(entry)
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
     @app.post("/v1/boxes/{name}/exec/{exec_id}/signal")
     async def signal_(name: str, exec_id: str, body: SignalBody) -> dict[str, Any]:
         await manager.signal(name, exec_id, body.sig)

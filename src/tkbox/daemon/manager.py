@@ -46,6 +46,7 @@ from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
 from tkbox.record.client import SignerClient
+from tkbox.record.journal import Journals
 from tkbox.vm.base import VM, Disk, Launcher, VMSpec
 
 log = logging.getLogger("tkbox.daemon")
@@ -141,6 +142,7 @@ class BoxManager:
         self.opts = options
         self.images = images
         self.guest_build = guest_build  # () -> GuestBuild (cached)
+        self.journals: Journals | None = None  # `tkbox logs` (set by the server)
         self.accel_reason = accel_reason
         self.root = paths.private_dir((home or paths.home()) / "boxes")
         self.vms_root = paths.private_dir(paths.vms(home))
