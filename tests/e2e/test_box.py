@@ -220,3 +220,39 @@ def test_a_box_without_a_name_gets_one_and_stops_at_its_timeout(stack: Stack, wo
         stack.tk("rm", "--force", name, check=False)
     human = stack.tk("run", "--workspace", str(workspace), "--timeout", "0", check=False)
     assert human.returncode == 2 and "--timeout" in human.stderr
+
+
+def test_cp_copies_one_file_each_way_as_a_recorded_crossing(box: Box, tmp_path: Path) -> None:
+    """`tkbox cp`: in and out of a running box, each copy decided and recorded (path, size,
+    hash, where it went); never into the box's own checkout (changes return by apply)."""
+    local = tmp_path / "in.txt"
+    local.write_bytes(b"hello from the host\n")
+    s = box.stack
+    s.tk("cp", str(local), f"{box.name}:notes/in.txt")
+    assert box.sh("cat /workspace/notes/in.txt").stdout == "hello from the host\n"
+    box.sh("head -c 300000 /dev/urandom > /tmp/out.bin; sha256sum /tmp/out.bin > /tmp/sum")
+    want = box.sh("cut -d' ' -f1 /tmp/sum").stdout.strip()
+    s.tk("cp", f"{box.name}:/tmp/out.bin", str(tmp_path))
+    got = (tmp_path / "out.bin").read_bytes()
+    import hashlib
+    assert hashlib.sha256(got).hexdigest() == want and len(got) == 300000
+    assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o600  # guest bytes: not executable
+    r = s.tk("cp", f"{box.name}:/workspace/README.md", str(box.workspace / "README.md"),
+             check=False)
+    assert r.returncode == 2 and "tkbox apply" in r.stderr
+    assert (box.workspace / "README.md").read_text() == "readme\n"
+    r = s.tk("cp", f"{box.name}:/nope", str(tmp_path), check=False)
+    assert r.returncode == 4 and r.stderr.startswith("tkbox: error:")
+    assert s.tk("cp", "a", "b", check=False).returncode == 2
+    s.tk("stop", box.name)
+    s.tk("export", box.name, "-o", str(tmp_path / "cp.tkb"))
+    s.tk("report", str(tmp_path / "cp.tkb"), "--trust", str(tmp_path / "cp.trust.json"),
+         "-o", str(tmp_path / "cp.html"))
+    from tkbox.formats import bundle, record
+    recs = [record.parse(e.extra) for e in bundle.parse((tmp_path / "cp.tkb").read_bytes()).entries
+            if e.extra is not None]
+    copies = [r.body for r in recs if r.kind == "tkbox.decision" and r.body["action"] == "Write"]
+    assert [(c["context"]["copy"], c["resource"]["path"]) for c in copies] == [
+        ("in", "/workspace/notes/in.txt"), ("out", "/tmp/out.bin")]
+    assert copies[1]["resource"]["sha256"] == want
+    assert copies[1]["context"]["host_path"] == str((tmp_path / "out.bin").resolve())

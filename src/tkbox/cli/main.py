@@ -306,6 +306,55 @@ def export(
 
 
 @app.command()
+def cp(
+    source: Annotated[str, typer.Argument(help="LOCAL or BOX:PATH", show_default=False)],
+    target: Annotated[str, typer.Argument(help="BOX:PATH or LOCAL", show_default=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy one file into a running box (LOCAL BOX:PATH) or out of it (BOX:PATH LOCAL).
+    Each copy is a crossing: decided and recorded with its path, size and hash. Code
+    changes still return only through 'tkbox apply'."""
+    from tkbox.record.export import write_atomic
+
+    def split(arg: str) -> tuple[str, str] | None:
+        box, colon, path = arg.partition(":")
+        return (box, path) if colon and "/" not in box and box else None
+
+    src, dst = split(source), split(target)
+    if (src is None) == (dst is None):
+        raise UserError("give one side as BOX:PATH and the other as a local path, e.g. "
+                        "tkbox cp notes.txt demo:/workspace/notes.txt")
+    if dst is not None:
+        local = Path(source)
+        if not local.is_file():
+            raise UserError(f"{source} is not a file (tkbox cp copies one file at a time)")
+        size = local.stat().st_size
+        if size > 64 << 20:
+            raise UserError(f"{source} is larger than 64 MiB; put it in the workspace before "
+                            "the box starts instead")
+        data = local.read_bytes()
+        r = _client().call("POST", f"/v1/boxes/{dst[0]}/cp-in", json={
+            "path": dst[1], "data_b64": base64.b64encode(data).decode(),
+            "mode": local.stat().st_mode & 0o777, "host_path": str(local.resolve())})
+        _emit(r, as_json, lambda r: out.print(
+            f"copied {source} to {dst[0]}:{r['path']} ({r['size']} bytes, sha256 "
+            f"{r['sha256'][:16]}…)", markup=False, highlight=False))
+        return
+    assert src is not None
+    dest = Path(target)
+    if dest.is_dir():
+        dest = dest / Path(src[1]).name
+    if not dest.parent.is_dir():
+        raise UserError(f"directory {dest.parent} does not exist")
+    r = _client().call("POST", f"/v1/boxes/{src[0]}/cp-out",
+                       json={"path": src[1], "host_path": str(dest.resolve())})
+    write_atomic(dest, base64.b64decode(r["data_b64"]), mode=0o600)
+    _emit({"path": r["path"], "size": r["size"], "local": str(dest)}, as_json, lambda r: out.print(
+        f"copied {src[0]}:{r['path']} to {r['local']} ({r['size']} bytes)", markup=False,
+        highlight=False))
+
+
+@app.command()
 def logs(
     name: str,
     follow: Annotated[bool, typer.Option("--follow", "-f",

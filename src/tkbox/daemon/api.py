@@ -54,6 +54,18 @@ class RunBody(BaseModel):
     timeout_s: int | None = Field(default=None, ge=1)
 
 
+class CopyInBody(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    data_b64: str = Field(max_length=90 * 1024 * 1024)
+    mode: int = Field(default=0o644, ge=0, le=0o777)
+    host_path: str = Field(default="", max_length=4096)
+
+
+class CopyOutBody(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    host_path: str = Field(min_length=1, max_length=4096)
+
+
 class ExecBody(BaseModel):
     argv: list[str] = Field(min_length=1, max_length=4096)
     cwd: str | None = Field(default=None, max_length=4096)
@@ -149,6 +161,19 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
                 await events.aclose()
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/boxes/{name}/cp-in")
+    async def cp_in(name: str, body: CopyInBody) -> dict[str, Any]:
+        try:
+            data = base64.b64decode(body.data_b64, validate=True)
+        except ValueError:
+            raise UserError("data_b64 is not valid base64") from None
+        return await manager.copy_in(name, body.path, data, body.mode, body.host_path)
+
+    @app.post("/v1/boxes/{name}/cp-out")
+    async def cp_out(name: str, body: CopyOutBody) -> dict[str, Any]:
+        data, path = await manager.copy_out(name, body.path, body.host_path)
+        return {"path": path, "size": len(data), "data_b64": base64.b64encode(data).decode()}
 
     @app.get("/v1/boxes/{name}/logs")
     async def logs(name: str, follow: bool = False) -> StreamingResponse:

@@ -537,7 +537,9 @@ class Agent:
                     size += len(data)
                     f.write(data)
         if isinstance(mode, int):
-            os.chmod(path, mode & 0o7777)
+            os.chmod(path, mode & 0o777)
+        if self.user is not None:
+            os.chown(path, self.user[0], self.user[1])  # the box's user may change it
         await fs.send({"ev": "ok", "size": size})
 
     async def op_diff(self, fs: FramedStream, req: dict[str, Any]) -> None:
