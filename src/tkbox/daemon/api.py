@@ -43,7 +43,7 @@ log = logging.getLogger("tkbox.daemon")
 
 
 class RunBody(BaseModel):
-    name: str = Field(max_length=63)
+    name: str = Field(default="", max_length=63)  # "": the daemon picks one
     image: str = Field(default="tkbox/default", max_length=512)
     workspace: str = Field(max_length=4096)
     allow: list[str] = Field(default_factory=list, max_length=256)
@@ -51,6 +51,19 @@ class RunBody(BaseModel):
     memory_mib: int = 1024
     vcpus: int = 1
     disk_mib: int = Field(default=4096, ge=64, le=1024 * 1024)
+    timeout_s: int | None = Field(default=None, ge=1)
+
+
+class CopyInBody(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    data_b64: str = Field(max_length=90 * 1024 * 1024)
+    mode: int = Field(default=0o644, ge=0, le=0o777)
+    host_path: str = Field(default="", max_length=4096)
+
+
+class CopyOutBody(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    host_path: str = Field(min_length=1, max_length=4096)
 
 
 class ExecBody(BaseModel):
@@ -146,6 +159,35 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
                 yield _line({"ev": "error", "message": str(exc)})
             finally:
                 await events.aclose()
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/boxes/{name}/cp-in")
+    async def cp_in(name: str, body: CopyInBody) -> dict[str, Any]:
+        try:
+            data = base64.b64decode(body.data_b64, validate=True)
+        except ValueError:
+            raise UserError("data_b64 is not valid base64") from None
+        return await manager.copy_in(name, body.path, data, body.mode, body.host_path)
+
+    @app.post("/v1/boxes/{name}/cp-out")
+    async def cp_out(name: str, body: CopyOutBody) -> dict[str, Any]:
+        data, path = await manager.copy_out(name, body.path, body.host_path)
+        return {"path": path, "size": len(data), "data_b64": base64.b64encode(data).decode()}
+
+    @app.get("/v1/boxes/{name}/logs")
+    async def logs(name: str, follow: bool = False) -> StreamingResponse:
+        box = manager.get(name)  # UserError (404) before the stream starts
+        journals = manager.journals
+        if journals is None:
+            raise UserError("this daemon keeps no journal (it runs --unrecorded)")
+
+        def done() -> bool:
+            return box.state not in ("creating", "running", "held", "stopping")
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for entry in journals.follow(box.run_id, follow=follow, done=done):
+                yield _line(entry)
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
 

@@ -179,6 +179,47 @@ class GuestClient:
         finally:
             await fs.aclose()
 
+    async def read_file(self, path: str, sink: BinaryIO, *, max_bytes: int = rpc.MAX_FILE,
+                        timeout: float = 120.0) -> int:
+        """Stream one file of the box into `sink`; bounded by `max_bytes`. Its size."""
+        fs = await self._open()
+        total = 0
+        try:
+            await fs.send({"op": "read", "path": path})
+            while True:
+                msg = await self._recv(fs, timeout)
+                ev = msg.get("ev")
+                if ev == "data":
+                    data = msg.get("data")
+                    if not isinstance(data, bytes):
+                        raise self._bad("a malformed file frame")
+                    total += len(data)
+                    if total > max_bytes:
+                        raise GuestError(f"box {self.box}: {path} is larger than {max_bytes} "
+                                         "bytes; nothing was copied")
+                    sink.write(data)
+                elif ev == "end":
+                    return total
+                else:
+                    raise self._bad("an unexpected event during read")
+        finally:
+            await fs.aclose()
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644,
+                         timeout: float = 120.0) -> None:
+        """Write one file into the box (parents made); the guest acknowledges its size."""
+        fs = await self._open()
+        try:
+            await fs.send({"op": "write", "path": path, "mode": mode & 0o777})
+            for i in range(0, len(data), rpc.CHUNK):
+                await fs.send({"ev": "data", "data": data[i:i + rpc.CHUNK]})
+            await fs.send({"ev": "end"})
+            msg = await self._recv(fs, timeout)
+            if msg.get("ev") != "ok" or msg.get("size") != len(data):
+                raise self._bad("a wrong acknowledgement of a write")
+        finally:
+            await fs.aclose()
+
     async def shutdown(self, timeout: float = 10.0) -> None:
         fs = await self._open()
         try:

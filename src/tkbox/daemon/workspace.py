@@ -90,7 +90,8 @@ def sanitize_git_config(text: str) -> str:
     return "\n".join(out) + "\n"
 
 
-def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
+def _tar_checkout(root: Path, out: io.RawIOBase,
+                  owner: tuple[int, int] = (0, 0)) -> dict[str, int]:
     stats = {"files": 0, "skipped_credentials": 0, "bytes": 0}
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         def add(path: Path, rel: str) -> None:
@@ -98,7 +99,7 @@ def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
             info = tarfile.TarInfo(rel)
             info.mode = stat.S_IMODE(st.st_mode)
             info.mtime = int(st.st_mtime)
-            info.uid = info.gid = 0
+            info.uid, info.gid = owner  # the box's user (the image's User), else root
             if stat.S_ISDIR(st.st_mode):
                 info.type = tarfile.DIRTYPE
                 tar.addfile(info)
@@ -148,8 +149,10 @@ def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
     return stats
 
 
-def build_lower(checkout: Path, target: Path) -> dict[str, int]:
-    """Squashfs of the filtered checkout at `target` (via tar2sqfs)."""
+def build_lower(checkout: Path, target: Path,
+                owner: tuple[int, int] = (0, 0)) -> dict[str, int]:
+    """Squashfs of the filtered checkout at `target` (via tar2sqfs), every file owned by
+    `owner` (uid, gid): the user the box's commands run as, so they can change it."""
     if not checkout.is_dir():
         raise UserError(f"workspace {checkout} is not a directory; pass an existing "
                         "directory with --workspace")
@@ -165,7 +168,7 @@ def build_lower(checkout: Path, target: Path) -> dict[str, int]:
         reader = threading.Thread(target=lambda: err.append(stderr.read()))
         reader.start()
         try:
-            stats = _tar_checkout(checkout, proc.stdin)  # type: ignore[arg-type]
+            stats = _tar_checkout(checkout, proc.stdin, owner)  # type: ignore[arg-type]
             proc.stdin.close()
         except OSError as exc:
             proc.kill()

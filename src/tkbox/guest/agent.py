@@ -289,6 +289,38 @@ class Reaper:
                 fut.set_result(status)
 
 
+def _id_ok(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**32 - 1
+
+
+def run_user(cfg: dict[str, Any]) -> tuple[int, int, list[int]] | None:
+    """The uid, gid and groups commands run as (the image's User), if the host gave one."""
+    u = cfg.get("user")
+    if not isinstance(u, dict):
+        return None
+    uid, gid, groups = u.get("uid"), u.get("gid"), u.get("groups") or []
+    if not (isinstance(uid, int) and _id_ok(uid)) or not isinstance(gid, int) \
+            or not (_id_ok(gid) or gid == 0) or not isinstance(groups, list):
+        return None
+    return uid, gid, [int(g) for g in groups[:64] if _id_ok(g) or g == 0]
+
+
+def prepare_user(cfg: dict[str, Any]) -> None:
+    """Give the image's user its workspace and its home (the rest of the image is as the
+    image made it)."""
+    user = run_user(cfg)
+    if user is None:
+        return
+    uid, gid, _ = user
+    os.chown(ROOT / "workspace", uid, gid)
+    home = str(cfg.get("env", {}).get("HOME", ""))
+    if home.startswith("/") and ".." not in home.split("/"):
+        h = ROOT / home.lstrip("/")
+        if not h.exists():
+            h.mkdir(parents=True, mode=0o755)
+            os.chown(h, uid, gid)
+
+
 CGROUP = Path("/sys/fs/cgroup")
 COMMANDS_CGROUP = CGROUP / "commands"
 
@@ -319,7 +351,7 @@ def confine_commands() -> str:
         return f"commands are not memory-confined ({exc})"
 
 
-def _preexec(root: str, cwd: str) -> Any:
+def _preexec(root: str, cwd: str, user: tuple[int, int, list[int]] | None = None) -> Any:
     procs = COMMANDS_CGROUP / "cgroup.procs"
     confined = procs.exists()
 
@@ -328,6 +360,13 @@ def _preexec(root: str, cwd: str) -> Any:
             with open(procs, "w") as f:
                 f.write(str(os.getpid()))
         os.chroot(root)
+        if user is not None:
+            # After chroot (which needs root), before chdir: the directory is entered
+            # with the user's own rights.
+            uid, gid, groups = user
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
         os.chdir(cwd)
     return fn
 
@@ -339,6 +378,7 @@ class Agent:
         self.reaper = reaper
         self.env = {str(k): str(v) for k, v in cfg.get("env", {}).items()}
         self.root = str(cfg.get("root", ROOT))
+        self.user = run_user(cfg)
         self.started = time.monotonic()
         self.shutting_down = asyncio.Event()
 
@@ -415,7 +455,7 @@ class Agent:
             proc = subprocess.Popen(  # noqa: S603 - the host decided this command
                 argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_preexec(self.root, cwd), close_fds=True,  # noqa: PLW1509
+                preexec_fn=_preexec(self.root, cwd, self.user), close_fds=True,  # noqa: PLW1509
             )
         except (OSError, subprocess.SubprocessError) as exc:
             await fs.send({"ev": "exit", "status": 127, "signal": 0,
@@ -533,7 +573,9 @@ class Agent:
                     size += len(data)
                     f.write(data)
         if isinstance(mode, int):
-            os.chmod(path, mode & 0o7777)
+            os.chmod(path, mode & 0o777)
+        if self.user is not None:
+            os.chown(path, self.user[0], self.user[1])  # the box's user may change it
         await fs.send({"ev": "ok", "size": size})
 
     async def op_diff(self, fs: FramedStream, req: dict[str, Any]) -> None:
@@ -589,6 +631,7 @@ async def amain(dev: str) -> None:
             time.clock_settime(time.CLOCK_REALTIME, float(cfg["time"]))
     try:
         setup_disks(cfg)
+        prepare_user(cfg)
         install_ca(cfg)
         write_etc(cfg)
         lo_up()
