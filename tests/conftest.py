@@ -38,9 +38,14 @@ def _budget() -> float:
     return float(os.environ.get("TKBOX_FUZZ_SECONDS", "120"))
 
 
+def _profile() -> str:
+    ask = getattr(settings, "get_current_profile_name", None)  # Hypothesis >= 6.117
+    return str(ask() if ask else settings._current_profile)  # noqa: SLF001
+
+
 def _is_fuzz_target(item: pytest.Item) -> bool:
     fn = getattr(item, "obj", None)
-    return (settings._current_profile == "long"  # noqa: SLF001 - the only way to ask
+    return (_profile() == "long"
             and "tests/fuzz" in str(getattr(item, "path", ""))
             and hasattr(getattr(fn, "hypothesis", None), "inner_test"))
 
