@@ -154,4 +154,6 @@ def test_seeds_are_valid() -> None:
     assert wfmt.parse_add_checkpoint(SEEDS[4]) is not None
     assert proof.parse(SEEDS[5]) is not None
     assert policy.parse(SEEDS[6]) is not None
-    assert WITNESS.add_checkpoint(SEEDS[4]).status == 200
+    fresh = Witness(cosignature.generate("witness.test/seed"), [KIT.signer.verifier()],
+                    Path(tempfile.mkdtemp(prefix="tkb-seed-")) / "w.db")
+    assert fresh.add_checkpoint(SEEDS[4]).status == 200
