@@ -12,6 +12,8 @@ from pathlib import Path
 import pytest
 from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
 
+from tkbox.formats import bundle, record
+
 
 def qemu_pids_for(run_id: str) -> list[int]:
     out = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{run_id}"], capture_output=True,
@@ -56,11 +58,19 @@ def test_killed_daemon_leaves_no_vm_and_the_loss_is_recorded_as_a_gap(own_stack:
     own_stack.start_daemon()
     info = own_stack.tkjson("inspect", name)
     assert info["state"] == "failed" and "daemon stopped" in info["error"]
+    r = own_stack.tk("exec", name, "--", "true", check=False)
+    assert r.returncode != 0 and "it failed" in r.stderr
     out = tmp_path / "kill.tkb"
     own_stack.tk("export", name, "-o", str(out))
     v = own_stack.tk("verify", str(out), "--trust", str(tmp_path / "kill.trust.json"), "--json")
     report = json.loads(v.stdout)
     assert "tkbox.gap" in json.dumps(report)
+    # the gap says what was lost, and the run is closed after it: nothing can be added
+    recs = [record.parse(e.extra) for e in bundle.parse(out.read_bytes()).entries
+            if e.extra is not None]
+    gaps = [r.body for r in recs if r.kind == "tkbox.gap"]
+    assert gaps and gaps[0]["reason"] == "daemon restart", gaps
+    assert recs[-1].kind == record.CLOSE
 
 
 def test_no_signer_no_daemon(tmp_path: Path) -> None:
