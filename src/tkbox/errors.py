@@ -10,6 +10,7 @@ TkboxError                       everything tkbox raises on purpose
 │   ├── GuestError               ... the VM (every byte from it is hostile)
 │   ├── RegistryError            ... an image registry
 │   ├── SignerUnavailable        ... the signer did not answer (fail closed)
+│   │   └── SignerRefused        ... it answered, and would not take the request
 │   └── BundleError              ... a bundle or trust file under verification
 ├── Refused                      a door or the signer said no; carries the reason
 └── InternalError                our own bug; never caused by input
@@ -64,6 +65,12 @@ class RegistryError(RemoteError):
 
 class SignerUnavailable(RemoteError):
     """No answer from the signer; every crossing that needed it is refused."""
+
+
+class SignerRefused(SignerUnavailable):
+    """The signer answered and would not take the request (a closed run, a record it
+    cannot make). Fails closed exactly as `SignerUnavailable` does; only code that must
+    tell "down" from "no" (the daemon's queue of gaps) looks for it."""
 
 
 class BundleError(RemoteError):

@@ -38,6 +38,7 @@ from tkbox.errors import (
     HostError,
     InternalError,
     Refused,
+    SignerRefused,
     SignerUnavailable,
     TkboxError,
     UserError,
@@ -185,10 +186,15 @@ class BoxManager:
                                            "time_ms": int(time.time() * 1000)}))
 
     async def flush_gaps(self) -> None:
+        """Record the queued gaps in order. A signer that does not answer keeps them all
+        for the next flush; a gap the signer refuses (its run was closed behind the
+        daemon's back) is logged and dropped, so it cannot hold back other runs' gaps."""
         while self.gaps:
             run_id, body = self.gaps[0]
             try:
                 await self.signer.event(run_id, "tkbox.gap", body)
+            except SignerRefused as exc:
+                log.warning("gap for %s refused by the signer: %s", run_id, exc)
             except SignerUnavailable:
                 return
             except TkboxError as exc:

@@ -24,7 +24,7 @@ from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tkbox.errors import Refused, SignerUnavailable
+from tkbox.errors import Refused, SignerRefused, SignerUnavailable
 
 Action = Literal["Bash", "Connect", "Write", "Approval"]
 JSON = Mapping[str, Any]
@@ -158,7 +158,7 @@ class FakeSigner(SignerClient):
             raise SignerUnavailable(f"{kind} cannot be recorded: {why} (records hold JSON "
                                     "objects, strings, booleans and integers only)")
         if run_id not in self._open:
-            raise SignerUnavailable(f"run {run_id} is not open at the signer")
+            raise SignerRefused(f"the signer refused: run {run_id} is not open at the signer")
         rid = f"{run_id}/{next(self._ids)}"
         self.records.append({"id": rid, "run": run_id, "kind": kind, **dict(body)})
         return rid

@@ -21,7 +21,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from tkbox.errors import SignerUnavailable
+from tkbox.errors import SignerRefused, SignerUnavailable
 from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
 from tkbox.signer import wire
 
@@ -128,6 +128,9 @@ class UnixSignerClient(SignerClient):
             p.fut.set_result(result)
             return
         error = frame.get("error")
+        if frame.get("kind") == "refused" and isinstance(error, str):
+            p.fut.set_exception(SignerRefused(f"the signer refused: {error}"))
+            return
         p.fut.set_exception(SignerUnavailable(
             f"the signer refused: {error}" if isinstance(error, str) else
             "the signer sent an answer that is neither a result nor an error"))

@@ -340,3 +340,32 @@ def test_hostile_values_in_well_formed_frames_are_sanitised(tmp_path: Path,
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_a_gap_the_signer_refuses_does_not_hold_back_other_runs_gaps(tmp_path: Path,
+                                                                     checkout: Path) -> None:
+    """One run closed behind the daemon's back: its gap can never be recorded. The gaps
+    of other runs are still written; a signer that does not answer keeps them all."""
+
+    async def main() -> None:
+        m, signer = make_manager(tmp_path, AGENTS)
+        await _create(m, "polite-1", checkout)
+        await _create(m, "polite-2", checkout)
+        a, b = m.get("polite-1"), m.get("polite-2")
+        await signer.close_run(a.run_id)
+        m._gap(a, {"reason": "lost in a"})
+        m._gap(b, {"reason": "lost in b"})
+        await m.flush_gaps()
+        assert [r["body"]["reason"] for r in signer.of_run(b.run_id, "tkbox.gap")] == \
+            ["lost in b"]
+        assert m.gaps == []
+        signer.available = False
+        m._gap(b, {"reason": "while down"})
+        await m.flush_gaps()
+        assert [g["reason"] for _, g in m.gaps] == ["while down"]  # kept, not dropped
+        signer.available = True
+        await m.flush_gaps()
+        assert m.gaps == [] and len(signer.of_run(b.run_id, "tkbox.gap")) == 2
+        await cleanup(m)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
