@@ -159,6 +159,8 @@ def exec_(
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for this command")] = [],  # noqa: B006
     stdin: Annotated[bool, typer.Option(
         "--stdin", "-i", help="pass this terminal's stdin")] = False,
+    tty: Annotated[bool, typer.Option(
+        "--tty", "-t", help="a terminal in the box (keys, Ctrl-C, window size)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command in a box; output streams as it comes; exits with its status."""
@@ -178,6 +180,12 @@ def exec_(
     if not argv:
         raise UserError(f"give a command after '--', e.g. tkbox exec {name} -- ls")
     body: dict[str, Any] = {"argv": argv, "cwd": cwd, "env": envs}
+    if tty:
+        if stdin or as_json:
+            raise UserError("-t is a terminal for a person: it takes neither -i nor --json")
+        from tkbox.cli.terminal import run_tty
+
+        raise typer.Exit(run_tty(_client, name, body))
     if stdin:
         body["stdin_b64"] = base64.b64encode(sys.stdin.buffer.read()).decode()
     client = _client()
@@ -214,6 +222,18 @@ def exec_(
     finally:
         signal.signal(signal.SIGINT, old)
     raise typer.Exit(code)
+
+
+@app.command()
+def shell(
+    name: Annotated[str, typer.Argument(help="the box")],
+    cwd: Annotated[str | None, typer.Option(help="working directory in the box")] = None,
+) -> None:
+    """An interactive shell in the box (bash where the image has it): one recorded
+    command, like 'tkbox exec -t NAME -- sh -i'."""
+    from tkbox.cli.terminal import SHELL, run_tty
+
+    raise typer.Exit(run_tty(_client, name, {"argv": SHELL, "cwd": cwd, "env": {}}))
 
 
 def _send_signal(name: str, exec_id: str, sig: int) -> None:

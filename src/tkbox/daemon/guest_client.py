@@ -106,12 +106,18 @@ class GuestClient:
             await fs.aclose()
 
     async def exec(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
-                   output: OutputSink, signals: asyncio.Queue[int]) -> ExecResult:
+                   output: OutputSink, signals: asyncio.Queue[Any],
+                   tty: dict[str, int] | None = None) -> ExecResult:
+        """Run one command. `signals` carries signal numbers and, for a terminal (`tty`:
+        its rows and cols), `{"op": "stdin", "data"}` and `{"op": "resize", ...}` too."""
         fs = await self._open()
         sender: asyncio.Task[None] | None = None
         try:
-            await fs.send({"op": "exec", "argv": argv, "cwd": cwd, "env": env,
-                           "stdin": stdin is not None})
+            req: dict[str, Any] = {"op": "exec", "argv": argv, "cwd": cwd, "env": env,
+                                   "stdin": stdin is not None or tty is not None}
+            if tty is not None:
+                req["tty"] = {"rows": tty["rows"], "cols": tty["cols"]}
+            await fs.send(req)
             first = await self._recv(fs, self.timeout)
             if first.get("ev") == "exit":
                 return self._exit(first)
@@ -124,8 +130,9 @@ class GuestClient:
                         await fs.send({"op": "stdin", "data": stdin[i:i + rpc.CHUNK]})
                     await fs.send({"op": "stdin_eof"})
                 while True:
-                    sig = await signals.get()
-                    await fs.send({"op": "signal", "sig": sig})
+                    item = await signals.get()
+                    await fs.send(item if isinstance(item, dict) else {"op": "signal",
+                                                                       "sig": item})
 
             sender = asyncio.ensure_future(send_side())
             while True:

@@ -516,8 +516,14 @@ class BoxManager:
     # ---- exec -------------------------------------------------------------------
 
     async def exec(self, name: str, argv: list[str], cwd: str | None, env: dict[str, str] | None,
-                   stdin: bytes | None) -> AsyncIterator[dict[str, Any]]:
-        """Run one command; yields events: started, out, exit (or error)."""
+                   stdin: bytes | None,
+                   tty: dict[str, int] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Run one command; yields events: started, out, exit (or error).
+
+        With `tty` (rows, cols) the command gets a terminal; its keystrokes arrive by
+        `exec_input` and size changes by `exec_resize`. The decision records that it was
+        a terminal; the keystrokes themselves are not in the record (docs/limits.md).
+        """
         box = self.get(name)
         if box.state != "running" or box.guest is None:
             raise UserError(f"cannot exec in box {name}: it is {box.state}; "
@@ -533,8 +539,11 @@ class BoxManager:
         decision_id = None
         if not box.s.get("unrecorded"):
             try:
+                context = req.context()
+                if tty is not None:
+                    context["tty"] = True
                 verdict = await self.signer.decide(box.run_id, "Bash", req.resource(),
-                                                   req.context())
+                                                   context)
             except SignerUnavailable as exc:
                 raise Refused(f"refused: the signer did not answer, so no command may run "
                               f"({exc}); start it with 'tkbox signer serve'") from None
@@ -542,7 +551,7 @@ class BoxManager:
                 raise Refused(f"refused by the signer: {verdict.reason}")
             decision_id = verdict.decision_id
         exec_id = secrets.token_hex(4)
-        signals: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
+        signals: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
         box.execs[exec_id] = signals
         out_q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
         counts = {1: 0, 2: 0}
@@ -555,7 +564,8 @@ class BoxManager:
             assert box.guest is not None
             try:
                 return await box.guest.exec(list(req.argv), cwd=req.cwd, env=req.env,
-                                            stdin=stdin, output=output, signals=signals)
+                                            stdin=stdin, output=output, signals=signals,
+                                            tty=tty)
             finally:
                 await out_q.put(None)
 
@@ -596,6 +606,22 @@ class BoxManager:
                 except TkboxError as exc:
                     self._gap(box, {"reason": f"completion not recorded: {exc}"})
                     await self.contain(box, f"a completion could not be recorded ({exc})")
+
+    def _exec_queue(self, name: str, exec_id: str) -> asyncio.Queue[Any]:
+        q = self.get(name).execs.get(exec_id)
+        if q is None:
+            raise UserError(f"no running command {exec_id} in box {name}")
+        return q
+
+    async def exec_input(self, name: str, exec_id: str, data: bytes) -> None:
+        """Keystrokes for a command that has a terminal (bounded by the API's body)."""
+        await asyncio.wait_for(self._exec_queue(name, exec_id).put(
+            {"op": "stdin", "data": data}), 10)
+
+    async def exec_resize(self, name: str, exec_id: str, rows: int, cols: int) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self._exec_queue(name, exec_id).put_nowait({"op": "resize", "rows": rows,
+                                                        "cols": cols})
 
     async def signal(self, name: str, exec_id: str, sig: int) -> None:
         box = self.get(name)

@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -321,8 +322,45 @@ def prepare_user(cfg: dict[str, Any]) -> None:
             os.chown(h, uid, gid)
 
 
-def _preexec(root: str, cwd: str, user: tuple[int, int, list[int]] | None = None) -> Any:
+def _winsize(tty: Any) -> bytes | None:
+    """The TIOCSWINSZ argument for a {rows, cols} the host sent, if it is sane."""
+    if not isinstance(tty, dict):
+        return None
+    rows, cols = tty.get("rows"), tty.get("cols")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1000
+               for v in (rows, cols)):
+        return None
+    return struct.pack("HHHH", rows, cols, 0, 0)
+
+
+#: <asm-generic/ioctls.h>: _IOR('T', 0x30, unsigned int) and _IOW('T', 0x31, int)
+TIOCGPTN, TIOCSPTLCK = 0x80045430, 0x40045431
+
+
+def open_pty(root: str) -> tuple[int, int]:
+    """A pty pair from the devpts the box's commands see (`ROOT/dev/pts`).
+
+    `os.openpty()` would open the agent's own `/dev/ptmx`, which has no devpts
+    instance behind it here (it is mounted only inside the box's root): ENODEV.
+    """
+    master = os.open(f"{root}/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))  # unlock the slave
+        (n,) = struct.unpack("I", fcntl.ioctl(master, TIOCGPTN, b"\0" * 4))
+        slave = os.open(f"{root}/dev/pts/{n}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(master)
+        raise
+    return master, slave
+
+
+def _preexec(root: str, cwd: str, user: tuple[int, int, list[int]] | None = None,
+             tty: bool = False) -> Any:
     def fn() -> None:
+        if tty:
+            # setsid() ran already (start_new_session): take fd 0, the pty, as the
+            # session's controlling terminal, so ^C and ^Z reach the foreground job.
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         os.chroot(root)
         if user is not None:
             # After chroot (which needs root), before chdir: the directory is entered
@@ -415,13 +453,31 @@ class Agent:
         env = dict(self.env)
         env.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
         want_stdin = bool(req.get("stdin"))
+        winsize = _winsize(req.get("tty"))
+        master = -1
         try:
-            proc = subprocess.Popen(  # noqa: S603 - the host decided this command
-                argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_preexec(self.root, cwd, self.user), close_fds=True,  # noqa: PLW1509
-            )
+            if winsize is not None:
+                # A terminal: one pty for stdin, stdout and stderr, sized as the host's.
+                master, slave = open_pty(self.root)
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, winsize)
+                try:
+                    proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                        argv, env=env, stdin=slave, stdout=slave, stderr=slave,
+                        start_new_session=True, close_fds=True,
+                        preexec_fn=_preexec(self.root, cwd, self.user, tty=True),  # noqa: PLW1509
+                    )
+                finally:
+                    os.close(slave)
+            else:
+                proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                    argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    preexec_fn=_preexec(self.root, cwd, self.user),  # noqa: PLW1509
+                    close_fds=True,
+                )
         except (OSError, subprocess.SubprocessError) as exc:
+            if master >= 0:
+                os.close(master)
             await fs.send({"ev": "exit", "status": 127, "signal": 0,
                            "error": f"cannot start {argv[0]!r}: {exc}"})
             return
@@ -431,12 +487,14 @@ class Agent:
         lock = asyncio.Lock()
 
         async def pump(fd: int, pipe: Any) -> None:
-            raw = pipe.fileno()
+            raw = pipe if isinstance(pipe, int) else pipe.fileno()
             os.set_blocking(raw, False)
             while True:
                 try:
                     data = os.read(raw, rpc.CHUNK)
-                except BlockingIOError:
+                except OSError as exc:
+                    if not isinstance(exc, BlockingIOError):
+                        return  # EIO: the terminal's last user is gone
                     fut: asyncio.Future[None] = loop.create_future()
                     def ready(f: asyncio.Future[None] = fut) -> None:
                         if not f.done():
@@ -464,6 +522,21 @@ class Agent:
                         os.killpg(proc.pid, signal.SIGKILL)
                     return
                 kind = msg.get("op")
+                if master >= 0:
+                    # A terminal: keystrokes (^C, ^D included) go to the pty as they are;
+                    # the line discipline turns them into signals and end-of-file.
+                    data = msg.get("data")
+                    if kind == "stdin" and isinstance(data, bytes):
+                        with contextlib.suppress(OSError):
+                            await loop.run_in_executor(None, os.write, master, data)
+                    elif kind == "resize" and (ws := _winsize(msg)) is not None:
+                        with contextlib.suppress(OSError):
+                            fcntl.ioctl(master, termios.TIOCSWINSZ, ws)
+                    elif kind == "signal" and isinstance(msg.get("sig"), int) \
+                            and 0 < msg["sig"] < 65:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, msg["sig"])
+                    continue
                 if kind == "stdin" and stdin is not None:
                     data = msg.get("data", b"")
                     if isinstance(data, bytes):
@@ -480,8 +553,9 @@ class Agent:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(proc.pid, sig)
 
-        pumps = [asyncio.ensure_future(pump(1, proc.stdout)),
-                 asyncio.ensure_future(pump(2, proc.stderr))]
+        pumps = ([asyncio.ensure_future(pump(1, master))] if master >= 0 else
+                 [asyncio.ensure_future(pump(1, proc.stdout)),
+                  asyncio.ensure_future(pump(2, proc.stderr))])
         feeder = asyncio.ensure_future(feed())
         try:
             status = await exited
@@ -502,6 +576,9 @@ class Agent:
                 if pipe is not None:
                     with contextlib.suppress(OSError):
                         pipe.close()
+            if master >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(master)
 
     def _path(self, req: dict[str, Any]) -> Path:
         path = req.get("path")
