@@ -1,0 +1,54 @@
+"""Every symlink of the checkout, read without following any (a blocking shell).
+
+`checkout_links` walks the checkout from its root descriptor with
+`O_DIRECTORY|O_NOFOLLOW` opens, never entering a symlink or a `.git`
+directory (nor anything a filesystem could fold to `.git`), and returns
+{relative path: target} for each symlink, for `links.FinalTree`. The walk is
+bounded: past `MAX_ENTRIES` entries the patch is refused, since tkbox could
+not say which names reach the files it writes.
+"""
+
+from __future__ import annotations
+
+import os
+
+from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.paths import is_dotgit
+
+MAX_ENTRIES = 2_000_000
+_DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
+
+
+def checkout_links(root_fd: int, max_entries: int = MAX_ENTRIES) -> dict[str, bytes]:
+    links: dict[str, bytes] = {}
+    count = 0
+    stack: list[tuple[int, str]] = [(os.dup(root_fd), "")]
+    try:
+        while stack:
+            fd, rel = stack.pop()
+            try:
+                with os.scandir(fd) as it:
+                    for entry in it:
+                        count += 1
+                        if count > max_entries:
+                            raise PatchRefused(
+                                f"the checkout has more than {max_entries} entries; tkbox cannot "
+                                "check which symlinks reach the patch's files, so nothing was "
+                                "applied: apply the patch to a smaller checkout"
+                            )
+                        path = f"{rel}/{entry.name}" if rel else entry.name
+                        if entry.is_symlink():
+                            links[path] = os.fsencode(os.readlink(entry.name, dir_fd=fd))
+                        elif entry.is_dir(follow_symlinks=False) and not is_dotgit(entry.name):
+                            try:
+                                child = os.open(entry.name, _DIR, dir_fd=fd)
+                            except OSError:
+                                continue  # unreadable or swapped meanwhile: nothing to follow
+                            stack.append((child, path))
+            finally:
+                os.close(fd)
+    except BaseException:
+        for fd, _ in stack:
+            os.close(fd)
+        raise
+    return links
