@@ -24,6 +24,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes")
 from changes_trees import Tree, build_upper, file, link, make_tree, read_tree  # noqa: E402
 
 from tkbox.doors.changes import ApplyReport, Limits, PatchRefused, apply_patch  # noqa: E402
+from tkbox.doors.changes.patch import git_blob_sha1  # noqa: E402
 from tkbox.guest.diff import write_patch  # noqa: E402
 from tkbox.record.client import FakeSigner  # noqa: E402
 
@@ -202,9 +203,14 @@ def test_files_beyond_the_memory_limit_are_refused(tmp_path: Path) -> None:
 
 def test_parsing_a_large_patch_does_not_stall_the_event_loop(tmp_path: Path) -> None:
     """Stops a large patch freezing every box's I/O while the door parses and plans it."""
-    lower: Tree = {}
-    final: Tree = {f"f{i}": file(b"line\n" * 40) for i in range(3000)}
-    co, patch = setup(tmp_path, lower, final)
+    co = tmp_path / "co"
+    co.mkdir()
+    git(co, "init", "-q")
+    content = b"".join(b"%d\n" % i for i in range(300_000))
+    patch = (b"diff --git a/big b/big\nnew file mode 100644\n"
+             b"index 0000000.." + git_blob_sha1(content)[:7].encode() + b"\n"
+             b"--- /dev/null\n+++ b/big\n@@ -0,0 +1,300000 @@\n"
+             + b"".join(b"+" + line for line in content.splitlines(keepends=True)))
 
     async def go() -> tuple[float, float]:
         gaps = [0.0]
@@ -219,6 +225,7 @@ def test_parsing_a_large_patch_does_not_stall_the_event_loop(tmp_path: Path) -> 
                 last = now
 
         ticker = asyncio.create_task(tick())
+        await asyncio.sleep(0.02)  # the ticker is running before the door starts
         s = FakeSigner()
         await s.open_run(RUN, {})
         t0 = time.monotonic()
@@ -229,4 +236,5 @@ def test_parsing_a_large_patch_does_not_stall_the_event_loop(tmp_path: Path) -> 
         return took, max(gaps)
 
     took, worst = asyncio.run(go())
-    assert worst < max(0.5, took / 4), (took, worst)
+    print(f"apply took {took:.2f}s, the loop's longest pause {worst:.3f}s")
+    assert worst < min(0.6, took / 3), (took, worst)
