@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from tkbox.doors.changes.paths import folded_parts, under
+from tkbox.doors.changes.paths import folded_parts
 from tkbox.gitconfig import Entry
 
 # variable names that name a program or a file (the last component of the key)
@@ -106,11 +106,17 @@ class Named:
     """Look-ups of `named_paths` on folded components."""
 
     def __init__(self, named: dict[str, str]) -> None:
-        self.items = [(folded_parts(p), why) for p, why in sorted(named.items())]
+        self.items: dict[tuple[str, ...], str] = {}
+        for p, why in sorted(named.items()):
+            self.items.setdefault(folded_parts(p), why)
 
     def reason(self, path: str) -> str | None:
         """Why `path` is named: it is a named path or below a named directory."""
-        for parts, why in self.items:
-            if under(path, parts):
+        if not self.items:
+            return None
+        parts = folded_parts(path)
+        for k in range(1, len(parts) + 1):
+            why = self.items.get(parts[:k])
+            if why is not None:
                 return why
         return None
