@@ -155,3 +155,34 @@ def test_a_reason_never_shows_a_value_or_a_subsection() -> None:
     e = _e("url.https://u:TOKEN@h/.insteadof", "./x")
     whys = named_paths([e], ROOT, "/home/u").values()
     assert whys and all("TOKEN" not in w for w in whys)
+
+
+_names3 = ["a", "b", "c"]
+_all_paths = ["/".join(p) for n in (1, 2, 3) for p in __import__("itertools").product(
+    _names3, repeat=n)]
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "a/b", "b/c", "c/a"]),
+                       st.sampled_from([b".", b"..", b"a", b"b", b"c", b"a/b", b"../c", b"b/.."]),
+                       max_size=3),
+       st.sampled_from(["a", "b", "c", "a/b", "b/c", "c/a", "a/a", "c/c/c"]))
+def test_aliases_are_exactly_the_names_that_reach_the_path(links: dict[str, bytes],
+                                                           path: str) -> None:
+    """Stops a name that reaches a written file going unchecked (and a false alias).
+
+    Brute force over every path of up to three components: each one that
+    resolves where `path` resolves (through a link on its way) must be among
+    `aliases(path)`, and every alias must resolve there.
+    """
+    tree = FinalTree(links)
+    real = tree.resolve(path)
+    if real in (OUTSIDE, LOOP) or real != path:
+        return  # the door asks for aliases of paths it writes: no link on their way
+    al = tree.aliases(path)
+    for name in al.names:
+        assert tree.resolve(name) == real, name
+    if al.truncated:
+        return
+    for other in _all_paths:
+        if tree.resolve(other) == real:
+            assert other in al.names, (other, sorted(al.names))
