@@ -8,6 +8,8 @@ configuration runs or includes (`gitnamed`).
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
@@ -186,3 +188,39 @@ def test_aliases_are_exactly_the_names_that_reach_the_path(links: dict[str, byte
     for other in _all_paths:
         if tree.resolve(other) == real:
             assert other in al.names, (other, sorted(al.names))
+
+
+def test_the_checkout_scan_finds_every_link_but_none_in_git(tmp_path: Path) -> None:
+    import os
+
+    from tkbox.doors.changes.scan import checkout_links
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / ".git" / "x").mkdir(parents=True)
+    (tmp_path / ".git" / "x" / "l").symlink_to("y")
+    (tmp_path / "a" / "b" / ".vscode").symlink_to("../../tools")
+    (tmp_path / "top").symlink_to("/etc")
+    (tmp_path / "dirlink").symlink_to("a")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert checkout_links(fd) == {"a/b/.vscode": b"../../tools", "top": b"/etc",
+                                      "dirlink": b"a"}
+    finally:
+        os.close(fd)
+
+
+def test_a_checkout_past_the_scan_bound_is_refused(tmp_path: Path) -> None:
+    """Stops a checkout too large to scan hiding a sensitive symlink past the bound."""
+    import os
+
+    from tkbox.doors.changes.errors import PatchRefused
+    from tkbox.doors.changes.scan import checkout_links
+
+    for i in range(5):
+        (tmp_path / f"f{i}").write_text("x")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(PatchRefused, match="more than 3 entries"):
+            checkout_links(fd, max_entries=3)
+    finally:
+        os.close(fd)

@@ -25,7 +25,7 @@ patch removes or replaces, plus those it creates (`FinalTree`).
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 MAX_FOLLOW = 40
@@ -147,8 +147,3 @@ class FinalTree:
                     out.append(alias)
                     queue.append((alias, {**used, link: used.get(link, 0) + 1}))
         return Aliases(tuple(out), False)
-
-
-def changed_links(finals: Iterable[tuple[str, str, bytes]]) -> dict[str, bytes | None]:
-    """{path: target or None} from (path, final kind, content) of every path the patch names."""
-    return {p: (c if kind == "link" else None) for p, kind, c in finals}

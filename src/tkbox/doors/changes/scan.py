@@ -10,10 +10,12 @@ not say which names reach the files it writes.
 
 from __future__ import annotations
 
+import errno
 import os
 
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.paths import is_dotgit
+from tkbox.errors import HostError, TkboxError
 
 MAX_ENTRIES = 2_000_000
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -40,11 +42,9 @@ def checkout_links(root_fd: int, max_entries: int = MAX_ENTRIES) -> dict[str, by
                         if entry.is_symlink():
                             links[path] = os.fsencode(os.readlink(entry.name, dir_fd=fd))
                         elif entry.is_dir(follow_symlinks=False) and not is_dotgit(entry.name):
-                            try:
-                                child = os.open(entry.name, _DIR, dir_fd=fd)
-                            except OSError:
-                                continue  # unreadable or swapped meanwhile: nothing to follow
-                            stack.append((child, path))
+                            stack.append((_open_dir(fd, entry.name, path), path))
+            except OSError as e:
+                raise _error(rel or ".", e) from None
             finally:
                 os.close(fd)
     except BaseException:
@@ -52,3 +52,19 @@ def checkout_links(root_fd: int, max_entries: int = MAX_ENTRIES) -> dict[str, by
             os.close(fd)
         raise
     return links
+
+
+def _open_dir(fd: int, name: str, path: str) -> int:
+    try:
+        return os.open(name, _DIR, dir_fd=fd)
+    except OSError as e:
+        raise _error(path, e) from None
+
+
+def _error(path: str, e: OSError) -> TkboxError:
+    """A directory tkbox cannot read could hide a symlink: refuse, saying which."""
+    if e.errno in (errno.ENOENT, errno.ENOTDIR, errno.ELOOP):
+        return PatchRefused(f"the checkout changed while tkbox read it ({path!r}); nothing was "
+                            "applied, run tkbox apply again")
+    return HostError(f"cannot read the checkout's directory {path!r} ({e.strerror}); tkbox "
+                     "must see every symlink of the checkout: fix its permissions")
