@@ -183,6 +183,17 @@ def test_hooks_directory_reached_through_a_link_is_refused(tmp_path: Path) -> No
         apply(patch, co)
 
 
+def test_hooks_directory_link_retargeted_by_the_patch_is_refused(tmp_path: Path) -> None:
+    """Stops re-pointing the hooks directory's link to a new directory full of hooks."""
+    lower = {"hooks-dir": link(b"scripts"), "scripts/readme": file(b"r\n")}
+    final = {"hooks-dir": link(b"other"), "scripts/readme": file(b"r\n"),
+             "other/pre-commit": file(b"evil\n")}
+    co, patch = setup(tmp_path, lower, final, [("core.hooksPath", "hooks-dir")])
+    with pytest.raises(PatchRefused, match="hooks directory"):
+        apply(patch, co)
+    assert read_tree(co) == lower
+
+
 def test_patch_beyond_the_line_limit_is_refused_with_a_clear_message(tmp_path: Path) -> None:
     """Stops a patch of tiny lines that would take gigabytes of memory to parse."""
     lower = {"big": file(b"")}

@@ -122,12 +122,12 @@ def _classify(plan: Plan, root: Path, repo: RepoConfig, ignored: set[str],
     """Refuse the hooks directory; hold back what is sensitive under any of its names."""
     home = os.path.expanduser("~")
     named = Named(named_paths(repo.entries, str(root), home)) if repo.top else Named({})
-    hooks_prefix = _hooks_prefix(root, repo, home)
+    hooks = _hooks_prefixes(root, repo, home)
     reasons: dict[str, str | None] = {}
     for f in plan.files:
         aliases = plan.tree.aliases(f.path)
         for name in aliases.names:
-            if hooks_prefix is not None and under(name, hooks_prefix):
+            if any(under(name, prefix) for prefix in hooks):
                 via = "" if name == f.path else f", reached as {name!r}"
                 raise PatchRefused(f"{f.sections[0].where}: inside the checkout's git hooks "
                                    f"directory (core.hooksPath{via})")
@@ -147,20 +147,22 @@ def _sensitive(path: str, aliases: Aliases, named: Named) -> str | None:
     return None
 
 
-def _hooks_prefix(root: Path, repo: RepoConfig, home: str) -> tuple[str, ...] | None:
+def _hooks_prefixes(root: Path, repo: RepoConfig, home: str) -> list[tuple[str, ...]]:
+    """The hooks directory inside the checkout, as spelled and as the checkout resolves it."""
     hooks = repo.last("core.hookspath")
     if not hooks or repo.top is None:
-        return None
+        return []
     if hooks.startswith("~/") or hooks == "~":
         hooks = home + hooks[1:]
-    target = Path(os.path.realpath(repo.top / hooks))
-    try:
-        rel = target.relative_to(root)
-    except ValueError:
-        return None
-    if str(rel) == ".":
-        return None
-    return folded_parts(rel.as_posix())
+    out = []
+    for target in (os.path.normpath(repo.top / hooks), os.path.realpath(repo.top / hooks)):
+        try:
+            rel = Path(target).relative_to(root)
+        except ValueError:
+            continue
+        if str(rel) != ".":
+            out.append(folded_parts(rel.as_posix()))
+    return out
 
 
 async def _ignored(git: Git, root: Path, parsed: Patch, repo: RepoConfig) -> set[str]:
