@@ -196,35 +196,44 @@ def _is_git_dir(dirpath: str, dirnames: Sequence[str], filenames: Sequence[str])
     return "HEAD" in filenames and ("objects" in dirnames or "commondir" in filenames)
 
 
-def _git_configs(root: Path, cleaner: GitConfigCleaner,
+def _git_configs(root: Path,
                  stats: dict[str, int]) -> tuple[dict[str, bytes | None], set[str]]:
-    """Pass 1: every git config under a `.git`, cleaned; the paths they include."""
+    """Pass 1: every git config under a `.git`, cleaned; the paths they include.
+
+    Git is needed only when there is a config to read (a checkout that is
+    not a repository is copied without it).
+    """
     cleaned: dict[str, bytes | None] = {}
     includes: set[str] = set()
-    for dirpath, _dirnames, filenames in os.walk(root, followlinks=False):
-        d = Path(dirpath)
-        rel_dir = d.relative_to(root).as_posix()
-        for name in filenames:
-            rel = name if rel_dir == "." else f"{rel_dir}/{name}"
-            if not is_git_config(rel):
-                continue
-            p = d / name
-            if not stat.S_ISREG(p.lstat().st_mode):
-                cleaned[rel] = None  # a linked config could lead to a file copied as is
-                continue
-            c = cleaner.clean(p)
-            cleaned[rel] = c.data
-            stats["git_config_sections_dropped"] += c.dropped_sections
-            for inc in c.includes:
-                includes.add(str(inc))
-                includes.add(os.path.realpath(inc))
+    cleaner: GitConfigCleaner | None = None
+    try:
+        for dirpath, _dirnames, filenames in os.walk(root, followlinks=False):
+            d = Path(dirpath)
+            rel_dir = d.relative_to(root).as_posix()
+            for name in filenames:
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if not is_git_config(rel):
+                    continue
+                p = d / name
+                if not stat.S_ISREG(p.lstat().st_mode):
+                    cleaned[rel] = None  # a linked config could lead to a file copied as is
+                    continue
+                cleaner = cleaner or GitConfigCleaner()
+                c = cleaner.clean(p)
+                cleaned[rel] = c.data
+                stats["git_config_sections_dropped"] += c.dropped_sections
+                for inc in c.includes:
+                    includes.add(str(inc))
+                    includes.add(os.path.realpath(inc))
+    finally:
+        if cleaner is not None:
+            cleaner.close()
     return cleaned, includes
 
 
 def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
     stats = {"files": 0, "skipped_credentials": 0, "bytes": 0, "git_config_sections_dropped": 0}
-    with GitConfigCleaner() as cleaner:
-        configs, includes = _git_configs(root, cleaner, stats)
+    configs, includes = _git_configs(root, stats)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         def add(path: Path, rel: str) -> None:
             st = path.lstat()
