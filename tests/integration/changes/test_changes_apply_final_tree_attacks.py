@@ -249,3 +249,20 @@ def test_parsing_a_large_patch_does_not_stall_the_event_loop(tmp_path: Path) -> 
     took, worst = asyncio.run(go())
     print(f"apply took {took:.2f}s, the loop's longest pause {worst:.3f}s")
     assert worst < min(0.6, took / 3), (took, worst)
+
+
+def test_many_links_to_the_root_cannot_make_the_check_endless(tmp_path: Path,
+                                                              monkeypatch: pytest.MonkeyPatch
+                                                              ) -> None:
+    """Stops links to their own directory multiplying every path's names without bound."""
+    from tkbox.doors.changes import door as door_mod
+
+    monkeypatch.setattr(door_mod, "MAX_TOTAL_ALIASES", 2000)
+    lower = {"x": file(b"x\n")}
+    final: Tree = {**lower, **{f"l{i}": link(b".") for i in range(40)},
+                   **{f"d/f{i}": file(b"%d\n" % i) for i in range(100)}}
+    co, patch = setup(tmp_path, lower, final)
+    t0 = time.monotonic()
+    with pytest.raises(PatchRefused, match="more than 2000 names through symlinks"):
+        apply(patch, co)
+    assert time.monotonic() - t0 < 60

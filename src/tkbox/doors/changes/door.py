@@ -43,6 +43,8 @@ from tkbox.record.client import SignerClient, Verdict
 
 __all__ = ["apply_patch"]
 
+MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
+
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
                       allow_sensitive: bool = False, dry_run: bool = False,
@@ -124,8 +126,14 @@ def _classify(plan: Plan, root: Path, repo: RepoConfig, ignored: set[str],
     named = Named(named_paths(repo.entries, str(root), home)) if repo.top else Named({})
     hooks = _hooks_prefixes(root, repo, home)
     reasons: dict[str, str | None] = {}
+    total = 0
     for f in plan.files:
         aliases = plan.tree.aliases(f.path)
+        total += len(aliases.names)
+        if total > MAX_TOTAL_ALIASES:
+            raise PatchRefused(f"the patch's files have more than {MAX_TOTAL_ALIASES} names "
+                               "through symlinks; tkbox cannot check them all, so nothing was "
+                               "applied: remove the symlinks that lead to their own directories")
         for name in aliases.names:
             if any(under(name, prefix) for prefix in hooks):
                 via = "" if name == f.path else f", reached as {name!r}"

@@ -25,6 +25,7 @@ patch removes or replaces, plus those it creates (`FinalTree`).
 from __future__ import annotations
 
 import os
+from collections import deque
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -128,9 +129,9 @@ class FinalTree:
         index = self.by_target()
         seen = {path}
         out = [path]
-        queue: list[tuple[str, dict[str, int]]] = [(path, {})]
+        queue: deque[tuple[str, dict[str, int]]] = deque([(path, {})])
         while queue:
-            name, used = queue.pop(0)
+            name, used = queue.popleft()
             parts = name.split("/")
             for i in range(len(parts), -1, -1):
                 anc = "/".join(parts[:i])
