@@ -71,7 +71,8 @@ _TOKEN = re.compile(r"gh[opusr]_[A-Za-z0-9]{20}|github_pat_|glpat-|xox[abprs]-|"
                     r"(?i:\b(?:authorization|bearer|basic)\b)", re.ASCII)
 # parts of a variable name that hold or fetch a credential
 _CREDENTIAL_NAME = ("pass", "token", "secret", "cookie", "credential", "extraheader", "helper",
-                    "askpass", "sshcommand", "sslkey", "sslcert", "auth")
+                    "askpass", "sshcommand", "sslkey", "sslcert", "auth", "apikey", "api-key",
+                    "accesskey", "privatekey", "private-key")
 #: sections dropped whole: they hold or fetch credentials, or pull in host files
 CREDENTIAL_SECTIONS = ("credential", "include", "includeif")
 

@@ -104,6 +104,8 @@ def test_userinfo_in_a_quoted_or_odd_value_is_dropped(tmp_path: Path, value: str
     f"[hub]\n\toauthtoken = {SECRET}\n",
     f"[mytool]\n\tapi = ghp_{SECRET}abcdefghijklmnop\n",
     f"[core]\n\taskPass = /home/u/{SECRET}.sh\n",
+    f"[deploy]\n\tapiKey = {SECRET}\n",
+    f'[remote "origin"]\n\turl = https://bot:{SECRET[:4]}\\\n{SECRET[4:]}@h.example/r\n',
     f"[include]\n\tpath = /home/u/{SECRET}.inc\n",
     f'[includeIf "gitdir:/x/"]\n\tpath = /home/u/{SECRET}.inc\n',
 ])
@@ -197,7 +199,7 @@ def test_credential_reason_names_no_value() -> None:
 
 _names = st.from_regex(r"[a-z][a-z0-9-]{0,8}", fullmatch=True).filter(
     lambda n: not any(p in n for p in ("pass", "token", "secret", "cookie", "credential",
-                                       "helper", "auth", "sslkey", "sslcert")))
+                                       "helper", "auth", "sslkey", "sslcert", "key")))
 _values = st.one_of(st.none(), st.text(st.characters(blacklist_categories=["Cs"],
                                                      blacklist_characters="\x00"), max_size=40))
 _subs = st.one_of(st.none(), st.text(st.characters(blacklist_categories=["Cs"],
