@@ -224,3 +224,15 @@ def test_a_checkout_past_the_scan_bound_is_refused(tmp_path: Path) -> None:
             checkout_links(fd, max_entries=3)
     finally:
         os.close(fd)
+
+
+@given(st.dictionaries(st.text(st.sampled_from("ab./"), min_size=1, max_size=6),
+                       st.binary(min_size=1, max_size=12), max_size=5),
+       st.text(st.sampled_from("ab./"), min_size=1, max_size=8))
+def test_any_links_and_path_resolve_without_error(links: dict[str, bytes], path: str) -> None:
+    """A hostile tree of links (any target bytes) yields a result, never an exception."""
+    tree = FinalTree(links, ROOT)
+    r = tree.resolve(path)
+    assert isinstance(r, str)
+    al = tree.aliases(path, limit=64)
+    assert al.names[0] == path and len(al.names) <= 64
