@@ -777,7 +777,7 @@ class BoxManager:
         if box.state != "stopped":
             raise UserError(f"cannot apply box {name}: it is {box.state}; apply works only on "
                             "a stopped box before export")
-        data = self.patch(name)
+        data = await asyncio.to_thread(self.patch, name)  # up to the patch limit: off the loop
         target = Path(checkout or box.s["workspace"]).expanduser()
         if not target.is_dir():
             raise UserError(f"checkout {target} does not exist or is not a directory")
