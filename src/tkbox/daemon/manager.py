@@ -41,7 +41,7 @@ from tkbox.errors import (
     TkboxError,
     UserError,
 )
-from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
 from tkbox.record.client import SignerClient
@@ -403,12 +403,15 @@ class BoxManager:
         if box.boot_served:
             return  # served once: later streams are closed unanswered
         box.boot_served = True
-        fs = FramedStream(stream)
+        fs = FramedStream(stream, limits=GUEST_FRAMES, budget=stream_budget(box))
         try:
             await fs.send(config)
             msg = await asyncio.wait_for(fs.receive(), BOOT_TIMEOUT)
         except (FrameError, StreamClosed, EOFError, TimeoutError) as exc:
             msg = {"ev": "error", "message": f"boot stream broke: {exc.__class__.__name__}"}
+        if isinstance(msg, dict) and not _boot_answer_ok(msg):
+            msg = {"ev": "error", "message": "the boot answer is not {ev: ready, uptime} or "
+                                             "{ev: error, message} (unknown keys are refused)"}
         if box.ready is None or box.ready.done():
             return
         if not isinstance(msg, dict) or msg.get("ev") != "ready":
@@ -669,6 +672,16 @@ class BoxManager:
         shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
         shutil.rmtree(box.dir, ignore_errors=True)
         del self.boxes[name]
+
+
+def stream_budget(box: Box) -> Any:
+    return box.vm.ports.budget if box.vm is not None else None
+
+
+def _boot_answer_ok(msg: dict[str, Any]) -> bool:
+    """The guest's one answer on port 1026: `ready` (uptime) or `error` (message), nothing else."""
+    allowed = {"ready": {"uptime"}, "error": {"message"}}.get(msg.get("ev"))  # type: ignore[arg-type]
+    return allowed is not None and set(msg) - {"ev"} <= allowed
 
 
 async def _refuse_http(stream: ByteStream, reason: str) -> None:
