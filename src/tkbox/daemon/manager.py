@@ -444,7 +444,8 @@ class BoxManager:
             box.s["error"] = f"the VM ended unexpectedly (status {code})"
             box.move("vm_died")
             await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
-        box.save()
+        if box.dir.is_dir():  # `rm --force` may have removed it while the VM ended
+            box.save()
 
     async def _watch_transport(self, box: Box, vm: VM) -> None:
         """A guest that breaks the transport (a protocol violation) loses its VM."""

@@ -39,7 +39,8 @@ Bounds against a hostile peer (each side applies them to the other):
 - **Input.** Bytes received but not yet read by their stream's owner are
   counted across streams; above `MAX_BUFFERED_IN` the peer is no longer read.
 - **Work.** Every frame parsed costs one unit of the transport's `Budget`,
-  a refused OPEN `REFUSED_OPEN_COST` units: abuse that breaks no rule is
+  plus one per `BYTES_PER_UNIT` bytes of payload (copying bytes is work too),
+  and a refused OPEN `REFUSED_OPEN_COST` units: abuse that breaks no rule is
   read more slowly instead of taking the event loop from other boxes. At
   most `SLICE_FRAMES` frames are parsed between two yields to the loop.
 
@@ -70,6 +71,7 @@ MAX_QUEUED_CONTROL = 64 * 1024  # bytes of uncredited frames owed to a peer that
 MAX_BUFFERED_IN = 16 << 20  # bytes received and not yet read, over all streams
 SLICE_FRAMES = 256  # frames parsed between two yields to the event loop
 REFUSED_OPEN_COST = 50  # budget units an OPEN we refuse costs the peer
+BYTES_PER_UNIT = 8192  # payload bytes that cost one budget unit (~150 MB/s at the default rate)
 
 
 class MuxError(Exception):
@@ -151,7 +153,7 @@ class MuxCore:
         self._inbuf = bytearray()
         self._out = bytearray()
         self.control_pending = 0  # bytes of non-DATA frames in _out
-        self.frames_in = 0  # frames parsed, for the owner's budget
+        self.work_in = 0  # budget units of what was parsed, for the owner's budget
         self.refused_opens = 0  # OPENs from the peer we refused
         self.closed = False
 
@@ -284,10 +286,10 @@ class MuxCore:
             payload = bytes(self._inbuf[HEADER.size : HEADER.size + n])
             del self._inbuf[: HEADER.size + n]
             parsed += 1
+            self.work_in += 1 + n // BYTES_PER_UNIT
             ev = self._handle(t, sid, payload)
             if ev is not None:
                 events.append(ev)
-        self.frames_in += parsed
         return events
 
     def _handle(self, t: int, sid: int, payload: bytes) -> Event | None:
@@ -553,7 +555,7 @@ class MuxPorts(Ports):
                 for ev in core.receive_data(data, SLICE_FRAMES):
                     self._dispatch(ev)
                 self._kick()
-                cost, core.frames_in = core.frames_in, 0
+                cost, core.work_in = core.work_in, 0
                 cost += core.refused_opens * REFUSED_OPEN_COST
                 core.refused_opens = 0
                 await self.budget.wait_spend(cost)

@@ -1,0 +1,220 @@
+"""Benchmark: box B's `exec true` while box A abuses the host, against B alone.
+
+One daemon (`BoxManager`, one event loop, as in `tkbox daemon`), a fake
+signer in memory, and two boxes behind the real serial mux (the fake launcher:
+each "VM" is a guest coroutine on an in-memory link). Box B is a polite agent.
+Box A, once B's idle figure is taken, attacks in turn with:
+
+- `open-flood`: stops reading its port and opens streams to a port nobody
+  serves (each OPEN makes the host owe a RESET);
+- `tiny-frames`: a stream of one-byte mux DATA frames (9-byte header each);
+- `tiny-answers`: during an `exec`, an endless run of small msgpack `out`
+  frames, read by a client as fast as the daemon gives them;
+- `nested`: during an `exec`, 1 MiB frames of tiny containers, again and again;
+- `unread-streams`: opens streams and fills their windows while nobody reads.
+
+The figure is the median wall time of B's `exec true` through
+`BoxManager.exec` (Bash decision at the fake signer, RPC stream over the mux,
+the agent's answer, the completion record), over `--runs` sequential runs.
+Printed: B idle, B during each attack, and the ratio (goal: within 2x). The
+attacker runs in the same process here (its VM would be another process), so
+the ratio includes its own cost of producing the bytes: a conservative figure.
+
+    .venv/bin/python benchmarks/guest_abuse.py [--runs 60]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import statistics
+import struct
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import msgpack
+
+from tkbox.daemon.manager import BoxManager, BoxSpec, Options
+from tkbox.protocol.framing import FramedStream, encode
+from tkbox.protocol.mux import HEADER, MuxPorts, T
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
+from tkbox.protocol.streams import ByteStream
+from tkbox.record.client import FakeSigner
+from tkbox.vm.base import VMSpec
+from tkbox.vm.fake import FakeLauncher
+
+
+@dataclass
+class _Image:
+    digest: str
+    rootfs: Path
+
+
+class _Images:
+    def __init__(self, root: Path) -> None:
+        self.rootfs = root / "root.sqfs"
+        self.rootfs.write_bytes(b"")
+
+    async def resolve(self, ref: str) -> _Image:
+        return _Image("sha256:" + "0" * 64, self.rootfs)
+
+
+@dataclass
+class _Build:
+    kernel: Path
+    initramfs: Path
+    kernel_version: str = "fake"
+    digest: str = "f" * 64
+
+
+async def boot(ports: MuxPorts) -> None:
+    fs = FramedStream(await ports.connect(PORT_BOOT))
+    await fs.receive()
+    await fs.send({"ev": "ready", "uptime": 0.01})
+    await fs.aclose()
+
+
+async def polite_rpc(stream: ByteStream) -> None:
+    fs = FramedStream(stream)
+    req = await fs.receive()
+    if req is not None and req.get("op") == "exec":
+        await fs.send({"ev": "started", "pid": 2})
+        await fs.send({"ev": "exit", "status": 0, "signal": 0})
+
+
+ATTACK: dict[str, str] = {"mode": "idle"}
+
+
+def raw_opens(n: int, port: int, first: int) -> bytes:
+    return b"".join(HEADER.pack(T.OPEN, first + 2 * i, 4) + struct.pack(">I", port)
+                    for i in range(n))
+
+
+async def attacker(ports: MuxPorts, spec: VMSpec) -> None:
+    """Box A: boots politely, then does whatever ATTACK says, as fast as it can."""
+    await boot(ports)
+    link = ports._link  # the guest's end of the link: raw frames go straight onto it
+
+    async def rpc(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is None or req.get("op") != "exec":
+            return
+        await fs.send({"ev": "started", "pid": 2})
+        if ATTACK["mode"] == "tiny-answers":
+            blob = encode({"ev": "out", "fd": 1, "data": b"x"}) * 4000
+            while True:
+                await stream.send_all(blob)
+        elif ATTACK["mode"] == "nested":
+            body = msgpack.packb({"ev": "out", "fd": 1, "data": [[[]] * 15] * 60000})
+            await stream.send_all(struct.pack(">I", len(body)) + body)
+        await asyncio.sleep(3600)
+
+    ports.serve(PORT_RPC, rpc)
+    sid = 1_000_000
+    while True:
+        mode = ATTACK["mode"]
+        if mode == "open-flood":
+            async def never(max_bytes: int = 65536) -> bytes:
+                await asyncio.Event().wait()
+                return b""
+
+            link.receive = never  # type: ignore[method-assign]  # stop reading the port
+            while ATTACK["mode"] == mode:
+                await link.send_all(raw_opens(2000, 4242, sid))
+                sid += 4000
+        elif mode == "tiny-frames":
+            blob = (HEADER.pack(T.DATA, 999_999_998, 1) + b"x") * 6500
+            while ATTACK["mode"] == mode:
+                await link.send_all(blob)
+        elif mode == "unread-streams":
+            chunk = b"Z" * 65536
+            while ATTACK["mode"] == mode:
+                frames = [raw_opens(1, PORT_EGRESS, sid)]
+                frames += [HEADER.pack(T.DATA, sid, len(chunk)) + chunk] * 4
+                sid += 2
+                await link.send_all(b"".join(frames))
+        else:
+            await asyncio.sleep(0.05)
+
+
+async def polite(ports: MuxPorts, spec: VMSpec) -> None:
+    await boot(ports)
+    ports.serve(PORT_RPC, polite_rpc)
+    await asyncio.Event().wait()
+
+
+async def exec_true(m: BoxManager, name: str) -> float:
+    t0 = time.perf_counter()
+    async for ev in m.exec(name, ["true"], None, None, None):
+        last = ev
+    if last.get("ev") != "exit":
+        raise SystemExit(f"exec in {name} failed: {last}")
+    return time.perf_counter() - t0
+
+
+async def median_exec(m: BoxManager, name: str, runs: int) -> float:
+    times = [await exec_true(m, name) for _ in range(runs)]
+    return statistics.median(times)
+
+
+async def drain_exec(m: BoxManager, name: str) -> None:
+    """A client reading box A's abusive exec as fast as the daemon gives it."""
+    while True:
+        with contextlib.suppress(Exception):
+            async for _ in m.exec(name, ["yes"], None, None, None):
+                pass
+        await asyncio.sleep(0.01)
+
+
+async def main(runs: int) -> None:
+    with tempfile.TemporaryDirectory(prefix="tkbench-") as tmp:
+        root = Path(tmp)
+        ws = root / "ws"
+        ws.mkdir()
+        (ws / "a.txt").write_text("a\n")
+
+        async def dispatch(ports: MuxPorts, spec: VMSpec) -> None:
+            await (attacker if spec.name == "a" else polite)(ports, spec)
+
+        m = BoxManager(launcher=FakeLauncher(dispatch), signer=FakeSigner(), options=Options(),
+                       images=_Images(root), guest_build=lambda: _Build(root / "k", root / "i"),
+                       home=root / "home")
+        for name in ("a", "b"):
+            await m.create(BoxSpec(name=name, image="x", workspace=str(ws), disk_mib=64))
+        for _ in range(5):
+            await exec_true(m, "b")  # warm up
+        idle = await median_exec(m, "b", runs)
+        print(f"box B exec true, idle: {idle * 1000:.2f} ms (median of {runs})")
+        rows: list[tuple[str, float, Any]] = []
+        for mode in ("tiny-frames", "tiny-answers", "nested", "unread-streams", "open-flood"):
+            ATTACK["mode"] = mode
+            reader = None
+            if mode in ("tiny-answers", "nested"):
+                reader = asyncio.ensure_future(drain_exec(m, "a"))
+            await asyncio.sleep(0.5)  # let the attack reach full speed
+            busy = await median_exec(m, "b", runs)
+            ports = m.get("a").vm.ports  # type: ignore[union-attr]
+            rows.append((mode, busy, ports))
+            print(f"  during {mode:15s}: {busy * 1000:7.2f} ms  ratio {busy / idle:4.2f}x  "
+                  f"(box A throttled {ports.budget.throttled:6.2f} s, reads paused "
+                  f"{ports.paused_reads}x, box A {m.get('a').state})")
+            if reader is not None:
+                reader.cancel()
+                with contextlib.suppress(BaseException):
+                    await reader
+            ATTACK["mode"] = "idle"
+        worst = max(r[1] for r in rows) / idle
+        print(f"worst ratio: {worst:.2f}x (goal: within 2x of idle)")
+        for name in list(m.boxes):
+            await m.rm(name, force=True)
+
+
+if __name__ == "__main__":
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=60)
+    asyncio.run(main(ap.parse_args().runs))
