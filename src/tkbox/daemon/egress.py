@@ -20,8 +20,13 @@ from tkbox.record.client import SignerClient
 log = logging.getLogger("tkbox.daemon")
 
 
-async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> OperatorConfig:
-    """Give `manager` a network door per box, sharing one approval board."""
+async def install(manager: BoxManager, opts: Options, signer: SignerClient | None = None
+                  ) -> OperatorConfig:
+    """Give `manager` a network door per box, sharing one approval board.
+
+    Doors record through `manager.signer` (the per-run record budget), whatever
+    `signer` is passed (kept for callers of the old signature)."""
+    signer = manager.signer
     op = OperatorConfig.from_flags(opts.egress_block, opts.egress_permit, opts.egress_hosts)
     # Presets read the clients' own definitions (npm may take seconds): warm them here,
     # off the event loop, not inside the first box's create.

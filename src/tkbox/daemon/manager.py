@@ -44,6 +44,7 @@ from tkbox.errors import (
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
 from tkbox.vm.base import VM, Disk, Launcher, VMSpec
 
@@ -64,6 +65,11 @@ class Options:
     egress_hosts: str | None = None
     ca_certs: list[str] = field(default_factory=list)  # PEM texts
     approval_wait: int = 120  # seconds a connection waits for a person
+    run_records: int = RUN_RECORDS  # records a run may hold before its box is stopped
+    run_bytes: int = RUN_BYTES  # estimated bundle bytes likewise
+    tunnel_idle: float = 300.0  # seconds a tunnel may carry nothing either way
+    tunnel_total: float = 4 * 3600.0  # seconds a tunnel may stay open at all
+    max_connections: int = 0  # egress connections daemon-wide; 0: from RLIMIT_NOFILE
 
 
 @dataclass
@@ -133,7 +139,12 @@ class BoxManager:
                  home: Path | None = None, door_factory: Any = None,
                  approvals: Any = None) -> None:
         self.launcher = launcher
-        self.signer = signer
+        # Every record goes through the per-run budget, so every run stays exportable.
+        unbounded = options.unrecorded  # nothing is recorded, so there is nothing to bound
+        self.signer = BudgetedSigner(signer,
+                                     max_records=2**62 if unbounded else options.run_records,
+                                     max_bytes=2**62 if unbounded else options.run_bytes,
+                                     on_exhausted=self._budget_exhausted)
         self.opts = options
         self.images = images
         self.guest_build = guest_build  # () -> GuestBuild (cached)
@@ -216,6 +227,23 @@ class BoxManager:
         except TkboxError as exc:
             self._gap(box, {"reason": f"event {kind} not recorded: {exc}", "event": kind})
             await self.contain(box, f"an event could not be recorded ({exc})")
+
+    def _budget_exhausted(self, run_id: str, why: str) -> None:
+        """A run reached its record budget: stop its box, and say so in the run."""
+        box = next((b for b in self.boxes.values() if b.s.get("run_id") == run_id), None)
+        if box is None:
+            return
+
+        async def stop_it() -> None:
+            records, size = self.signer.usage(run_id)
+            await self.record(box, "tkbox.containment", {
+                "reason": why[:500], "budget": "records", "records": records,
+                "estimated_bundle_bytes": size})
+            await self.contain(box, why)
+
+        t = asyncio.ensure_future(stop_it())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     async def contain(self, box: Box, why: str) -> None:
         """Stop a box at once because the record cannot be kept."""

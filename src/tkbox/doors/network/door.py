@@ -46,6 +46,7 @@ from tkbox.doors.network.clock import Clock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.names import HostNameError, parse_host
 from tkbox.doors.network.policy import EgressPolicy, Explanation
+from tkbox.doors.network.records import RefusalLog, excerpt
 from tkbox.doors.network.request import (
     HOP_BY_HOP,
     BadRequest,
@@ -142,6 +143,7 @@ class EgressDoor:
             AddressPolicy(operator.block, operator.permit, own),
         )
         self._conns: set[_Conn] = set()
+        self._refusals = RefusalLog()
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -177,12 +179,15 @@ class EgressDoor:
 
     async def close(self) -> None:
         """Stop: refuse new connections, cut open ones at once, end approvals."""
+        already = self._closed
         self._closed = True
         for c in list(self._conns):
             c.cut.set()
         await self.board.stop_box(self.box)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), 10.0)
+        if not already:
+            await self._record_summary(self._refusals.flush(self.clock.monotonic()))
 
     # --- one connection -------------------------------------------------------
 
@@ -310,6 +315,8 @@ class EgressDoor:
             finally:
                 with contextlib.suppress(Exception):
                     await origin.aclose()
+        if "reason" in outcome:
+            outcome["reason"] = excerpt(outcome["reason"])
         outcome.update(
             bytes_up=conn.up,
             bytes_down=conn.down,
@@ -644,13 +651,30 @@ class EgressDoor:
     async def _record_refusal(
         self, stage: str, reason: str, req: ProxyRequest | None, status: int | None = None
     ) -> None:
-        body: dict[str, Any] = {"stage": stage, "reason": reason}
+        """One refusal: its own record while the interval allows, else counted in a summary.
+
+        Every guest-derived string is an `excerpt`: bounded and escaped."""
+        own, due = self._refusals.admit(
+            self.clock.monotonic(), stage, req.host.name if req is not None else None
+        )
+        await self._record_summary(due)
+        if not own:
+            return
+        body: dict[str, Any] = {"stage": stage, "reason": excerpt(reason)}
         if status is not None:
             body["status"] = status
         if req is not None:
-            body.update(host=req.host.name, port=req.port, method=req.method)
+            body.update(host=excerpt(req.host.name), port=req.port, method=excerpt(req.method, 32))
         try:
             await self.signer.event(self.run_id, "tkbox.egress.refused", body)
+        except SignerUnavailable as exc:
+            self._lost(exc)
+
+    async def _record_summary(self, summary: dict[str, Any] | None) -> None:
+        if summary is None:
+            return
+        try:
+            await self.signer.event(self.run_id, "tkbox.egress.refused.summary", summary)
         except SignerUnavailable as exc:
             self._lost(exc)
 
