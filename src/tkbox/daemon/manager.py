@@ -52,6 +52,8 @@ log = logging.getLogger("tkbox.daemon")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 BOOT_TIMEOUT = float(os.environ.get("TKBOX_BOOT_TIMEOUT", "180"))
+#: seconds the guest has, from the start of `tkbox stop`, to send its whole patch
+STOP_DEADLINE = float(os.environ.get("TKBOX_STOP_DEADLINE", "120"))
 PROXY_URL = "http://127.0.0.1:3128"
 
 
@@ -602,9 +604,14 @@ class BoxManager:
                     await vm.resume()  # a held box must run to give its patch
             patch_path = box.dir / "patch.diff"
             tmp = box.dir / ".patch.diff.tmp"
+            # The whole diff has one deadline (a guest trickling its patch cannot hold
+            # `stop`), and travels on a reserved stream (a guest holding every stream
+            # cannot keep the host from asking for it).
+            deadline = asyncio.get_running_loop().time() + STOP_DEADLINE
             try:
                 with open(tmp, "wb") as f:
-                    stats = await guest.diff(f, kill=True)
+                    stats = await guest.diff(f, kill=True, deadline=deadline,
+                                             timeout=min(300.0, STOP_DEADLINE))
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, patch_path)
@@ -614,6 +621,9 @@ class BoxManager:
                 await vm.kill()
                 box.move("stop_failed")
                 await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
+                # The run has lost the box's changes: that is a gap in what it shows.
+                self._gap(box, {"reason": "patch lost at stop", "error": str(exc)[:500]})
+                await self.flush_gaps()
                 raise
             data = patch_path.read_bytes()
             box.s["patch"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),

@@ -44,6 +44,7 @@ from tkbox.doors.network.allowlist import Allowlist
 from tkbox.doors.network.approvals import ApprovalBoard
 from tkbox.doors.network.clock import Clock
 from tkbox.doors.network.config import OperatorConfig
+from tkbox.doors.network.limits import TUNNEL_IDLE, TUNNEL_TOTAL, ConnectionPool
 from tkbox.doors.network.names import HostNameError, parse_host
 from tkbox.doors.network.policy import EgressPolicy, Explanation
 from tkbox.doors.network.records import RefusalLog, excerpt
@@ -121,6 +122,9 @@ class EgressDoor:
         dial_timeout: float = DIAL_TIMEOUT,
         chunk: int = CHUNK,
         on_record_lost: Callable[[TkboxError], None] | None = None,
+        pool: ConnectionPool | None = None,
+        tunnel_idle: float = TUNNEL_IDLE,
+        tunnel_total: float = TUNNEL_TOTAL,
     ) -> None:
         self.run_id = run_id
         self.box = box or run_id
@@ -136,6 +140,9 @@ class EgressDoor:
         self.dial_timeout = dial_timeout
         self.chunk = chunk
         self.on_record_lost = on_record_lost
+        self.pool = pool
+        self.tunnel_idle = tunnel_idle
+        self.tunnel_total = tunnel_total
         own = own_addresses if own_addresses is not None else HostAddresses(clock)
         self.policy = EgressPolicy(
             allowlist if allowlist is not None else Allowlist(allow),
@@ -193,18 +200,27 @@ class EgressDoor:
 
     async def handle(self, stream: ByteStream) -> None:
         """Serve one proxy connection; never raises (except cancellation)."""
-        if self._closed or len(self._conns) >= self.max_connections:
-            reason = (
-                f"refused: box {self.box} is stopping; egress is closed"
-                if self._closed
-                else f"refused: box {self.box} has {self.max_connections} connections open "
-                "(the limit); close some and retry"
-            )
+        reason = None
+        if self._closed:
+            reason = f"refused: box {self.box} is stopping; egress is closed"
+        elif len(self._conns) >= self.max_connections:
+            reason = (f"refused: box {self.box} has {self.max_connections} connections open "
+                      "(the limit); close some and retry")
+        elif self.pool is not None:
+            reason = self.pool.acquire(self.box)
+        if reason is not None:
             with contextlib.suppress(Exception):
                 await self._refuse(stream, _Refusal(503, reason, "limit"), None)
             with contextlib.suppress(Exception):
                 await stream.aclose()
             return
+        try:
+            await self._handle(stream)
+        finally:
+            if self.pool is not None:
+                self.pool.release(self.box)
+
+    async def _handle(self, stream: ByteStream) -> None:
         conn = _Conn()
         self._conns.add(conn)
         self._idle.clear()
@@ -502,20 +518,42 @@ class EgressDoor:
                 await guest.send_all(TLS_ACCESS_DENIED)
         return result
 
+    async def _watch_time(self, conn: _Conn) -> str:
+        """Return once the connection has been idle `tunnel_idle` s, or open `tunnel_total` s."""
+        clock = self.clock
+        started = last = clock.monotonic()
+        seen = (conn.up, conn.down)
+        while True:
+            now = clock.monotonic()
+            if (conn.up, conn.down) != seen:
+                seen, last = (conn.up, conn.down), now
+            if now - started >= self.tunnel_total:
+                return (f"time limit: open {self.tunnel_total:g} s "
+                        "(tkbox daemon --tunnel-total)")
+            if now - last >= self.tunnel_idle:
+                return (f"idle timeout: no bytes for {self.tunnel_idle:g} s "
+                        "(tkbox daemon --tunnel-idle)")
+            await clock.sleep(min(last + self.tunnel_idle, started + self.tunnel_total) - now)
+
     async def _run_pair(
         self, conn: _Conn, a: Coroutine[Any, Any, str], b: Coroutine[Any, Any, str]
     ) -> dict[str, Any]:
-        """Run both directions until both end, one fails, or the door cuts."""
+        """Run both directions until both end, one fails, the door cuts, or time is up."""
         tasks = {asyncio.ensure_future(a), asyncio.ensure_future(b)}
         cut = asyncio.ensure_future(conn.cut.wait())
+        timer = asyncio.ensure_future(self._watch_time(conn))
         ends: list[str] = []
         result: dict[str, Any] = {}
         try:
             pending = set(tasks)
             while pending:
-                done, _ = await asyncio.wait(pending | {cut}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    pending | {cut, timer}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if cut in done:
                     return {"ended": "box stopped"}
+                if timer in done:
+                    return {"ended": timer.result()}
                 for t in done:
                     pending.discard(t)
                     exc = t.exception()
@@ -530,9 +568,10 @@ class EgressDoor:
             return result
         finally:
             cut.cancel()
+            timer.cancel()
             for t in tasks:
                 t.cancel()
-            for t in tasks:
+            for t in (*tasks, timer):
                 with contextlib.suppress(BaseException):
                     await t
 
