@@ -91,7 +91,7 @@ def private_dir(path: Path) -> Path:
 
 
 def _private_tmp_base() -> Path:
-    """`/tmp/tkbox-<uid>`, refused unless it is our own 0700 directory (or can be made so)."""
+    """`/tmp/tkbox-<uid>`, refused unless it is our own directory that no one else can write."""
     import stat
 
     from tkbox.errors import HostError
@@ -105,9 +105,11 @@ def _private_tmp_base() -> Path:
         raise HostError(f"{base} exists and is not a directory of yours (another user may have "
                         "made it to catch the VMs' sockets); remove it, or set TKBOX_HOME to a "
                         "shorter path so the fallback is not needed")
+    if st.st_mode & 0o022:
+        raise HostError(f"{base} can be written by other users, so its contents cannot be "
+                        f"trusted; remove it (rm -r {base}) and start again")
     if st.st_mode & 0o077:
-        raise HostError(f"{base} can be read or written by other users, so its contents cannot "
-                        f"be trusted; remove it (rm -r {base}) and start again")
+        base.chmod(0o700)  # ours, and only readable by others (made by an older tkbox)
     return base
 
 

@@ -235,14 +235,20 @@ class GuestClient:
         try:
             await fs.send({"op": "diff", "kill": kill})
             while True:
+                late = GuestError(f"box {self.box}: the guest did not finish sending its "
+                                  f"patch in time ({total} bytes came); it was not saved")
                 wait = timeout
                 if deadline is not None:
                     wait = deadline - loop.time()
                     if wait <= 0:
-                        raise GuestError(f"box {self.box}: the guest did not finish sending its "
-                                         f"patch in time ({total} bytes came); it was not saved")
+                        raise late
                     wait = min(wait, timeout)
-                msg = await self._recv(fs, wait, "diff")
+                try:
+                    msg = await self._recv(fs, wait, "diff")
+                except GuestError:
+                    if deadline is not None and loop.time() >= deadline:
+                        raise late from None
+                    raise
                 ev = msg.get("ev")
                 if ev == "data":
                     data = msg.get("data")

@@ -9,7 +9,7 @@ from typing import Any
 
 from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
-from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
 from tkbox.protocol.streams import ByteStream
 from tkbox.vm.base import VMSpec
 
@@ -138,3 +138,104 @@ async def link_flooder(ports: MuxPorts, spec: VMSpec) -> None:
     for _ in range(64):
         await link.send_all(HEADER.pack(T.DATA, sid, 65536) + b"Z" * 65536)
     await asyncio.Event().wait()
+
+
+# --- guests that attack the host's resources (issue 10) -----------------------------
+
+
+def trickler(interval: float = 0.05) -> Any:
+    """Answers `diff` with its patch one byte a frame, slowly, for ever."""
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        try:
+            await polite_rpc_trickle(stream)
+        except SystemExit:
+            done.set()
+
+    async def polite_rpc_trickle(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is not None and req.get("op") == "diff":
+            for i in range(10**9):
+                await fs.send({"ev": "data", "data": PATCH[i % len(PATCH):][:1]})
+                await asyncio.sleep(interval)
+        elif req is not None:
+            await _answer(fs, req)
+
+    async def agent(ports: MuxPorts, spec: VMSpec) -> None:
+        await boot(ports)
+        ports.serve(PORT_RPC, rpc)
+        await done.wait()
+
+    return agent
+
+
+async def _answer(fs: FramedStream, req: dict[str, Any]) -> None:
+    op = req.get("op")
+    if op == "exec":
+        await fs.send({"ev": "started", "pid": 2})
+        await fs.send({"ev": "exit", "status": 0, "signal": 0})
+    elif op == "diff":
+        await fs.send({"ev": "data", "data": PATCH})
+        await fs.send({"ev": "end", "stats": {}})
+    elif op == "shutdown":
+        await fs.send({"ev": "ok"})
+        raise SystemExit
+    elif op == "ping":
+        await fs.send({"ev": "ok", "uptime": 1.0})
+
+
+def answering(extra: Any) -> Any:
+    """A polite agent that also runs `extra(ports)` once booted (the attack)."""
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is None:
+            return
+        try:
+            await _answer(fs, req)
+        except SystemExit:
+            done.set()
+
+    async def agent(ports: MuxPorts, spec: VMSpec) -> None:
+        await boot(ports)
+        ports.serve(PORT_RPC, rpc)
+        attack = asyncio.ensure_future(extra(ports))
+        try:
+            await done.wait()
+        finally:
+            attack.cancel()
+
+    return agent
+
+
+async def hog_streams(ports: MuxPorts) -> None:
+    """Open every egress stream the mux lets the guest have, and hold them all."""
+    held = []
+    while True:
+        try:
+            held.append(await ports.connect(PORT_EGRESS))
+        except Exception:  # noqa: BLE001 - the limit (or a refusal) ends the grab
+            break
+    ports.hogged = len(held)  # type: ignore[attr-defined]
+    await asyncio.Event().wait()
+
+
+async def flood_refusals(ports: MuxPorts) -> None:
+    """One bad request after another, each quoting 8 KB of guest bytes in h11's message."""
+    line = b"GET\tx " + b"a" * 8000 + b" HTTP/1.1\r\n\r\n"
+    while True:
+        try:
+            s = await ports.connect(PORT_EGRESS)
+        except Exception:  # noqa: BLE001 - the transport is gone: the box was stopped
+            return
+        try:
+            await s.send_all(line)
+            while await s.receive():
+                pass
+        except Exception:  # noqa: BLE001, S110 - a cut stream: open the next one
+            pass
+        await s.aclose()

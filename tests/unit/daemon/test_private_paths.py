@@ -79,10 +79,11 @@ def test_tmp_fallback_made_by_another_user_first_is_refused(
             paths.vms(long_home)
         os.chown(squat, 4242, 4242)  # ours, but opened to everyone: contents untrustworthy
         squat.chmod(0o777)
-        with pytest.raises(HostError, match="can be read or written by other users"):
+        with pytest.raises(HostError, match="can be written by other users"):
             paths.vms(long_home)
-        squat.chmod(0o700)
+        squat.chmod(0o755)  # ours, readable by others only: made private again
         assert paths.vms(long_home) == squat / "vms"
+        assert mode(squat) == 0o700
     finally:
         os.rmdir(squat)
 
