@@ -80,8 +80,15 @@ def private_dir(path: Path) -> Path:
         else:
             p.chmod(0o700)  # the umask may have taken bits away; never leave them added
     st = path.lstat()
+    if stat.S_ISLNK(st.st_mode):
+        # A link we made (say, to a shared image cache) is ours to follow; one that
+        # someone else planted is not. Its target is checked like the directory itself.
+        if st.st_uid != os.getuid():
+            raise HostError(f"{path} is a link made by user {st.st_uid}; remove it or set "
+                            "TKBOX_HOME")
+        st = path.stat()
     if not stat.S_ISDIR(st.st_mode):
-        raise HostError(f"{path} is not a directory (a link or a file is in its place); "
+        raise HostError(f"{path} is not a directory (something else is in its place); "
                         "remove it or set TKBOX_HOME")
     if st.st_uid != os.getuid():
         raise HostError(f"{path} belongs to another user; remove it or set TKBOX_HOME")

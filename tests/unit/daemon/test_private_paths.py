@@ -46,13 +46,32 @@ def test_sticky_world_writable_parent_like_tmp_is_accepted(tmp_path: Path) -> No
     assert mode(paths.private_dir(sticky / "mine")) == 0o700
 
 
-def test_a_link_in_place_of_our_directory_is_refused(tmp_path: Path) -> None:
-    """Attack: plant a symlink where tkbox will make its VM directory."""
-    elsewhere = tmp_path / "elsewhere"
-    elsewhere.mkdir()
-    (tmp_path / "vms").symlink_to(elsewhere)
+def test_a_file_in_place_of_our_directory_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "vms").write_text("")
     with pytest.raises(HostError, match="not a directory"):
         paths.private_dir(tmp_path / "vms")
+
+
+def test_our_own_link_to_a_shared_cache_is_followed(tmp_path: Path) -> None:
+    cache = tmp_path / "cache"
+    cache.mkdir(mode=0o700)
+    (tmp_path / "images").symlink_to(cache)
+    assert paths.private_dir(tmp_path / "images") == tmp_path / "images"
+
+
+@root_only
+def test_a_link_planted_by_another_user_is_refused(tmp_path: Path) -> None:
+    """Attack: plant a symlink where tkbox will make its VM directory (in a sticky
+    directory such as /tmp, anyone may create entries)."""
+    sticky = tmp_path / "tmp"
+    sticky.mkdir()
+    sticky.chmod(0o1777)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (sticky / "vms").symlink_to(elsewhere)
+    os.lchown(sticky / "vms", 65534, 65534)
+    with pytest.raises(HostError, match="link made by user 65534"):
+        paths.private_dir(sticky / "vms")
 
 
 @root_only
