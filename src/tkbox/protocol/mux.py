@@ -35,7 +35,9 @@ Bounds against a hostile peer (each side applies them to the other):
 - **Output.** Frames the peer makes us send without credit (RESET for a
   refused OPEN, ACCEPT, CREDIT) are counted; while more than
   `MAX_QUEUED_CONTROL` bytes of them wait to be written (the peer does not
-  read its end), the peer is no longer read. DATA is bounded by credit.
+  read its end), the peer is no longer read. DATA is bounded by each
+  stream's credit and, over all streams, by `MAX_QUEUED_OUT`: a writer waits
+  before queuing more while that much is still unwritten.
 - **Input.** Bytes received but not yet read by their stream's owner are
   counted across streams; above `MAX_BUFFERED_IN` the peer is no longer read.
 - **Work.** Every frame parsed costs one unit of the transport's `Budget`,
@@ -69,6 +71,7 @@ RESERVED_OWN = 2  # for the host's own use at stop (diff, shutdown)
 MAX_REASON = 512
 MAX_QUEUED_CONTROL = 64 * 1024  # bytes of uncredited frames owed to a peer that does not read
 MAX_BUFFERED_IN = 16 << 20  # bytes received and not yet read, over all streams
+MAX_QUEUED_OUT = 4 << 20  # bytes queued or being written to the peer, over all streams
 SLICE_FRAMES = 256  # frames parsed between two yields to the event loop
 REFUSED_OPEN_COST = 50  # budget units an OPEN we refuse costs the peer
 BYTES_PER_UNIT = 8192  # payload bytes that cost one budget unit (~150 MB/s at the default rate)
@@ -137,6 +140,12 @@ class _State:
     accepted: bool = False
 
 
+def _reason(payload: bytes) -> str:
+    """A RESET's reason from the peer: bounded, printable ASCII only (it reaches messages)."""
+    return "".join(c if " " <= c <= "~" else "?"
+                   for c in payload[:MAX_REASON].decode("ascii", "replace"))
+
+
 class MuxCore:
     """Sans-IO mux state: feed received bytes, collect bytes to send."""
 
@@ -163,6 +172,10 @@ class MuxCore:
         self._out += HEADER.pack(t, sid, len(payload)) + payload
         if t is not T.DATA:
             self.control_pending += HEADER.size + len(payload)
+
+    @property
+    def pending_output(self) -> int:
+        return len(self._out)
 
     def data_to_send(self) -> bytes:
         out = bytes(self._out)
@@ -315,10 +328,10 @@ class MuxCore:
             if st is None:
                 if self._mine(sid):
                     # The answer to one of our OPENs may be a reset we already forgot.
-                    return Reset(sid, payload[:MAX_REASON].decode("utf-8", "replace"))
+                    return Reset(sid, _reason(payload))
                 return None
             self._forget(sid)
-            return Reset(sid, payload[:MAX_REASON].decode("utf-8", "replace"))
+            return Reset(sid, _reason(payload))
         if st is None:
             # A frame for a stream we already reset or finished: in flight, ignore.
             return None
@@ -409,6 +422,10 @@ class MuxStream(ByteStream):
                 raise StreamClosed(self._reset or "stream is closed")
             if self._mux.dead is not None:
                 raise StreamClosed(self._mux.dead)
+            if self._mux._output_full():
+                # A peer that does not read: queue nothing more until the writer gets through.
+                await self._mux._drained()
+                continue
             n = self._mux._core.send(self.sid, bytes(view[:MAX_PAYLOAD * 4]))
             if n:
                 view = view[n:]
@@ -462,6 +479,7 @@ class MuxPorts(Ports):
         self._max_in = max_buffered_in
         self._buffered = 0  # bytes in every MuxStream's buffer
         self._ctl_inflight = 0  # control bytes handed to the writer, not yet written
+        self._out_inflight = 0  # bytes handed to the writer, not yet written
         self._room = asyncio.Event()
         self.paused_reads = 0  # times the peer was not read because of a bound
         self._streams: dict[int, MuxStream] = {}
@@ -536,6 +554,9 @@ class MuxPorts(Ports):
         self._wake.set()
         self._room.set()
 
+    def _output_full(self) -> bool:
+        return self._core.pending_output + self._out_inflight >= MAX_QUEUED_OUT
+
     def _over_bounds(self) -> bool:
         ctl = self._core.control_pending + self._ctl_inflight
         return ctl > self._max_ctl or self._buffered > self._max_in
@@ -582,13 +603,14 @@ class MuxPorts(Ports):
             self._wake.clear()
             self._ctl_inflight = self._core.control_pending
             out = self._core.data_to_send()
+            self._out_inflight = len(out)
             if out:
                 try:
                     await self._link.send_all(out)
                 except StreamClosed as exc:
                     self._fail(f"link closed: {exc}")
                     return
-            self._ctl_inflight = 0
+            self._ctl_inflight = self._out_inflight = 0
             self._room.set()
             if not self._wake.is_set():
                 self._flushed.set()

@@ -27,7 +27,15 @@ from tkbox.protocol.framing import (
     encode,
     scan,
 )
-from tkbox.protocol.mux import HEADER, MAX_QUEUED_CONTROL, MuxCore, MuxPorts, T
+from tkbox.protocol.mux import (
+    HEADER,
+    MAX_QUEUED_CONTROL,
+    MAX_QUEUED_OUT,
+    WINDOW,
+    MuxCore,
+    MuxPorts,
+    T,
+)
 from tkbox.protocol.ports import PortError
 from tkbox.protocol.streams import memory_stream_pair
 
@@ -84,6 +92,43 @@ def test_guest_that_stops_reading_cannot_grow_the_hosts_output_queue():
         task.cancel()
 
     run(main())
+
+
+def test_guest_that_stops_reading_cannot_grow_the_hosts_queued_data():
+    """Attack: open many streams whose host side sends (downloads), then stop reading.
+
+    Each stream may queue up to its credit; over all streams, the host queues no
+    more than its output bound: the senders wait instead."""
+
+    async def main():
+        host_end, guest_end = memory_stream_pair(limit=64 * 1024)
+        host = MuxPorts(host_end, initiator=True, budget=Budget(rate=1e9, burst=1e9))
+        blob = b"D" * (2 * WINDOW)
+
+        async def download(stream):
+            await stream.send_all(blob)
+
+        host.serve(1025, download)
+        task = asyncio.ensure_future(host.run())
+        await guest_end.send_all(b"".join(open_frame(2 * i + 2, 1025) for i in range(40)))
+        peak = 0
+        for _ in range(100):
+            await asyncio.sleep(0.005)
+            peak = max(peak, host._core.pending_output + host._out_inflight)
+        assert peak <= MAX_QUEUED_OUT + 4 * 65536 + 4096, peak
+        assert 40 * WINDOW > MAX_QUEUED_OUT + 4 * 65536  # credit alone would have allowed more
+        await host.aclose()
+        task.cancel()
+
+    run(main())
+
+
+def test_reset_reasons_from_the_guest_are_printable_and_bounded():
+    """Attack: put terminal escapes in a RESET reason that reaches an error message."""
+    core = MuxCore(initiator=True)
+    sid = core.open(1024)
+    evs = core.receive_data(HEADER.pack(T.RESET, sid, 517) + b"\x1b[31m" + b"\x00" * 512)
+    assert len(evs[0].reason) <= 512 and all(" " <= c <= "~" for c in evs[0].reason)
 
 
 def test_refused_opens_cost_the_guest_its_work_budget():
