@@ -42,7 +42,8 @@ Bounds against a hostile peer (each side applies them to the other):
   counted across streams; above `MAX_BUFFERED_IN` the peer is no longer read.
 - **Work.** Every frame parsed costs one unit of the transport's `Budget`,
   plus one per `BYTES_PER_UNIT` bytes of payload (copying bytes is work too),
-  and a refused OPEN `REFUSED_OPEN_COST` units: abuse that breaks no rule is
+  and every OPEN `OPEN_COST` units (a stream costs the host a task, buffers
+  and an answer, whether it is served or refused): abuse that breaks no rule is
   read more slowly instead of taking the event loop from other boxes. At
   most `SLICE_FRAMES` frames are parsed between two yields to the loop.
 
@@ -73,8 +74,8 @@ MAX_QUEUED_CONTROL = 64 * 1024  # bytes of uncredited frames owed to a peer that
 MAX_BUFFERED_IN = 16 << 20  # bytes received and not yet read, over all streams
 MAX_QUEUED_OUT = 4 << 20  # bytes queued or being written to the peer, over all streams
 SLICE_FRAMES = 256  # frames parsed between two yields to the event loop
-REFUSED_OPEN_COST = 50  # budget units an OPEN we refuse costs the peer
-BYTES_PER_UNIT = 8192  # payload bytes that cost one budget unit (~150 MB/s at the default rate)
+OPEN_COST = 200  # budget units an OPEN costs the peer (at the default rate: 100 a second)
+BYTES_PER_UNIT = 4096  # payload bytes that cost one budget unit (~80 MB/s at the default rate)
 
 
 class MuxError(Exception):
@@ -299,7 +300,7 @@ class MuxCore:
             payload = bytes(self._inbuf[HEADER.size : HEADER.size + n])
             del self._inbuf[: HEADER.size + n]
             parsed += 1
-            self.work_in += 1 + n // BYTES_PER_UNIT
+            self.work_in += 1 + n // BYTES_PER_UNIT + (OPEN_COST if t == T.OPEN else 0)
             ev = self._handle(t, sid, payload)
             if ev is not None:
                 events.append(ev)
@@ -577,9 +578,7 @@ class MuxPorts(Ports):
                     self._dispatch(ev)
                 self._kick()
                 cost, core.work_in = core.work_in, 0
-                cost += core.refused_opens * REFUSED_OPEN_COST
-                core.refused_opens = 0
-                await self.budget.wait_spend(cost)
+                wait = self.budget.spend(cost)
                 if self._over_bounds():
                     # Owed output piles up, or nobody reads what came in: stop reading
                     # this peer until the writer or the streams' owners catch up.
@@ -587,8 +586,9 @@ class MuxPorts(Ports):
                     while self._over_bounds() and self.dead is None:
                         self._room.clear()
                         await self._room.wait()
-                elif not data:
-                    await asyncio.sleep(0)  # a backlog of frames: let other work run
+                # Always yield between slices: a read from a busy link returns without
+                # suspending, so without this one guest could hold the loop for its burst.
+                await asyncio.sleep(wait)
         except MuxError as exc:
             self._fail(f"protocol violation: {exc}")
         finally:

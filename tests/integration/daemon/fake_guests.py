@@ -134,9 +134,17 @@ async def link_flooder(ports: MuxPorts, spec: VMSpec) -> None:
     ports.serve(PORT_RPC, lambda s: asyncio.sleep(0))
     sid = 1000  # an unused guest-side id; frames forged straight onto the link
     link = ports._link
+    # The attacker owns its link: stop its own mux writing, so no frame of ours is cut
+    # into the forged ones when the host reads slowly (under its work budget).
+    ports._fail("the guest forges frames itself")
+    await asyncio.sleep(0.05)
     await link.send_all(HEADER.pack(T.OPEN, sid, 4) + struct.pack(">I", 1025))
     for _ in range(64):
         await link.send_all(HEADER.pack(T.DATA, sid, 65536) + b"Z" * 65536)
+    # If the host already closed that stream (it refuses egress while the box boots),
+    # data past the credit is for a stream it forgot, which is no violation: end with a
+    # frame that is one in any state.
+    await link.send_all(HEADER.pack(99, sid, 0))
     await asyncio.Event().wait()
 
 
@@ -214,6 +222,7 @@ def answering(extra: Any) -> Any:
 
 async def hog_streams(ports: MuxPorts) -> None:
     """Open every egress stream the mux lets the guest have, and hold them all."""
+    await asyncio.sleep(0.5)  # the box is running (before, its egress streams are refused)
     held = []
     while True:
         try:

@@ -168,7 +168,8 @@ def test_guest_breaking_the_mux_kills_only_its_own_box(tmp_path: Path, checkout:
         await asyncio.sleep(0.5)
         box = m.get("linkflood-1")
         assert box.state == "failed"
-        assert "broke its transport" in box.s["error"] and "past its credit" in box.s["error"]
+        assert "broke its transport" in box.s["error"]
+        assert "past its credit" in box.s["error"] or "unknown mux frame type" in box.s["error"]
         with pytest.raises(UserError, match="it is failed"):
             await run_cmd(m, "linkflood-1", ["true"])
         ok = await run_cmd(m, "polite-1", ["echo", "still", "fine"])

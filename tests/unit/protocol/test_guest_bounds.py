@@ -31,6 +31,7 @@ from tkbox.protocol.mux import (
     HEADER,
     MAX_QUEUED_CONTROL,
     MAX_QUEUED_OUT,
+    OPEN_COST,
     WINDOW,
     MuxCore,
     MuxPorts,
@@ -131,15 +132,17 @@ def test_reset_reasons_from_the_guest_are_printable_and_bounded():
     assert len(evs[0].reason) <= 512 and all(" " <= c <= "~" for c in evs[0].reason)
 
 
-def test_refused_opens_cost_the_guest_its_work_budget():
-    """Attack: OPENs to unserved ports are not a violation, but each one still counts."""
-    core = MuxCore(initiator=True)
-    core.receive_data(b"".join(open_frame(2 * i + 2, 9) for i in range(10)))
-    # no listener in the core: the shell rejects; here the peer hits the stream cap
+def test_every_open_costs_the_guest_its_work_budget_served_or_not():
+    """Attack: OPENs to unserved ports (or beyond the stream cap) are not a violation,
+    but each one still counts: it costs the host a refusal it must send."""
     small = MuxCore(initiator=True, max_streams=2)
     small.receive_data(b"".join(open_frame(2 * i + 2, 9) for i in range(10)))
     assert small.refused_opens == 8
-    assert small.control_pending > 0 and core.refused_opens == 0
+    assert small.control_pending > 0
+    assert small.work_in == 10 * (1 + OPEN_COST)
+    tiny = MuxCore(initiator=True)
+    tiny.receive_data(HEADER.pack(T.DATA, 99, 1) + b"x")  # a frame for no stream: still parsed
+    assert tiny.work_in == 1
 
 
 # --- input: data nobody reads ----------------------------------------------------
