@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.guest import rpc
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
@@ -543,7 +544,8 @@ async def amain(dev: str) -> None:
     fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     link = FdStream(fd)
     # the guest opens one stream per proxied connection: as many as the host accepts
-    ports = MuxPorts(link, initiator=False, max_own=MAX_STREAMS)
+    ports = MuxPorts(link, initiator=False, max_own=MAX_STREAMS,
+                     budget=Budget.unlimited())
     mux_task = asyncio.ensure_future(ports.run())
     boot = FramedStream(await ports.connect(PORT_BOOT))
     cfg = await boot.receive()

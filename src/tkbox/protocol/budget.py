@@ -46,6 +46,11 @@ class Budget:
         self.spent = 0
         self.throttled = 0.0
 
+    @classmethod
+    def unlimited(cls) -> Budget:
+        """For the guest's side: the host is trusted, and its downloads must not be slowed."""
+        return cls(rate=float("inf"), burst=float("inf"))
+
     def _refill(self) -> None:
         now = self._clock()
         if now > self._at:
