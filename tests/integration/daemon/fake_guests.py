@@ -7,6 +7,8 @@ import os
 import struct
 from typing import Any
 
+import msgpack
+
 from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
@@ -99,6 +101,14 @@ def hostile(kind: str) -> Any:
             for _ in range(200):  # 40 MB of output: must stream, not pile up
                 await stream.send_all(chunk)
             await fs.send({"ev": "exit", "status": 0, "signal": 0})
+        elif kind == "nested":
+            # 1 MiB of tiny containers: half a second of the loop to build, if decoded
+            await fs.send({"ev": "started", "pid": 2})
+            body = msgpack.packb({"ev": "out", "fd": 1, "data": [[[]] * 15] * 60000})
+            await stream.send_all(struct.pack(">I", len(body)) + body)
+        elif kind == "unknown-key":
+            await fs.send({"ev": "started", "pid": 2})
+            await fs.send({"ev": "out", "fd": 1, "data": b"x", "smuggled": b"y" * 1000})
         elif kind == "wrong-events":
             await fs.send({"ev": "started", "pid": 2})
             await fs.send({"ev": "out", "fd": 7, "data": "not bytes"})
@@ -248,3 +258,26 @@ async def flood_refusals(ports: MuxPorts) -> None:
         except Exception:  # noqa: BLE001, S110 - a cut stream: open the next one
             pass
         await s.aclose()
+
+
+def stop_reading(ports: MuxPorts) -> None:
+    """The guest stops reading its port: the host's frames to it pile up on the link."""
+
+    async def never(max_bytes: int = 65536) -> bytes:
+        await asyncio.Event().wait()
+        return b""
+
+    ports._link.receive = never  # type: ignore[method-assign]
+
+
+async def open_flood_without_reading(ports: MuxPorts) -> None:
+    """OPENs to a port nobody serves, forged on the link, while never reading it."""
+    await asyncio.sleep(0.3)
+    stop_reading(ports)
+    ports._fail("the guest forges frames itself")  # its own writer must not interleave
+    link = ports._link
+    sid = 1_000_000
+    while True:
+        await link.send_all(b"".join(HEADER.pack(T.OPEN, sid + 2 * i, 4) + struct.pack(">I", 4242)
+                                     for i in range(1000)))
+        sid += 2000

@@ -200,3 +200,37 @@ def test_run_past_its_record_budget_stops_the_box_and_still_exports_and_verifies
         assert contained and "record budget" in json.dumps(contained[0])
     finally:
         proc.cleanup()
+
+
+def test_guest_flooding_opens_without_reading_grows_no_host_memory(tmp_path: Path,
+                                                                   checkout: Path) -> None:
+    """Attack: stop reading the port and open streams to a port nobody serves, so the
+    host's queue of answers grows until the daemon (and every box) is killed for memory.
+    The host stops reading that guest instead; another box keeps working."""
+    import tracemalloc
+
+    from fake_guests import open_flood_without_reading, polite
+
+    async def dispatch(ports: Any, spec: Any) -> None:
+        agent = answering(open_flood_without_reading) if spec.name == "flood" else polite
+        await agent(ports, spec)
+
+    async def main() -> None:
+        m, _ = make(tmp_path, dispatch, door="hold")
+        await create(m, "polite", checkout)
+        await create(m, "flood", checkout)
+        tracemalloc.start()
+        base = tracemalloc.get_traced_memory()[0]
+        for _ in range(10):
+            events = [e async for e in m.exec("polite", ["true"], None, None, None)]
+            assert events[-1]["ev"] == "exit", events
+            await asyncio.sleep(0.2)
+        grown = tracemalloc.get_traced_memory()[1] - base
+        tracemalloc.stop()
+        ports = m.get("flood").vm.ports  # type: ignore[union-attr]
+        assert grown < 8 << 20, grown
+        assert ports.budget.throttled > 0 or ports.paused_reads > 0
+        assert m.get("flood").state == "running"  # not a violation: only slowed
+        await cleanup(m)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
