@@ -27,6 +27,8 @@ from __future__ import annotations
 import resource
 from collections import Counter
 
+from tkbox.errors import InternalError
+
 #: descriptors kept for the daemon itself (API, signer, VM sockets and disks, logs)
 FD_RESERVE = 512
 #: descriptors one egress connection may hold (the origin's socket; the guest's over vsock)
@@ -64,7 +66,7 @@ class ConnectionPool:
 
     def __init__(self, cap: int) -> None:
         if cap < 1:
-            raise ValueError("a connection pool needs a positive cap")  # our bug, not input
+            raise InternalError("a connection pool needs a positive cap")
         self.cap = cap
         self._held: Counter[str] = Counter()
 
