@@ -234,3 +234,24 @@ def test_guest_flooding_opens_without_reading_grows_no_host_memory(tmp_path: Pat
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_boot_answer_with_a_smuggled_key_fails_the_box(tmp_path: Path, checkout: Path) -> None:
+    """Attack: a well-formed boot answer carrying keys the host does not expect."""
+    from tkbox.protocol.framing import FramedStream
+    from tkbox.protocol.ports import PORT_BOOT
+
+    async def sly(ports: Any, spec: Any) -> None:
+        fs = FramedStream(await ports.connect(PORT_BOOT))
+        await fs.receive()
+        await fs.send({"ev": "ready", "uptime": 1.0, "extra": b"x" * 100})
+        await asyncio.Event().wait()
+
+    async def main() -> None:
+        m, _ = make(tmp_path, sly)
+        with pytest.raises(GuestError, match="unknown keys are refused"):
+            await create(m, "sly", checkout)
+        assert m.get("sly").state == "failed"
+        await cleanup(m)
+
+    asyncio.run(asyncio.wait_for(main(), 60))

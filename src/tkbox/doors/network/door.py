@@ -24,8 +24,12 @@ For each connection, in order:
 
 Memory per connection is bounded: reads of at most `chunk` bytes, each sent
 (with the stream's own flow control) before the next is read, and the
-inspector's bounded buffers. `close()` (box stop) cuts every tunnel at once
-and refuses new connections.
+inspector's bounded buffers. Connections are bounded per box and, through a
+shared `limits.ConnectionPool`, daemon-wide with a fair share per box; a
+tunnel ends after `tunnel_idle` s without a byte and `tunnel_total` s in all.
+Records carry `records.excerpt`s of guest bytes only, and refusals past the
+first few a minute are summarised (`records.RefusalLog`). `close()` (box
+stop) cuts every tunnel at once and refuses new connections.
 """
 
 from __future__ import annotations
