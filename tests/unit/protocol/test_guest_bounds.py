@@ -250,14 +250,11 @@ def test_one_byte_frame_flood_is_paid_for_frame_by_frame():
         task = asyncio.ensure_future(host.run())
         n = 6_000
         wire = open_frame(2, 1025) + (HEADER.pack(T.DATA, 2, 1) + b"x") * n
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
         await guest_end.send_all(wire)
         while budget.spent < n:
             await asyncio.sleep(0.01)
-        took = loop.time() - t0
-        assert budget.spent >= n
-        assert took >= (n - 2_000) / 20_000 * 0.8, took  # held to the rate
+        assert budget.spent >= n  # every frame was charged...
+        assert budget.throttled > 0  # ...and past the burst, the reader was made to wait
         await host.aclose()
         task.cancel()
 
@@ -280,16 +277,20 @@ def test_frames_of_many_tiny_containers_are_refused_before_decoding(obj, why):
         decode_body(msgpack.packb(obj), GUEST_FRAMES)
 
 
-def test_a_megabyte_of_nested_containers_is_refused_in_milliseconds():
-    body = msgpack.packb({"x": [[[]] * 15] * 4000})  # deep enough for HOST_FRAMES' depth
-    import time
+def test_a_megabyte_of_nested_containers_is_never_handed_to_msgpack(monkeypatch):
+    """The scan refuses it from its headers: msgpack never builds a single object."""
+    import tkbox.protocol.framing as framing
 
-    t0 = time.perf_counter()
+    def boom(*a, **kw):
+        raise AssertionError("msgpack was asked to decode an over-budget frame")
+
+    body = msgpack.packb({"x": [[[]] * 15] * 4000})
+    assert len(body) > 60_000
+    monkeypatch.setattr(framing.msgpack, "unpackb", boom)
     with pytest.raises(FrameError):
         decode_body(body, HOST_FRAMES)
     with pytest.raises(FrameError):
         decode_body(body, GUEST_FRAMES)
-    assert time.perf_counter() - t0 < 0.5  # generous: it is ~10 ms on a loaded host
 
 
 @pytest.mark.parametrize("body", [
