@@ -21,7 +21,10 @@ the agent's answer, the completion record), over `--runs` sequential runs.
 Printed: B idle, B during each attack, and the ratio (goal: within 2x). The
 machine's other load is not controlled: run it twice if a figure looks odd.
 
-    .venv/bin/python benchmarks/guest_abuse.py [--runs 60]
+    .venv/bin/python benchmarks/guest_abuse.py [--runs 60] [--no-budget]
+
+`--no-budget` gives each box A an unlimited work budget (the other bounds
+stay), to show what the budget buys.
 """
 
 from __future__ import annotations
@@ -45,6 +48,7 @@ from typing import Any
 import msgpack
 
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
@@ -92,6 +96,7 @@ async def polite_rpc(stream: ByteStream) -> None:
         await fs.send({"ev": "exit", "status": 0, "signal": 0})
 
 
+NO_BUDGET = "--no-budget" in sys.argv
 ATTACK: dict[str, str] = {"mode": "idle"}  # in the attacker's process: its one attack
 
 
@@ -193,7 +198,8 @@ class SplitLauncher(Launcher):
                                  "--fd", str(theirs.fileno())], pass_fds=[theirs.fileno()])
         theirs.close()
         reader, writer = await asyncio.open_connection(sock=ours)
-        ports = MuxPorts(AsyncioStream(reader, writer), initiator=True)
+        ports = MuxPorts(AsyncioStream(reader, writer), initiator=True,
+                         budget=Budget.unlimited() if NO_BUDGET else None)
         task = asyncio.ensure_future(ports.run())
         return ProcessVM(spec.name, ports, proc, task)
 
@@ -282,6 +288,7 @@ async def main(runs: int) -> None:
 if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=60)
+    ap.add_argument("--no-budget", action="store_true", help="box A without a work budget")
     ap.add_argument("--guest", help=argparse.SUPPRESS)  # internal: run one attacker
     ap.add_argument("--fd", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()

@@ -132,6 +132,12 @@ class Box:
     def public(self) -> dict[str, Any]:
         out = {k: v for k, v in self.s.items() if k not in ("env_values",)}
         out["display_name"] = self.name + (" [UNRECORDED]" if self.s.get("unrecorded") else "")
+        ports = self.vm.ports if self.vm is not None else None
+        budget = getattr(ports, "budget", None)
+        if budget is not None:
+            # How much the guest was slowed by its work budget and output/input bounds.
+            out["guest_throttled_s"] = round(budget.throttled, 3)
+            out["guest_reads_paused"] = int(getattr(ports, "paused_reads", 0))
         return out
 
 
