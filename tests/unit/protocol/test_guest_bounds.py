@@ -354,3 +354,14 @@ def test_answers_with_unknown_keys_or_wrong_types_are_refused(op, msg, why):
 ])
 def test_the_real_agents_answers_pass(op, msg):
     assert check_answer(op, msg) is None
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.binary(max_size=4096))
+def test_garbage_from_the_guest_raises_only_frame_error(data):
+    """Fuzz: whatever bytes a guest sends, the budgeted decoder refuses them with our error."""
+    dec = FrameDecoder(limits=GUEST_FRAMES)
+    try:
+        dec.feed(struct.pack(">I", len(data)) + data)
+    except FrameError:
+        pass
