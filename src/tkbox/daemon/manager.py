@@ -480,6 +480,10 @@ class BoxManager:
             box.s["error"] = f"the VM ended unexpectedly (status {code})"
             box.move("vm_died")
             await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
+        if box.door is not None and box.state not in ("stopping", "stopped"):
+            # The door's open connections end, and its last refusal summary is recorded.
+            with contextlib.suppress(Exception):
+                await box.door.close()
         if box.dir.is_dir():  # `rm --force` may have removed it while the VM ended
             box.save()
 
