@@ -32,8 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.guest import rpc
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
-from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
 
@@ -661,7 +662,9 @@ async def amain(dev: str) -> None:
     reaper.install(loop)
     fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     link = FdStream(fd)
-    ports = MuxPorts(link, initiator=False)
+    # the guest opens one stream per proxied connection: as many as the host accepts
+    ports = MuxPorts(link, initiator=False, max_own=MAX_STREAMS,
+                     budget=Budget.unlimited())
     mux_task = asyncio.ensure_future(ports.run())
     boot = FramedStream(await ports.connect(PORT_BOOT))
     cfg = await boot.receive()

@@ -28,6 +28,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from tkbox import paths
 from tkbox.errors import HostError
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.streams import AsyncioStream
@@ -290,8 +291,7 @@ class QemuLauncher(Launcher):
         if len(str(spec.workdir / "mux.sock")) > 100:
             raise HostError(f"VM directory {spec.workdir} is too long for Unix socket paths; "
                             "set TKBOX_HOME to a shorter path")
-        spec.workdir.mkdir(parents=True, exist_ok=True, mode=0o700)
-        os.chmod(spec.workdir, 0o700)
+        paths.private_dir(spec.workdir)  # 0700, parents too; refused below others' dirs
         argv = build_argv(spec, self.decision.accel, qemu)
         (spec.workdir / "argv.json").write_text(json.dumps(argv))
         log = open(spec.workdir / "qemu.log", "wb")  # noqa: SIM115 - handed to the child
