@@ -12,15 +12,17 @@ a resent call idempotent), each blocking call in a worker thread.
 
 How each crossing is recorded (`tool_call`):
 
-| tkbox              | Tracekit call | tool      | args                                      |
-| ------------------ | ------------- | --------- | ----------------------------------------- |
-| open run           | register_run, then observe `tkbox.run.open` | | facts        |
-| Bash               | decide        | `Bash`    | `{command, cwd, env, argv, stdin_sha256}` (shell class) |
-| Connect            | decide        | `Connect` | `{url: https://host:port, addresses}` (http class, POLICY) |
-| Write              | decide        | `Write`   | `{file_path: /workspace/PATH, content_sha256, mode, ...}` (fs class) |
-| Approval           | decide        | `tkbox.Approval` | resource and context                |
-| complete           | complete      |           | `result` = the outcome                    |
-| event KIND         | observe       | source `KIND {body…}` (clear, ≤ 256 chars), value = body (committed) |
+- open run: `register_run`, then `observe` of `tkbox.run.open` with the facts;
+- Bash: `decide` tool `Bash`, args `{command, cwd, env, argv, stdin_sha256}`
+  (Tracekit's shell class reads `command`);
+- Connect: `decide` tool `Connect`, args `{url: https://host:port, addresses}`
+  (the `http` class, through POLICY);
+- Write: `decide` tool `Write`, args `{file_path: /workspace/PATH,
+  content_sha256, mode, …}` (the fs class);
+- Approval: `decide` tool `tkbox.Approval`, args `{resource, context}`;
+- complete: `complete` with the outcome as `result`;
+- event KIND: `observe`, `source` = `KIND {body…}` (in clear, at most 256
+  characters), `value` = the body (committed).
 
 Tracekit has no generic event call: `observe` is the nearest, and its record
 (`input.observed`) carries `source` in clear and the value as a salted
@@ -42,10 +44,17 @@ loopback port and turns each verified record into a `Push`; the decide answers
 above are a second, faster path for a box that is acting. The bound is the
 outbox's poll (1 s) plus one POST; measured in tests/integration/tracekit.
 
-Each run is registered with its own `principal` (`tkbox-run:<run id>`):
-Tracekit makes new runs of a held or quarantined owner *and principal* inherit
-the hold for an hour, and every box's run has the daemon's uid as its owner, so
-without it one quarantined box would contain every box started after it.
+Each box is its own Tracekit identity. Tracekit makes every new run of a
+held or quarantined owner (and attested principal) inherit the containment for
+an hour; with one identity for the daemon, quarantining one box would contain
+every box started after it. So with a setup from `init_dev` (whose token store
+the daemon may write), `open_run` mints a bearer token `tkbox-<run>` in the
+signer's token store (read again by the signer on every request) and the run's
+calls go over the signer's loopback HTTP listener as `token:tkbox-<run>`;
+Tracekit's quotas are per identity too, so they become per box. Without one
+(a system signer we cannot add tokens to) every run is the daemon's uid over
+the Unix socket, and a quarantine is inherited until an operator resolves its
+incident (docs/tracekit.md).
 
 Export: Tracekit has no export call; `tracekit export --v2` reads the signer's
 store, so it runs as the signer's user. With a config on this host that we can
@@ -106,11 +115,14 @@ deny:
     field: internal
     pattern: '^true$'
     reason: connection to an internal address (private, loopback, link-local or metadata)
-    rationale: A box reaches the web it was given, never the host's network or a cloud's metadata service.
+    rationale: >-
+      A box reaches the web it was given, never the host's network or a cloud's
+      metadata service.
   - id: TKBOX-N003
     class: http
     field: host
-    pattern: '^(localhost|[^.:\\[]+|kubernetes\\.default|.*?\\.(localhost|internal|local|lan|corp|intranet|svc|home\\.arpa))\\.?$'
+    pattern: >-
+      ^(localhost|[^.:\\[]+|kubernetes\\.default|.*?\\.(localhost|internal|local|lan|corp|intranet|svc|home\\.arpa))\\.?$
     reason: connection to an internal name
     rationale: The name twin of TKBOX-N001.
 """
@@ -118,6 +130,9 @@ deny:
 # Quotas for a daemon with many boxes (Tracekit's defaults: 200 events/s, burst
 # 400, 100 open runs per identity; every box's run has the daemon's identity).
 LIMITS = {"events_per_s": 2000, "burst": 4000, "open_runs": 1000}
+# What a box's identity may call (Tracekit grants a token identity nothing by default).
+BOX_METHODS = ["register_run", "decide", "complete", "observe", "close_run", "read", "status"]
+BOX_TOKEN_TTL_S = 30 * 86400
 
 
 # --- the mapping (pure) ------------------------------------------------------------
@@ -193,7 +208,7 @@ def event_source(kind: str, body: JSON) -> str:
 
 def args_digest(tool: str, args: Any) -> str:
     """Tracekit's binding of a call's arguments: sha256 of RFC 8785 {tool, args}."""
-    from tracekit.format.canon import event_hash  # type: ignore[import-untyped]
+    from tracekit.format.canon import event_hash
 
     return str(event_hash({"tool": tool, "args": args}))
 
@@ -253,6 +268,25 @@ def read_webhook(body: bytes, signature: str | None, secret: bytes,
     return out
 
 
+def is_final(bundle: bytes) -> bool:
+    """Whether a Tracekit v2 bundle's run ends with its `run.final` record
+    (`tracekit verify` says VERIFIED TO HEAD for one that does not)."""
+    import io
+    import zipfile
+
+    try:
+        with zipfile.ZipFile(io.BytesIO(bundle)) as z:
+            for name in z.namelist():
+                if name.startswith("runs/") and name.endswith(".jsonl"):
+                    lines = [ln for ln in z.read(name).decode().splitlines() if ln.strip()]
+                    last = max((json.loads(ln)["event"] for ln in lines),
+                               key=lambda e: e["run_seq"], default=None)
+                    return bool(last and last.get("type") == "run.final")
+    except (zipfile.BadZipFile, ValueError, KeyError, TypeError):
+        return False
+    return False
+
+
 # --- setup ---------------------------------------------------------------------------
 
 
@@ -274,11 +308,14 @@ class Setup:
     webhook_port: int
     webhook_secret: Path
     operator_token: Path
+    http_port: int
+    tokens: Path  # the signer's token store (http.tokens): one identity per box
 
     def as_json(self) -> dict[str, Any]:
         return {"config": str(self.config), "socket": str(self.socket),
                 "webhook_port": self.webhook_port, "webhook_secret": str(self.webhook_secret),
-                "operator_token": str(self.operator_token)}
+                "operator_token": str(self.operator_token), "http_port": self.http_port,
+                "tokens": str(self.tokens)}
 
 
 def _free_port() -> int:
@@ -289,7 +326,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int = 0,
+def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int | None = None,
              witnesses: list[dict[str, str]] | None = None) -> Setup:
     """Write a same-user Tracekit signer's config under `home` (0700).
 
@@ -301,7 +338,7 @@ def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int = 0,
     give those calls to the identity that registers runs (the daemon's uid).
     """
     try:
-        from tracekit.signer import service  # type: ignore[import-untyped]
+        from tracekit.signer import service
     except ImportError:
         raise HostError("tracekit-ai is not installed; pip install 'tracekit-ai==1.4.2'") from None
     home = home.absolute()
@@ -310,6 +347,8 @@ def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int = 0,
         os.chmod(home, 0o700)
         (home / "data").mkdir(mode=0o700, exist_ok=True)
         port = webhook_port or _free_port()
+        http_port = http_port or _free_port()
+        (home / "boxes").mkdir(mode=0o700, exist_ok=True)
         secret, token = home / "webhook.secret", home / "operator.token"
         for p in (secret, token):
             if not p.exists():
@@ -328,10 +367,13 @@ def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int = 0,
             "grace_s": 1,
             "limits": LIMITS,
             "http": {"listen": f"127.0.0.1:{http_port}", "insecure_loopback": True,
-                     "authenticators": ["token"], "token_file": str(token)},
+                     "authenticators": ["token"], "token_file": str(token),
+                     "tokens": str(home / "tokens.json")},
+            # token:http is the operator; every other token is one box's run
             "authorize": {"token:http": ["run_hold", "run_quarantine", "run_resume",
                                          "incident_list", "incident_show",
-                                         "incident_resolve", "status"]},
+                                         "incident_resolve", "status"],
+                          "token:*": BOX_METHODS},
             "approvals": {"approvers": ["token:http"], "persons": {"token:http": "operator"}},
             "webhook": [{"format": "ocsf", "url": f"http://127.0.0.1:{port}/tkbox",
                          "events": ["incident"], "secret_file": str(secret)}],
@@ -340,7 +382,8 @@ def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int = 0,
         # JSON is YAML: Tracekit's reader takes it as it is.
         (home / "signer.yaml").write_text(
             "\n".join(f"{k}: {json.dumps(v)}" for k, v in lines.items()) + "\n")
-        setup = Setup(home, home / "signer.yaml", home / "signer.sock", port, secret, token)
+        setup = Setup(home, home / "signer.yaml", home / "signer.sock", port, secret, token,
+                      http_port, home / "tokens.json")
         (home / "tkbox.json").write_text(json.dumps(setup.as_json(), indent=2) + "\n")
     except OSError as exc:
         raise HostError(f"cannot write the Tracekit signer's config in {home}: "
@@ -353,7 +396,8 @@ def load_setup(home: Path) -> Setup | None:
     try:
         d = json.loads((home / "tkbox.json").read_text())
         return Setup(home, Path(d["config"]), Path(d["socket"]), int(d["webhook_port"]),
-                     Path(d["webhook_secret"]), Path(d["operator_token"]))
+                     Path(d["webhook_secret"]), Path(d["operator_token"]), int(d["http_port"]),
+                     Path(d["tokens"]))
     except FileNotFoundError:
         return None
     except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -373,6 +417,7 @@ def tracekit_command() -> list[str]:
 class _Run:
     token: str
     calls: dict[str, tuple[str, str]]  # decision id -> (tool call id, args digest)
+    client: Any = None  # the run's own SDK client (its own identity), or None: the shared one
 
 
 class TracekitSignerClient(SignerClient):
@@ -385,9 +430,9 @@ class TracekitSignerClient(SignerClient):
 
     def __init__(self, socket_path: str | Path, *, config: Path | None = None,
                  webhook_port: int | None = None, webhook_secret: bytes | None = None,
-                 timeout: float = 10.0) -> None:
+                 setup: Setup | None = None, timeout: float = 10.0) -> None:
         try:
-            from tracekit.sdk import client as tkclient  # type: ignore[import-untyped]
+            from tracekit.sdk import client as tkclient
         except ImportError:
             raise HostError("--signer tracekit needs tracekit-ai 1.4.2: "
                             "pip install 'tracekit-ai==1.4.2'") from None
@@ -397,7 +442,9 @@ class TracekitSignerClient(SignerClient):
         self.timeout = timeout
         self.webhook_port = webhook_port
         self.webhook_secret = webhook_secret
+        self.setup = setup
         self._client: Any = None
+        self._token_lock = __import__("threading").Lock()
         self._runs: dict[str, _Run] = {}
         self._ids = itertools.count(1)
         self._queue: asyncio.Queue[Push] | None = None
@@ -410,7 +457,7 @@ class TracekitSignerClient(SignerClient):
             secret = setup.webhook_secret.read_bytes().strip()
         except OSError as exc:
             raise UserError(f"cannot read {setup.webhook_secret}: {exc.strerror}") from None
-        return cls(socket_path or setup.socket, config=setup.config,
+        return cls(socket_path or setup.socket, config=setup.config, setup=setup,
                    webhook_port=setup.webhook_port, webhook_secret=secret)
 
     # --- calls ---------------------------------------------------------------------
@@ -420,15 +467,33 @@ class TracekitSignerClient(SignerClient):
             self._client = self._tk.Client(str(self.socket_path), timeout=self.timeout)
         return self._client
 
-    async def _call(self, method: str, req: dict[str, Any]) -> dict[str, Any]:
-        from tracekit.signer.rpc_schema import RPCError  # type: ignore[import-untyped]
+    def _box_client(self, run_id: str) -> Any:
+        """A new identity for one box: a token `tkbox-<run>` in the signer's
+        token store, and an SDK client that presents it (module docstring)."""
+        from tracekit.identity.token import TokenStore
+
+        assert self.setup is not None
+        name = "tkbox-" + "".join(ch if ch.isalnum() else "-" for ch in run_id.lower())[:40] \
+            + "-" + os.urandom(4).hex()
+        with self._token_lock:  # TokenStore.add reads, changes and rewrites the whole file
+            token = TokenStore(str(self.setup.tokens)).add(name, BOX_TOKEN_TTL_S)
+        path = self.setup.home / "boxes" / name
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(token)
+        return self._tk.Client(f"http://127.0.0.1:{self.setup.http_port}", timeout=self.timeout,
+                               token_file=str(path))
+
+    async def _call(self, method: str, req: dict[str, Any],
+                    client: Callable[[], Any] | None = None) -> dict[str, Any]:
+        from tracekit.signer.rpc_schema import RPCError
 
         def go() -> Any:
             import warnings
 
             with warnings.catch_warnings():
                 warnings.simplefilter("ignore")  # the SDK warns on a version mismatch; we check it
-                return self._sdk().call(method, req)
+                return (client or self._sdk)().call(method, req)
 
         try:
             answer = await asyncio.to_thread(go)
@@ -440,7 +505,7 @@ class TracekitSignerClient(SignerClient):
             raise SignerUnavailable(f"the Tracekit signer at {self.socket_path} does not answer "
                                     f"({_one_line(exc)}); start it with `tracekit signer serve "
                                     "--config …`") from None
-        except (OSError, ValueError) as exc:
+        except (OSError, ValueError, KeyError, TypeError) as exc:
             self._reset()
             raise SignerUnavailable(f"the Tracekit signer call {method} failed "
                                     f"({_one_line(exc)})") from None
@@ -464,11 +529,16 @@ class TracekitSignerClient(SignerClient):
     def _req(self, run_id: str, **fields: Any) -> dict[str, Any]:
         return {"run_id": run_id, "run_token": self._run(run_id).token, **fields}
 
+    async def _run_call(self, run_id: str, method: str, **fields: Any) -> dict[str, Any]:
+        r = self._run(run_id)
+        return await self._call(method, self._req(run_id, **fields),
+                                (lambda: r.client) if r.client is not None else None)
+
     # --- SignerClient ----------------------------------------------------------------
 
     async def ping(self) -> JSON:
         status = await self._call("status", {})
-        hello = getattr(self._client, "hello", None) or {}
+        hello: dict[str, Any] = getattr(self._client, "hello", None) or {}
         if hello.get("version") != TRACEKIT_VERSION:
             raise SignerUnavailable(f"the Tracekit signer at {self.socket_path} is "
                                     f"{hello.get('version', '?')}; tkbox supports "
@@ -477,7 +547,7 @@ class TracekitSignerClient(SignerClient):
             same = os.stat(self.socket_path).st_uid == os.getuid()
         except OSError:
             same = False
-        signer = status.get("signer") if isinstance(status.get("signer"), dict) else {}
+        signer = status["signer"] if isinstance(status.get("signer"), dict) else {}
         key = f"{signer.get('name', 'tracekit-signer')} {hello.get('version', '?')}"
         if self.config is not None:  # the log's verifier key, where init_dev put the store
             with contextlib.suppress(OSError):
@@ -488,22 +558,29 @@ class TracekitSignerClient(SignerClient):
     async def open_run(self, run_id: str, facts: JSON) -> None:
         if run_id in self._runs:
             raise SignerUnavailable(f"run {run_id} exists already")
+        box: Any = None
+        if self.setup is not None:
+            try:
+                box = await asyncio.to_thread(self._box_client, run_id)
+            except (OSError, ValueError) as exc:
+                raise SignerUnavailable(f"cannot add run {run_id}'s identity to "
+                                        f"{self.setup.tokens} ({_one_line(exc)})") from None
         ans = await self._call("register_run", {
             "request_id": os.urandom(16).hex(), "run_id": run_id,
             "agent": {"name": "tkbox", "version": _tkbox_version()},
-            "principal": f"tkbox-run:{run_id}"})
+            "principal": f"tkbox-run:{run_id}"}, (lambda: box) if box is not None else None)
         if ans.get("run_id") != run_id or not isinstance(ans.get("run_token"), str):
             raise SignerUnavailable(f"the Tracekit signer did not register run {run_id} "
                                     "as asked")
-        self._runs[run_id] = _Run(ans["run_token"], {})
+        self._runs[run_id] = _Run(ans["run_token"], {}, box)
         await self.event(run_id, "tkbox.run.open", facts)
 
     async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
         tool, args = tool_call(action, resource, context)
         _check_recordable(args)
         tcid = f"tkbox-{next(self._ids)}-{os.urandom(4).hex()}"
-        d = await self._call("decide", self._req(run_id, tool_call_id=tcid, tool=tool,
-                                                 args_source="parsed", args=args))
+        d = await self._run_call(run_id, "decide", tool_call_id=tcid, tool=tool,
+                                 args_source="parsed", args=args)
         a = read_answer(tool, d)
         if a.push is not None:
             self._push(Push(a.push, run_id, a.reason))  # type: ignore[arg-type]
@@ -519,18 +596,21 @@ class TracekitSignerClient(SignerClient):
                                     "daemon was allowed")
         _check_recordable(dict(outcome))
         exit_ok = outcome.get("exit", 0) == 0 and not outcome.get("error")
-        await self._call("complete", self._req(
-            run_id, tool_call_id=call[0], decision_id=decision_id, args_digest=call[1],
-            status="ok" if exit_ok else "error", result=dict(outcome)))
+        await self._run_call(run_id, "complete", tool_call_id=call[0], decision_id=decision_id,
+                             args_digest=call[1], status="ok" if exit_ok else "error",
+                             result=dict(outcome))
 
     async def event(self, run_id: str, kind: str, body: JSON) -> None:
         _check_recordable(dict(body))
-        await self._call("observe", self._req(run_id, source=event_source(kind, body),
-                                              trust="trusted", value=dict(body)))
+        await self._run_call(run_id, "observe", source=event_source(kind, body),
+                             trust="trusted", value=dict(body))
 
     async def close_run(self, run_id: str) -> None:
-        await self._call("close_run", self._req(run_id, reason="tkbox: box exported"))
-        self._runs.pop(run_id, None)
+        await self._run_call(run_id, "close_run", reason="tkbox: box exported")
+        r = self._runs.pop(run_id, None)
+        if r is not None and r.client is not None:
+            with contextlib.suppress(Exception):
+                r.client.close()
 
     async def export(self, run_id: str) -> Export:
         if self.config is None:
@@ -548,7 +628,13 @@ class TracekitSignerClient(SignerClient):
             while True:  # a closed run is final a grace period later
                 p = _tracekit("export", "--v2", "--run", run_id, "--config", str(config),
                               "-o", str(tmp / "run.tkb"))
-                if p.returncode == 0 or time.monotonic() > deadline:
+                if p.returncode == 0 and is_final((tmp / "run.tkb").read_bytes()):
+                    break
+                if time.monotonic() > deadline:
+                    if p.returncode == 0:
+                        raise SignerUnavailable(
+                            f"run {run_id} is not final at the Tracekit signer "
+                            f"{FINAL_WAIT_S:g} s after it closed; export it again later")
                     break
                 time.sleep(0.5)
             if p.returncode != 0:
@@ -577,7 +663,7 @@ class TracekitSignerClient(SignerClient):
             self._queue = asyncio.Queue()
         self._queue.put_nowait(p)
 
-    async def pushes(self) -> AsyncIterator[Push]:  # type: ignore[override]
+    async def pushes(self) -> AsyncIterator[Push]:
         """Holds, releases and quarantines: from decide answers and, with a
         webhook configured, from the signer's incident records as it POSTs them."""
         if self._queue is None:
@@ -633,8 +719,7 @@ class TracekitSignerClient(SignerClient):
         if r is None or c.run_seq is None:
             return f"incident {c.incident}"
         try:
-            ans = await self._call("read", {"run_id": c.run_id, "run_token": r.token,
-                                            "from_seq": c.run_seq, "limit": 1})
+            ans = await self._run_call(c.run_id, "read", from_seq=c.run_seq, limit=1)
             ev = (ans.get("events") or [{}])[0]
             why = ev.get("data", {}).get("reason")
             return why if isinstance(why, str) and why else f"incident {c.incident}"
@@ -647,6 +732,10 @@ class TracekitSignerClient(SignerClient):
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
+        for r in self._runs.values():
+            if r.client is not None:
+                with contextlib.suppress(Exception):
+                    r.client.close()
         self._reset()
 
 

@@ -14,9 +14,10 @@ from typing import Any
 
 from tkbox.record.tracekit import Setup, TracekitSignerClient, init_dev, tracekit_command
 
+
 def have_tracekit() -> bool:
     try:
-        import tracekit  # type: ignore[import-untyped]  # noqa: F401
+        import tracekit  # noqa: F401
     except ImportError:
         return False
     return True
@@ -65,7 +66,8 @@ class TracekitProc:
     def client(self, **kw: Any) -> TracekitSignerClient:
         return TracekitSignerClient.from_setup(self.setup)
 
-    def operator(self, verb: str, run: str, reason: str = "look") -> subprocess.CompletedProcess[str]:
+    def operator(self, verb: str, run: str,
+                 reason: str = "look") -> subprocess.CompletedProcess[str]:
         """`tracekit signer incidents VERB RUN` as the operator (token:http)."""
         env = {**self.env(), "TRACEKIT_SIGNER_TOKEN_FILE": str(self.setup.operator_token)}
         return subprocess.run(
@@ -77,7 +79,7 @@ class TracekitProc:
         """The same operator call in this process (no interpreter start): for timing."""
         import uuid
 
-        from tracekit.sdk.client import Client  # type: ignore[import-untyped]
+        from tracekit.sdk.client import Client
 
         c = Client(f"http://127.0.0.1:{self.http_port}",
                    token_file=str(self.setup.operator_token))
@@ -110,3 +112,17 @@ class TracekitProc:
             self.log.close()
         shutil.rmtree(self.root, ignore_errors=True)
 
+
+
+def bundle_events(bundle: bytes) -> list[dict[str, Any]]:
+    """The records of a Tracekit v2 bundle's run, in order (`event` of each line)."""
+    import io
+    import json
+    import zipfile
+
+    with zipfile.ZipFile(io.BytesIO(bundle)) as z:
+        names = [n for n in z.namelist() if n.startswith("runs/") and n.endswith(".jsonl")]
+        assert len(names) == 1, names
+        lines = z.read(names[0]).decode().splitlines()
+    events = [json.loads(ln)["event"] for ln in lines if ln.strip()]
+    return sorted(events, key=lambda e: e["run_seq"])
