@@ -99,9 +99,12 @@ FINAL_WAIT_S = 30.0  # how long export waits for a closed run to become final
 # The policy tkbox ships for Tracekit: its dev pack (coding rules: `curl … | sh`
 # refused, credential files, …) plus the Connect tool as Tracekit's `http`
 # class, so its internal-address and internal-name rules read every connection.
-POLICY = """\
+# Tracekit's TK-N003 (server-net pack): localhost, a dotless name, internal suffixes.
+_INTERNAL_NAME = (r"^(localhost|[^.:\[]+|kubernetes\.default|"
+                  r".*?\.(localhost|internal|local|lan|corp|intranet|svc|home\.arpa))\.?$")
+POLICY = f"""\
 # tkbox's mapping for a Tracekit signer (tkbox.record.tracekit.POLICY).
-# Connect (one egress connection of a box) is an `http` call with {url}; the two
+# Connect (one egress connection of a box) is an `http` call with {{url}}; the two
 # rules below refuse internal addresses and names as Tracekit's server-net pack
 # does (TK-N001, TK-N003). tkbox's door refuses them before it asks, too.
 version: 'tkbox-1'
@@ -115,14 +118,11 @@ deny:
     field: internal
     pattern: '^true$'
     reason: connection to an internal address (private, loopback, link-local or metadata)
-    rationale: >-
-      A box reaches the web it was given, never the host's network or a cloud's
-      metadata service.
+    rationale: A box reaches the web it was given, never the host's network or metadata.
   - id: TKBOX-N003
     class: http
     field: host
-    pattern: >-
-      ^(localhost|[^.:\\[]+|kubernetes\\.default|.*?\\.(localhost|internal|local|lan|corp|intranet|svc|home\\.arpa))\\.?$
+    pattern: '{_INTERNAL_NAME}'
     reason: connection to an internal name
     rationale: The name twin of TKBOX-N001.
 """
