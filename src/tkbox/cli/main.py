@@ -69,6 +69,8 @@ def daemon(
                                                  "'tkbox approve'")] = 120,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
+    signer: Annotated[str, typer.Option(
+        "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -84,10 +86,12 @@ def daemon(
         raise UserError(f"--egress-hosts {egress_hosts} does not exist")
     if not 1 <= approval_wait <= 3600:
         raise UserError("--approval-wait must be between 1 and 3600 seconds")
+    if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
+        raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait),
-         socket_path=socket_path, signer_socket=signer_socket)
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer)
 
 
 @app.command()

@@ -775,7 +775,34 @@ def _tkbox_version() -> str:
     return str(__version__)[:64]
 
 
-Factory = Callable[[], SignerClient]
+SYSTEM_SOCKET = Path("/run/tracekit-signer/signer.sock")
+
+
+async def client_for(spec: str, socket_override: Path | None = None
+                     ) -> tuple[TracekitSignerClient, JSON]:
+    """The daemon's `--signer tracekit[:SOCKET]`: the client and its ping.
+
+    With a setup from `init_dev` in tracekit_home() (a same-user signer): its
+    socket, webhook, per-box identities and export. Otherwise SOCKET (default
+    the system signer's, /run/tracekit-signer/signer.sock) alone: decisions and
+    records, holds seen in decide answers, export by the signer's user.
+    """
+    _, _, sock = spec.partition(":")
+    setup = load_setup(tracekit_home())
+    path = Path(sock) if sock else socket_override
+    if setup is not None and (path is None or path == setup.socket):
+        client = TracekitSignerClient.from_setup(setup)
+    else:
+        client = TracekitSignerClient(path or SYSTEM_SOCKET)
+    try:
+        who = await client.ping()
+    except SignerUnavailable as exc:
+        await client.aclose()
+        raise SignerUnavailable(
+            f"no Tracekit signer answers on {client.socket_path} ({exc}); start one with "
+            "`python -m tkbox.record.tracekit init && tracekit signer serve --config "
+            f"{tracekit_home() / 'signer.yaml'} &`") from None
+    return client, who
 
 
 def main(argv: list[str] | None = None) -> int:
