@@ -42,6 +42,8 @@ class TracekitProc:
     def start(self, timeout: float = 60.0) -> None:
         assert self.proc is None
         (self.root / "rt").mkdir(mode=0o700, exist_ok=True)
+        if hasattr(self, "log"):
+            self.log.close()
         self.log = open(self.root / "signer.log", "ab")  # noqa: SIM115
         self.proc = subprocess.Popen(
             [*tracekit_command(), "signer", "serve", "--config", str(self.setup.config)],
@@ -105,6 +107,7 @@ class TracekitProc:
                 self.proc.wait(15)
             except subprocess.TimeoutExpired:
                 self.kill()
+        self.proc = None
 
     def cleanup(self) -> None:
         self.stop()
