@@ -164,9 +164,10 @@ def tool_call(action: Action, resource: JSON, context: JSON) -> tuple[str, dict[
             raise SignerUnavailable("a Write decision needs resource.path")
         rest = {k: v for k, v in resource.items() if k != "path"}
         sha = rest.pop("sha256", None)
-        return "Write", {"file_path": "/workspace/" + path.lstrip("/"),
+        # the path the policy reads goes last: no context key may replace it
+        return "Write", {**dict(context), **rest,
                          **({"content_sha256": sha} if sha is not None else {}),
-                         **rest, **dict(context)}
+                         "file_path": "/workspace/" + path.lstrip("/")}
     return "tkbox." + action, {"resource": dict(resource), "context": dict(context)}
 
 
