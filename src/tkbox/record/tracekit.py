@@ -50,8 +50,10 @@ an hour; with one identity for the daemon, quarantining one box would contain
 every box started after it. So with a setup from `init_dev` (whose token store
 the daemon may write), `open_run` mints a bearer token `tkbox-<run>` in the
 signer's token store (read again by the signer on every request) and the run's
-calls go over the signer's loopback HTTP listener as `token:tkbox-<run>`;
-Tracekit's quotas are per identity too, so they become per box. Without one
+run is registered over the signer's loopback HTTP listener as
+`token:tkbox-<run>`, which then delegates it (`delegate_run`) to the daemon's
+uid, whose calls go over the Unix socket (an HTTP round trip costs ~40 ms,
+the socket ~1 ms; benchmarks/signer.py). Without one
 (a system signer we cannot add tokens to) every run is the daemon's uid over
 the Unix socket, and a quarantine is inherited until an operator resolves its
 incident (docs/tracekit.md).
@@ -374,7 +376,9 @@ def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int | No
             "authorize": {"token:http": ["run_hold", "run_quarantine", "run_resume",
                                          "incident_list", "incident_show",
                                          "incident_resolve", "status"],
-                          "token:*": BOX_METHODS},
+                          "token:*": [*BOX_METHODS, "delegate_run"],
+                          # the daemon, acting for each box's identity (delegate_run)
+                          f"uid:{os.getuid()}": BOX_METHODS},
             "approvals": {"approvers": ["token:http"], "persons": {"token:http": "operator"}},
             "webhook": [{"format": "ocsf", "url": f"http://127.0.0.1:{port}/tkbox",
                          "events": ["incident"], "secret_file": str(secret)}],
@@ -418,7 +422,6 @@ def tracekit_command() -> list[str]:
 class _Run:
     token: str
     calls: dict[str, tuple[str, str]]  # decision id -> (tool call id, args digest)
-    client: Any = None  # the run's own SDK client (its own identity), or None: the shared one
 
 
 class TracekitSignerClient(SignerClient):
@@ -531,9 +534,7 @@ class TracekitSignerClient(SignerClient):
         return {"run_id": run_id, "run_token": self._run(run_id).token, **fields}
 
     async def _run_call(self, run_id: str, method: str, **fields: Any) -> dict[str, Any]:
-        r = self._run(run_id)
-        return await self._call(method, self._req(run_id, **fields),
-                                (lambda: r.client) if r.client is not None else None)
+        return await self._call(method, self._req(run_id, **fields))
 
     # --- SignerClient ----------------------------------------------------------------
 
@@ -566,14 +567,30 @@ class TracekitSignerClient(SignerClient):
             except (OSError, ValueError) as exc:
                 raise SignerUnavailable(f"cannot add run {run_id}'s identity to "
                                         f"{self.setup.tokens} ({_one_line(exc)})") from None
-        ans = await self._call("register_run", {
-            "request_id": os.urandom(16).hex(), "run_id": run_id,
-            "agent": {"name": "tkbox", "version": _tkbox_version()},
-            "principal": f"tkbox-run:{run_id}"}, (lambda: box) if box is not None else None)
-        if ans.get("run_id") != run_id or not isinstance(ans.get("run_token"), str):
-            raise SignerUnavailable(f"the Tracekit signer did not register run {run_id} "
-                                    "as asked")
-        self._runs[run_id] = _Run(ans["run_token"], {}, box)
+        try:
+            ans = await self._call("register_run", {
+                "request_id": os.urandom(16).hex(), "run_id": run_id,
+                "agent": {"name": "tkbox", "version": _tkbox_version()},
+                "principal": f"tkbox-run:{run_id}"}, (lambda: box) if box is not None else None)
+            if ans.get("run_id") != run_id or not isinstance(ans.get("run_token"), str):
+                raise SignerUnavailable(f"the Tracekit signer did not register run {run_id} "
+                                        "as asked")
+            token = ans["run_token"]
+            if box is not None:
+                # The box's identity owns the run; the daemon's uid acts for it over
+                # the Unix socket (an HTTP round trip costs ~40 ms: Nagle and
+                # delayed ACKs between Tracekit's server and http.client).
+                d = await self._call("delegate_run", {"run_id": run_id, "run_token": token,
+                                                      "identity": f"uid:{os.getuid()}"},
+                                     lambda: box)
+                if not isinstance(d.get("run_token"), str):
+                    raise SignerUnavailable("the Tracekit signer's delegation is malformed")
+                token = d["run_token"]
+        finally:
+            if box is not None:
+                with contextlib.suppress(Exception):
+                    box.close()
+        self._runs[run_id] = _Run(token, {})
         await self.event(run_id, "tkbox.run.open", facts)
 
     async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
@@ -608,10 +625,7 @@ class TracekitSignerClient(SignerClient):
 
     async def close_run(self, run_id: str) -> None:
         await self._run_call(run_id, "close_run", reason="tkbox: box exported")
-        r = self._runs.pop(run_id, None)
-        if r is not None and r.client is not None:
-            with contextlib.suppress(Exception):
-                r.client.close()
+        self._runs.pop(run_id, None)
 
     async def export(self, run_id: str) -> Export:
         if self.config is None:
@@ -733,10 +747,6 @@ class TracekitSignerClient(SignerClient):
             with contextlib.suppress(Exception):
                 await self._server.wait_closed()
             self._server = None
-        for r in self._runs.values():
-            if r.client is not None:
-                with contextlib.suppress(Exception):
-                    r.client.close()
         self._reset()
 
 
