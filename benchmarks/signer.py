@@ -385,11 +385,10 @@ def main() -> None:
     ]
     for name, a, b in both:
         print(f"{name:44} {a:12.3f} {b:12.3f} {a / b:11.2f}")
-    print("Tracekit with one identity for every box (its Unix socket, no per-box token): "
+    print("Tracekit with one identity for every box (no per-box token, no delegation): "
           f"{tk['socket_decisions_per_second']:.0f} decisions/s "
           f"(tkbox ÷ it {dec['per_second'] / tk['socket_decisions_per_second']:.2f}), "
-          f"p50 {tk['socket_decision_p50_ms']:.2f} ms; per-box identities go over its "
-          "loopback HTTP listener")
+          f"p50 {tk['socket_decision_p50_ms']:.2f} ms")
 
 
 async def _tkbox_hold(sock: Path, run: str) -> None:
