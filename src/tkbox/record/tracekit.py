@@ -450,6 +450,7 @@ class TracekitSignerClient(SignerClient):
         self._client: Any = None
         self._token_lock = __import__("threading").Lock()
         self._runs: dict[str, _Run] = {}
+        self._closed: set[str] = set()
         self._ids = itertools.count(1)
         self._queue: asyncio.Queue[Push] | None = None
         self._server: asyncio.base_events.Server | None = None
@@ -624,8 +625,11 @@ class TracekitSignerClient(SignerClient):
                              trust="trusted", value=dict(body))
 
     async def close_run(self, run_id: str) -> None:
+        if run_id in self._closed:  # an export that failed after closing is tried again
+            return
         await self._run_call(run_id, "close_run", reason="tkbox: box exported")
         self._runs.pop(run_id, None)
+        self._closed.add(run_id)
 
     async def export(self, run_id: str) -> Export:
         if self.config is None:
@@ -827,8 +831,11 @@ def main(argv: list[str] | None = None) -> int:
     i.add_argument("--webhook-port", type=int, default=None)
     i.add_argument("--witness", nargs=2, action="append", metavar=("URL", "VKEY"), default=[])
     a = ap.parse_args(argv)
+    home = a.home or tracekit_home()
     try:
-        s = init_dev(a.home or tracekit_home(), webhook_port=a.webhook_port,
+        old = load_setup(home)  # a second init keeps the ports the daemon and signer know
+        s = init_dev(home, webhook_port=a.webhook_port or (old.webhook_port if old else None),
+                     http_port=old.http_port if old else None,
                      witnesses=[{"url": u, "vkey": k, "class": "customer"} for u, k in a.witness])
     except (HostError, UserError) as exc:
         print(f"tkbox: {exc}", file=sys.stderr)
