@@ -163,3 +163,27 @@ def test_a_box_recorded_by_tracekit_verifies_with_tracekit_verify(
     assert any(src.startswith("tkbox.run.open") for src in sources)
     assert types[-1] == "run.final"
     assert os.path.exists(tmp / "run.trust.json")
+
+
+def test_a_tracekit_quarantine_kills_one_box_and_contains_no_other(
+        tkstack: dict[str, object]) -> None:
+    """Tracekit's operator quarantines box A: its VM is killed; box B, running
+    beside it, and box C, started after it, still run commands (each box is its
+    own Tracekit identity, so C does not inherit A's quarantine)."""
+    s: Stack = tkstack["stack"]  # type: ignore[assignment]
+    tmp: Path = tkstack["tmp"]  # type: ignore[assignment]
+    ws = tmp / "ws"
+    ws.mkdir()
+    (ws / "x").write_text("x\n")
+    a, b, c = fresh_name("qa"), fresh_name("qb"), fresh_name("qc")
+    for name in (a, b):
+        s.tk("run", "--name", name, "--workspace", str(ws))
+    run_a = str(s.tkjson("inspect", a)["run_id"])  # type: ignore[index]
+    _operator(tkstack, "quarantine", run_a)
+    _wait_state(s, a, "quarantined", 10.0)
+    pids = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{run_a}"], capture_output=True,
+                          text=True).stdout.split()
+    assert pids == []
+    assert s.tk("exec", b, "--", "echo", "b").stdout == "b\n"
+    s.tk("run", "--name", c, "--workspace", str(ws))
+    assert s.tk("exec", c, "--", "echo", "c").stdout == "c\n"
