@@ -524,9 +524,21 @@ class TracekitSignerClient(SignerClient):
             with contextlib.suppress(Exception):
                 c.close()
 
+    def _token_file(self, run_id: str) -> Path | None:
+        """Where a run's (delegated) token is kept across daemon restarts: the
+        setup's `boxes/` (0700), named by a digest of the run id; None without a setup."""
+        if self.setup is None:
+            return None
+        return self.setup.home / "boxes" / (hashlib.sha256(run_id.encode()).hexdigest() + ".run")
+
     def _run(self, run_id: str) -> _Run:
         r = self._runs.get(run_id)
-        if r is None:
+        if r is None and run_id not in self._closed:
+            path = self._token_file(run_id)
+            with contextlib.suppress(OSError, ValueError):
+                if path is not None:  # opened by this daemon before a restart
+                    r = self._runs[run_id] = _Run(path.read_text().strip(), {})
+        if r is None or not r.token:
             raise SignerUnavailable(f"run {run_id} is not open at the Tracekit signer "
                                     "(not registered by this daemon)")
         return r
@@ -559,7 +571,8 @@ class TracekitSignerClient(SignerClient):
                 "backend": "tracekit", "version": hello.get("version")}
 
     async def open_run(self, run_id: str, facts: JSON) -> None:
-        if run_id in self._runs:
+        tf = self._token_file(run_id)
+        if run_id in self._runs or run_id in self._closed or (tf is not None and tf.exists()):
             raise SignerUnavailable(f"run {run_id} exists already")
         box: Any = None
         if self.setup is not None:
@@ -592,6 +605,15 @@ class TracekitSignerClient(SignerClient):
                 with contextlib.suppress(Exception):
                     box.close()
         self._runs[run_id] = _Run(token, {})
+        path = self._token_file(run_id)
+        if path is not None:
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
+                with os.fdopen(fd, "w") as f:
+                    f.write(token)
+            except OSError as exc:
+                raise SignerUnavailable(f"cannot keep run {run_id}'s token in {path} "
+                                        f"({exc.strerror or exc})") from None
         await self.event(run_id, "tkbox.run.open", facts)
 
     async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
@@ -630,6 +652,10 @@ class TracekitSignerClient(SignerClient):
         await self._run_call(run_id, "close_run", reason="tkbox: box exported")
         self._runs.pop(run_id, None)
         self._closed.add(run_id)
+        path = self._token_file(run_id)
+        if path is not None:
+            with contextlib.suppress(OSError):
+                path.write_text("")  # closed: kept empty, so the id stays used
 
     async def export(self, run_id: str) -> Export:
         if self.config is None:

@@ -11,6 +11,7 @@ from typing import Any
 import pytest
 from tracekit_proc import TracekitProc, bundle_events
 
+from tkbox.errors import SignerUnavailable
 from tkbox.record.client import Push
 from tkbox.record.tracekit import TracekitSignerClient
 
@@ -166,3 +167,33 @@ def test_export_verifies_with_tracekit_verify(tk: TracekitProc, tmp_path: Path) 
         ("Bash", "allow"), ("Bash", "deny"), ("Write", "allow")]
     assert sum(e["type"] == "tool.result" for e in events) == 2
     assert events[-1]["type"] == "run.final"
+
+
+def test_a_restarted_daemon_goes_on_recording_its_boxes(tk: TracekitProc) -> None:
+    """The daemon restarts while a box lives: a new client from the same setup
+    adds to the box's run (its token is kept 0600 in the setup's boxes/), and a
+    run it opened before stays used once."""
+    first = tk.client()
+
+    async def before() -> None:
+        await first.open_run("kept", {})
+        assert (await first.decide("kept", "Bash", {"command": "ls"}, {})).allowed
+    _go(first, before())
+    kept = list((tk.setup.home / "boxes").glob("*.run"))
+    assert len(kept) == 1 and kept[0].stat().st_mode & 0o777 == 0o600
+    second = tk.client()
+
+    async def after() -> None:
+        assert (await second.decide("kept", "Bash", {"command": "make"}, {})).allowed
+        with pytest.raises(SignerUnavailable):
+            await second.open_run("kept", {})
+        await second.close_run("kept")
+        with pytest.raises(SignerUnavailable):
+            await second.decide("kept", "Bash", {"command": "ls"}, {})
+    _go(second, after())
+    third = tk.client()
+
+    async def closed() -> None:
+        with pytest.raises(SignerUnavailable):
+            await third.event("kept", "tkbox.gap", {})
+    _go(third, closed())
