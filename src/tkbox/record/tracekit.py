@@ -82,6 +82,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections.abc import AsyncIterator, Callable, Mapping
 from dataclasses import dataclass
@@ -448,7 +449,7 @@ class TracekitSignerClient(SignerClient):
         self.webhook_secret = webhook_secret
         self.setup = setup
         self._client: Any = None
-        self._token_lock = __import__("threading").Lock()
+        self._token_lock = threading.Lock()
         self._runs: dict[str, _Run] = {}
         self._closed: set[str] = set()
         self._ids = itertools.count(1)
@@ -732,9 +733,9 @@ class TracekitSignerClient(SignerClient):
             headers = {k.strip().lower(): v.strip() for k, _, v in
                        (ln.partition(":") for ln in lines[1:] if ln)}
             n = int(headers.get("content-length", "-1"))
-            if lines[0].startswith("POST ") and 0 <= n <= WEBHOOK_BODY_MAX:
+            if lines[0].startswith("POST ") and 0 <= n <= WEBHOOK_BODY_MAX \
+                    and self.webhook_secret:
                 body = await asyncio.wait_for(reader.readexactly(n), 10)
-                assert self.webhook_secret is not None
                 try:
                     found = read_webhook(body, headers.get("x-tracekit-signature"),
                                          self.webhook_secret, time.time())
