@@ -132,11 +132,11 @@ def test_a_box_recorded_by_tracekit_verifies_with_tracekit_verify(
     assert got.stdout == "hello through the door\n"
 
     _operator(tkstack, "hold", run_id)
-    _wait_state(s, name, "held", 10.0)
+    _wait_state(s, name, "held", 3.0)  # as with tkbox's signer (test_signer_holds.py)
     assert str(s.tkjson("inspect", name)["vm_status"]) == "paused"  # type: ignore[index]
     assert s.tk("exec", name, "--", "true", check=False).returncode != 0
     _operator(tkstack, "resume", run_id)
-    _wait_state(s, name, "running", 10.0)
+    _wait_state(s, name, "running", 3.0)
     assert s.tk("exec", name, "--", "echo", "back").stdout == "back\n"
 
     s.tk("exec", name, "--", "sh", "-c", "echo new > /workspace/new.txt")
@@ -180,7 +180,7 @@ def test_a_tracekit_quarantine_kills_one_box_and_contains_no_other(
         s.tk("run", "--name", name, "--workspace", str(ws))
     run_a = str(s.tkjson("inspect", a)["run_id"])  # type: ignore[index]
     _operator(tkstack, "quarantine", run_a)
-    _wait_state(s, a, "quarantined", 10.0)
+    _wait_state(s, a, "quarantined", 3.0)
     pids = subprocess.run(["pgrep", "-f", f"qemu-system-x86_64.*{run_a}"], capture_output=True,
                           text=True).stdout.split()
     assert pids == []
