@@ -27,6 +27,18 @@ def _go(c: TracekitSignerClient, coro: Any) -> Any:
     return asyncio.run(go())
 
 
+async def _listening(port: int) -> None:
+    """Wait until the client's webhook listener accepts (pushes() has started it)."""
+    for _ in range(200):
+        try:
+            _, w = await asyncio.open_connection("127.0.0.1", port)
+            w.close()
+            return
+        except OSError:
+            await asyncio.sleep(0.05)
+    raise AssertionError(f"nothing listens on 127.0.0.1:{port}")
+
+
 async def _next_push(c: TracekitSignerClient, run: str, kind: str,
                      timeout: float = 15.0) -> Push:
     async def first() -> Push:
@@ -67,7 +79,7 @@ def test_a_quarantine_kills_one_box_and_contains_no_other(tk: TracekitProc) -> N
         await c.open_run("box-a", {})
         await c.open_run("box-b", {})
         listen = asyncio.create_task(_next_push(c, "box-a", "quarantine"))
-        await asyncio.sleep(0.2)
+        await _listening(tk.setup.webhook_port)
         await asyncio.to_thread(tk.operator_call, "run_quarantine", "box-a", "exfiltration")
         push = await listen
         assert push.reason == "exfiltration"
@@ -87,7 +99,7 @@ def test_a_hold_pauses_and_a_resume_releases_through_the_webhook(tk: TracekitPro
     async def go() -> None:
         await c.open_run("held", {})
         held = asyncio.create_task(_next_push(c, "held", "hold"))
-        await asyncio.sleep(0.2)
+        await _listening(tk.setup.webhook_port)
         await asyncio.to_thread(tk.operator_call, "run_hold", "held", "a person looks")
         assert (await held).reason == "a person looks"
         v = await c.decide("held", "Bash", {"command": "ls"}, {})
@@ -117,7 +129,7 @@ def test_a_forged_webhook_is_ignored(tk: TracekitProc) -> None:
             async for p in c.pushes():
                 got.append(p)
         task = asyncio.create_task(listen())
-        await asyncio.sleep(0.3)
+        await _listening(tk.setup.webhook_port)
         body = json.dumps([{"unmapped": {"tracekit": {"type": "run.quarantined",
                                                       "run_id": "victim"}}}]).encode()
         req = urllib.request.Request(
