@@ -41,8 +41,10 @@ webhook through a durable outbox that polls its log every second, each body
 signed `X-Tracekit-Signature: t=<unix s>,v1=<hex HMAC-SHA256(secret, "<t>." +
 body)>` (tracekit/signer/webhook.py). `pushes()` serves that webhook on a
 loopback port and turns each verified record into a `Push`; the decide answers
-above are a second, faster path for a box that is acting. The bound is the
-outbox's poll (1 s) plus one POST; measured in tests/integration/tracekit.
+above are a second path for a box that is acting. The outbox is woken by
+the write, so the bound is one POST after the record is durable (median 7 ms,
+benchmarks/signer.py). Without a webhook (a system signer) `pushes()` reads
+each open run's new records every POLL_S instead.
 
 Each box is its own Tracekit identity. Tracekit makes every new run of a
 held or quarantined owner (and attested principal) inherit the containment for
@@ -98,6 +100,7 @@ WEBHOOK_BODY_MAX = 4 << 20
 WEBHOOK_SKEW_S = 300  # a signature older or newer than this is refused (a replay)
 EXPORT_TIMEOUT_S = 120.0
 FINAL_WAIT_S = 30.0  # how long export waits for a closed run to become final
+POLL_S = 0.5  # without a webhook, how often each open run's new records are read
 
 # The policy tkbox ships for Tracekit: its dev pack (coding rules: `curl … | sh`
 # refused, credential files, …) plus the Connect tool as Tracekit's `http`
@@ -423,6 +426,7 @@ def tracekit_command() -> list[str]:
 class _Run:
     token: str
     calls: dict[str, tuple[str, str]]  # decision id -> (tool call id, args digest)
+    seen: int = 0  # the next run_seq the poller reads (no webhook)
 
 
 class TracekitSignerClient(SignerClient):
@@ -714,15 +718,52 @@ class TracekitSignerClient(SignerClient):
         webhook configured, from the signer's incident records as it POSTs them."""
         if self._queue is None:
             self._queue = asyncio.Queue()
-        if self.webhook_port and self.webhook_secret and self._server is None:
-            try:
-                self._server = await asyncio.start_server(self._serve_webhook, "127.0.0.1",
-                                                          self.webhook_port)
-            except OSError as exc:
-                raise SignerUnavailable(f"cannot listen for Tracekit's webhook on 127.0.0.1:"
-                                        f"{self.webhook_port} ({_one_line(exc)})") from None
+        poller: asyncio.Task[None] | None = None
+        if self.webhook_port and self.webhook_secret:
+            if self._server is None:
+                try:
+                    self._server = await asyncio.start_server(
+                        self._serve_webhook, "127.0.0.1", self.webhook_port)
+                except OSError as exc:
+                    raise SignerUnavailable(f"cannot listen for Tracekit's webhook on "
+                                            f"127.0.0.1:{self.webhook_port} "
+                                            f"({_one_line(exc)})") from None
+        else:  # no webhook (a system signer): read each open run's new records
+            poller = asyncio.get_running_loop().create_task(self._poll(), name="tracekit-poll")
+        try:
+            while True:
+                yield await self._queue.get()
+        finally:
+            if poller is not None:
+                poller.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await poller
+
+    async def _poll(self) -> None:
+        """Without a webhook: every POLL_S, `read` each open run from its last
+        record and push its run.held, run.resumed and run.quarantined records."""
         while True:
-            yield await self._queue.get()
+            await asyncio.sleep(POLL_S)
+            for run_id in list(self._runs):
+                r = self._runs.get(run_id)
+                if r is None or not r.token:
+                    continue
+                try:
+                    ans = await self._run_call(run_id, "read", from_seq=r.seen, limit=1000)
+                except SignerUnavailable:
+                    continue
+                events = ans.get("events")
+                for e in events if isinstance(events, list) else []:
+                    seq = e.get("run_seq") if isinstance(e, dict) else None
+                    if not isinstance(seq, int) or seq < r.seen:
+                        continue
+                    r.seen = seq + 1
+                    kind = INCIDENT_PUSH.get(str(e.get("type")))
+                    data = e.get("data") if isinstance(e.get("data"), dict) else {}
+                    if kind is not None:
+                        why = data.get("reason")
+                        self._push(Push(kind, run_id,  # type: ignore[arg-type]
+                                        why if isinstance(why, str) else ""))
 
     async def _serve_webhook(self, reader: asyncio.StreamReader,
                              writer: asyncio.StreamWriter) -> None:

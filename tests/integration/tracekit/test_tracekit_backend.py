@@ -209,3 +209,33 @@ def test_a_restarted_daemon_goes_on_recording_its_boxes(tk: TracekitProc) -> Non
         with pytest.raises(SignerUnavailable):
             await third.event("kept", "tkbox.gap", {})
     _go(third, closed())
+
+
+def test_without_a_webhook_holds_are_read_from_the_run(tk: TracekitProc) -> None:
+    """A system signer that posts no webhook to tkbox: the client reads each
+    open run's new records, so a hold and a release still reach the daemon
+    for a box that asks nothing."""
+    c = TracekitSignerClient(tk.setup.socket)  # no setup: one identity, no webhook
+
+    async def go() -> None:
+        await c.open_run("polled", {})
+        held = asyncio.create_task(_next_push(c, "polled", "hold"))
+        await asyncio.sleep(0.1)
+        await asyncio.to_thread(tk.operator_call, "run_hold", "polled", "read it")
+        assert (await held).reason == "read it"
+        released = asyncio.create_task(_next_push(c, "polled", "release"))
+        await asyncio.to_thread(tk.operator_call, "run_resume", "polled", "fine")
+        await released
+    _go(c, go())
+
+
+def test_without_a_readable_store_export_names_the_command_to_run(tk: TracekitProc) -> None:
+    c = TracekitSignerClient(tk.setup.socket)
+
+    async def go() -> None:
+        await c.open_run("sys", {})
+        await c.close_run("sys")
+        with pytest.raises(SignerUnavailable, match="sudo -u tracekit-signer tracekit export "
+                                                     "--v2 --run sys"):
+            await c.export("sys")
+    _go(c, go())
