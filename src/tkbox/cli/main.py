@@ -75,6 +75,8 @@ def daemon(
         help="egress connections daemon-wide (0: from the open-file limit)")] = 0,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
+    signer: Annotated[str, typer.Option(
+        "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -95,11 +97,13 @@ def daemon(
                         "604800 seconds")
     if max_connections < 0:
         raise UserError("--max-connections must be 0 (from the open-file limit) or more")
+    if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
+        raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait, tunnel_idle=tunnel_idle,
                  tunnel_total=tunnel_total, max_connections=max_connections),
-         socket_path=socket_path, signer_socket=signer_socket)
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer)
 
 
 @app.command()

@@ -98,7 +98,7 @@ class _Server(uvicorn.Server):
 
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
-                signer_socket: Path | None = None) -> None:
+                signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
     from tkbox.image.initramfs import build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.store import ImageStore
@@ -115,6 +115,10 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         print("tkbox: WARNING: --unrecorded: nothing is decided or recorded by a signer. "
               "Use only to debug tkbox itself; every box says [UNRECORDED].", file=sys.stderr)
         signer = UnrecordedSigner()
+    elif signer_backend.startswith("tracekit"):
+        from tkbox.record.tracekit import client_for
+
+        signer, who = await client_for(signer_backend, signer_socket)
     else:
         from tkbox.record.unix import UnixSignerClient
 
@@ -149,7 +153,10 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     await manager.load()
     info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
-            "network_door": True}
+            "network_door": True,
+            "signer": {"backend": "none"} if opts.unrecorded else
+            {"backend": "tracekit" if signer_backend.startswith("tracekit") else "tkbox",
+             "key": str(who.get("key", "")), "isolation": str(who.get("isolation", ""))}}
     app = make_app(manager, info)
     path = socket_path or paths.daemon_socket()
     sock = _bind(path)
@@ -185,11 +192,12 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
 
 def main(opts: Options, socket_path: Path | None = None,
-         signer_socket: Path | None = None) -> None:
+         signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
     logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
                         format="tkbox: %(levelname)s %(message)s")
     try:
-        asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket))
+        asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket,
+                          signer_backend=signer_backend))
     except (HostError, UserError, SignerUnavailable) as exc:
         print(f"tkbox: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)
