@@ -1,0 +1,137 @@
+"""Booted templates: what keys them, when one is used, and what a box says it had.
+
+No VM here: the key and the store are plain files and JSON. The restore itself
+(fresh entropy per box, the host's clock, the box's own disks) is exercised on
+real VMs in tests/e2e/test_template.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from tkbox.vm import qemu, template
+from tkbox.vm.base import Disk, VMSpec
+
+
+@pytest.fixture
+def spec(tmp_path: Path) -> VMSpec:
+    (tmp_path / "vmlinux").write_bytes(b"kernel-1")
+    (tmp_path / "initrd").write_bytes(b"initramfs-1")
+    return VMSpec(name="t", kernel=tmp_path / "vmlinux", initramfs=tmp_path / "initrd",
+                  workdir=tmp_path / "w", disks=(Disk(tmp_path / "r", True, "root"),
+                                                 Disk(tmp_path / "l", True, "lower"),
+                                                 Disk(tmp_path / "u", False, "upper")))
+
+
+def key(spec: VMSpec, vmm: str = "QEMU emulator version 7.2.22") -> template.Key:
+    return template.make_key(spec, vmm, qemu.template_argv(spec, "tcg", "qemu-system-x86_64"))
+
+
+def test_key_ignores_per_box_paths_but_not_the_machine(spec: VMSpec, tmp_path: Path) -> None:
+    """Two boxes of the same machine share a template; their own disks and directories
+    are not part of it."""
+    other = dataclasses.replace(spec, name="other", workdir=tmp_path / "w2",
+                                disks=tuple(dataclasses.replace(d, path=tmp_path / f"x{i}")
+                                            for i, d in enumerate(spec.disks)))
+    assert key(spec).digest == key(other).digest
+
+
+@pytest.mark.parametrize("change", ["memory", "vcpus", "layout", "read_only", "vmm",
+                                    "kernel", "initramfs", "cmdline"])
+def test_key_changes_with_everything_that_shapes_the_saved_guest(spec: VMSpec,
+                                                                  change: str) -> None:
+    """A stale template (another kernel, initramfs, memory size, vCPU count, QEMU,
+    device layout or command line) is never restored: it has another key."""
+    before = key(spec)
+    vmm = "QEMU emulator version 7.2.22"
+    if change == "memory":
+        spec = dataclasses.replace(spec, memory_mib=2048)
+    elif change == "vcpus":
+        spec = dataclasses.replace(spec, vcpus=2)
+    elif change == "layout":
+        spec = dataclasses.replace(spec, disks=spec.disks[:2])
+    elif change == "read_only":
+        spec = dataclasses.replace(spec, disks=(*spec.disks[:2],
+                                                dataclasses.replace(spec.disks[2],
+                                                                    read_only=True)))
+    elif change == "vmm":
+        vmm = "QEMU emulator version 8.2.0"
+    elif change == "kernel":
+        spec.kernel.write_bytes(b"kernel-2, same path")
+    elif change == "initramfs":
+        spec.initramfs.write_bytes(b"initramfs-2, same path, longer")
+    elif change == "cmdline":
+        spec = dataclasses.replace(spec, cmdline="tkbox.debug=1")
+    after = key(spec, vmm)
+    assert after.digest != before.digest
+    assert after.differences(before.parts)
+
+
+def test_template_argv_parks_the_guest_and_restore_argv_is_the_same_machine(
+        spec: VMSpec) -> None:
+    cold = qemu.build_argv(spec, "tcg")
+    parked = qemu.build_argv(spec, "tcg", template=True)
+    restored = qemu.build_argv(spec, "tcg", template=True, incoming=Path("/t/state file"))
+    assert "tkbox.template=1" in parked[parked.index("-append") + 1]
+    assert "tkbox.template=1" not in cold[cold.index("-append") + 1]
+    assert restored[:-2] == parked
+    assert restored[-2:] == ["-incoming", "exec:cat '/t/state file'"]
+
+
+def test_missing_template_is_a_cold_boot_that_says_why_and_builds_one(spec: VMSpec,
+                                                                      tmp_path: Path) -> None:
+    store = template.TemplateStore(tmp_path / "templates")
+    found = store.lookup(key(spec))
+    assert found.state is None and found.build
+    assert found.reason.startswith("cold boot: no template yet")
+
+
+def test_committed_template_is_restored_and_a_changed_input_names_what_changed(
+        spec: VMSpec, tmp_path: Path) -> None:
+    store = template.TemplateStore(tmp_path / "templates")
+    k = key(spec)
+    with store.building(k) as d:
+        assert d is not None
+        saved = d / "partial"
+        saved.write_bytes(b"state")
+        store.commit(d, k, saved, 1.0)
+    found = store.lookup(k)
+    assert found.state == store.root / k.digest / "state"
+    assert found.reason == f"restored from template {k.digest[:12]}"
+    assert (found.state.stat().st_mode & 0o777) == 0o600
+    assert (store.root.stat().st_mode & 0o777) == 0o700
+    with store.building(k) as again:
+        assert again is None  # built already: nothing to do
+    spec.initramfs.write_bytes(b"a new guest build")
+    stale = store.lookup(key(spec))
+    assert stale.state is None and stale.build
+    assert "initramfs changed" in stale.reason
+
+
+def test_template_whose_metadata_does_not_match_its_key_is_not_restored(
+        spec: VMSpec, tmp_path: Path) -> None:
+    """A state file next to metadata of other inputs (a half-written or tampered
+    template) means a cold boot and a rebuild, never a restore."""
+    store = template.TemplateStore(tmp_path / "templates")
+    k = key(spec)
+    with store.building(k) as d:
+        assert d is not None
+        (d / "partial").write_bytes(b"state")
+        store.commit(d, template.Key({**k.parts, "memory_mib": 4096}), d / "partial", 1.0)
+    found = store.lookup(k)
+    assert found.state is None and found.build
+    assert "does not match its key (memory_mib)" in found.reason
+    (store.root / k.digest / "meta.json").unlink()
+    assert store.lookup(k).state is None
+
+
+def test_templates_can_be_turned_off(spec: VMSpec, tmp_path: Path,
+                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    store = template.TemplateStore(tmp_path / "templates")
+    monkeypatch.setenv("TKBOX_TEMPLATE", "0")
+    found = store.lookup(key(spec))
+    assert found.state is None and not found.build
+    assert "disabled" in found.reason
