@@ -127,7 +127,7 @@ async def figures(gb: Any, accel: Any, tmp: Path, runs: int, n: int) -> dict[str
                                 build_templates=False)
         m = manager(launcher, images, gb, tmp / "home")
         # The machine every box of this manager gets (BoxManager._boot): same key.
-        box = BoxSpec(name="t", image="tkbox/default")
+        box = BoxSpec(name="t", image="tkbox/default", workspace=str(ws))
         spec = VMSpec(name="t", kernel=gb.kernel, initramfs=gb.initramfs, workdir=tmp / "tw",
                       disks=(Disk(ws, True, "root"), Disk(ws, True, "lower"),
                              Disk(ws, False, "upper")),

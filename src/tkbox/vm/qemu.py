@@ -276,6 +276,31 @@ class QemuVM(VM):
         result = await self._qmp.execute(cmd)  # type: ignore[attr-defined]
         self._last = result if isinstance(result, dict) else {}
 
+    async def wait_incoming(self, timeout: float = 120.0) -> None:
+        """Until QEMU has loaded the state it restores (`-incoming`); HostError if
+        the load failed or QEMU ended. The guest runs as soon as it is loaded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.returncode is not None:
+                raise HostError(f"QEMU ended while loading the template (status "
+                                f"{self.proc.returncode}; see {self.spec.workdir / 'qemu.log'})")
+            try:
+                await self._qmp_exec("query-migrate")
+            except Exception as exc:  # noqa: BLE001 - QMP gone: QEMU is ending; say why above
+                if self.proc.returncode is None and time.monotonic() > deadline:
+                    raise HostError(f"QMP failed while loading the template: {exc}") from None
+                await asyncio.sleep(0.02)
+                continue
+            status = self._last.get("status")
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled"):
+                raise HostError(f"loading the template failed: "
+                                f"{self._last.get('error-desc', status)}")
+            if time.monotonic() > deadline:
+                raise HostError(f"the template did not load within {timeout:.0f}s")
+            await asyncio.sleep(0.02)
+
     async def pause(self) -> None:
         await self._qmp_exec("stop")
 
@@ -365,29 +390,43 @@ class QemuLauncher(Launcher):
     async def start(self, spec: VMSpec) -> QemuVM:
         qemu = qemu_binary()
         _private(spec.workdir)
-        state: Path | None = None
-        reason = "cold boot: templates are off for this launcher"
+        found = tpl.Lookup(None, "cold boot: templates are off for this launcher", build=False)
         key: tpl.Key | None = None
-        found = tpl.Lookup(None, reason, build=False)
         if self.templates is not None:
             key = await asyncio.to_thread(self.key, spec)
             found = self.templates.lookup(key)
-            state, reason = found.state, found.reason
-        if state is not None:
-            argv = build_argv(spec, self.decision.accel, qemu, template=True, incoming=state)
-        else:
-            argv = build_argv(spec, self.decision.accel, qemu)
+        if found.state is not None and key is not None and self.templates is not None:
+            try:
+                return await self._start(spec, build_argv(
+                    spec, self.decision.accel, qemu, template=True, incoming=found.state),
+                    "template", found.reason)
+            except HostError as exc:
+                # A template that does not load (truncated, or from a QEMU that
+                # reports the same version but differs) is dropped and rebuilt;
+                # this box boots cold and says so.
+                self.templates.discard(key)
+                found = tpl.Lookup(None, f"cold boot: template {key.digest[:12]} did not "
+                                         f"restore ({exc}); it is rebuilt")
+                log.warning("%s", found.reason)
+        vm = await self._start(spec, build_argv(spec, self.decision.accel, qemu), "cold",
+                               found.reason)
+        if key is not None and self.build_templates and found.build:
+            self._build_in_background(spec, key)
+        return vm
+
+    async def _start(self, spec: VMSpec, argv: list[str], kind: str, reason: str) -> QemuVM:
+        for stale in ("mux.sock", "console.sock", "qmp.sock", "console.log"):
+            (spec.workdir / stale).unlink(missing_ok=True)
         proc = await _spawn(argv, spec.workdir)
         vm = QemuVM(proc, spec, self.decision.accel)
-        vm.start_kind = "template" if state is not None else "cold"
-        vm.start_reason = reason
+        vm.start_kind, vm.start_reason = kind, reason
         try:
-            await vm._connect(wake=state is not None)
+            await vm._connect(wake=kind == "template")
+            if kind == "template":
+                await vm.wait_incoming()
         except BaseException:
             await vm.kill()
             raise
-        if state is None and key is not None and self.build_templates and found.build:
-            self._build_in_background(spec, key)
         return vm
 
     def _build_in_background(self, spec: VMSpec, key: tpl.Key) -> None:

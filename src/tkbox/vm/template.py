@@ -197,3 +197,9 @@ class TemplateStore:
                                    "bytes": (d / STATE).stat().st_size}, indent=1))
         os.replace(tmp, d / META)
         return d / STATE
+
+    def discard(self, key: Key) -> None:
+        """Drop a template that would not restore: the next start rebuilds it."""
+        for name in (META, STATE):
+            with contextlib.suppress(OSError):
+                (self._dir(key) / name).unlink()
