@@ -468,7 +468,10 @@ class QemuLauncher(Launcher):
             if d is None:
                 return self.templates.lookup(key).state
             t0 = time.monotonic()
-            work = Path(tempfile.mkdtemp(prefix="b", dir=d))
+            # The template VM's own sockets live in a short private directory (Unix
+            # socket paths are short); only the saved state goes into the store.
+            work = Path(tempfile.mkdtemp(prefix="tkbox-template-"))
+            saved = d / "state.partial"
             try:
                 disks = []
                 for i, disk in enumerate(spec.disks):
@@ -478,7 +481,6 @@ class QemuLauncher(Launcher):
                     disks.append(Disk(placeholder, disk.read_only, disk.role))
                 tspec = replace(spec, name="template", workdir=work, disks=tuple(disks))
                 _private(work)
-                saved = work / "state.partial"
                 proc = await _spawn(build_argv(tspec, self.decision.accel, qemu, template=True),
                                     work)
                 try:
@@ -489,11 +491,14 @@ class QemuLauncher(Launcher):
                             os.killpg(proc.pid, signal.SIGKILL)
                     await proc.wait()
                 path = self.templates.commit(d, key, saved, time.monotonic() - t0)
+                saved = path
                 log.info("template %s built in %.1fs (%d MiB)", key.digest[:12],
                          time.monotonic() - t0, path.stat().st_size >> 20)
                 return path
             finally:
                 shutil.rmtree(work, ignore_errors=True)
+                if saved.name != tpl.STATE:
+                    saved.unlink(missing_ok=True)
 
 
 async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path) -> None:

@@ -173,13 +173,18 @@ class TemplateStore:
     @contextlib.contextmanager
     def building(self, key: Key) -> Iterator[Path | None]:
         """Hold the key's build lock; yields the directory to build in, or None
-        when another builder finished it meanwhile."""
+        when another builder has it (never waits: the caller is an event loop)
+        or finished it meanwhile."""
         self.root.mkdir(parents=True, exist_ok=True, mode=0o700)
         os.chmod(self.root, 0o700)
         d = self._dir(key)
         d.mkdir(exist_ok=True, mode=0o700)
         with open(self.root / f".{key.digest}.lock", "w") as lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
+            try:
+                fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                yield None  # another process is building it
+                return
             meta = self._meta(d)
             if meta is not None and meta.get("parts") == key.parts and (d / STATE).is_file():
                 yield None
