@@ -196,13 +196,18 @@ def reseed(seed: object, required: bool) -> None:
             raise RuntimeError("the boot config has no entropy seed; a box restored from "
                                "a template cannot start without one")
         return
-    fd = os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
     try:
-        # struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
-        fcntl.ioctl(fd, RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
-        fcntl.ioctl(fd, RNDRESEEDCRNG)
-    finally:
-        os.close(fd)
+        fd = os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            # struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+            fcntl.ioctl(fd, RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
+            fcntl.ioctl(fd, RNDRESEEDCRNG)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if required:  # a restored guest must not run on the template's generator state
+            raise RuntimeError(f"cannot reseed the kernel's generator: {exc}") from None
+        log(f"reseed: {exc} (cold boot: the kernel's own entropy stands)")
 
 
 def lo_up() -> None:
