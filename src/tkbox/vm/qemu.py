@@ -17,8 +17,10 @@ the daemon; it is reaped however it ends.
 Booted templates (`tkbox.vm.template`): where a template matches the VM's key,
 the VM starts with `-incoming` from it and is woken on the mux port; where none
 does, it boots cold and one is built in the background (single flight), so
-later boxes restore. QEMU 7.2 has no `file:` migration URI: the state is saved
-with `exec:cat > FILE` and restored with `exec:cat FILE`.
+later boxes restore. The template's memory is a RAM file (written through while
+it is saved, mapped private by each box); migration with `x-ignore-shared`
+carries only device state, saved with `exec:cat > FILE` and restored with
+`migrate-incoming exec:cat FILE` (QEMU 7.2 has no `file:` URI).
 """
 
 from __future__ import annotations
@@ -122,11 +124,15 @@ def qemu_binary() -> str:
 
 
 def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = False,
-               incoming: Path | None = None) -> list[str]:
+               ram: Path | None = None, share_ram: bool = False,
+               incoming: bool = False) -> list[str]:
     """The exact QEMU command line for `spec` (pure: tested without QEMU).
 
     `template`: the guest parks before its disks and boot config (the machine a
-    template is saved from and restored into); `incoming`: restore from that file.
+    template is saved from and restored into). `ram`: guest memory is that file,
+    written through (`share_ram`, the template being saved) or mapped private
+    (a box restored from it: its writes are its own, the file is only read).
+    `incoming`: wait for the state to load (`migrate-incoming` over QMP).
     """
     d = spec.workdir
     if template:
@@ -169,8 +175,13 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
                  if not disk.read_only else
                  f"id=d{i},file={disk.path},format=raw,if=none{ro}",
                  "-device", f"virtio-blk-device,drive=d{i},serial={disk.role}"]
-    if incoming is not None:
-        argv += ["-incoming", f"exec:cat {shlex.quote(str(incoming))}"]
+    if ram is not None:
+        path = str(ram).replace(",", ",,")  # QEMU option syntax
+        argv += ["-object", f"memory-backend-file,id=ram,size={spec.memory_mib}M,"
+                            f"mem-path={path},share={'on' if share_ram else 'off'}",
+                 "-machine", "memory-backend=ram"]
+    if incoming:
+        argv += ["-incoming", "defer"]
     return argv
 
 
@@ -180,7 +191,7 @@ def template_argv(spec: VMSpec, accel: str, qemu: str) -> list[str]:
     placeholder = replace(spec, name="template", workdir=Path("/WORKDIR"),
                           disks=tuple(replace(disk, path=Path(f"/DISK{i}"))
                                       for i, disk in enumerate(spec.disks)))
-    return build_argv(placeholder, accel, qemu, template=True)
+    return build_argv(placeholder, accel, qemu, template=True, ram=Path("/RAM"))
 
 
 def _pdeathsig() -> None:
@@ -265,7 +276,7 @@ class QemuVM(VM):
         await self._qmp_exec("query-status")
         return str(self._last.get("status", "unknown"))
 
-    async def _qmp_exec(self, cmd: str) -> None:
+    async def _qmp_exec(self, cmd: str, args: dict[str, object] | None = None) -> None:
         from qemu.qmp import QMPClient
 
         if self._qmp is None:
@@ -273,8 +284,15 @@ class QemuVM(VM):
             await _wait_path(self.spec.workdir / "qmp.sock", self.proc, 10)
             await client.connect(str(self.spec.workdir / "qmp.sock"))
             self._qmp = client
-        result = await self._qmp.execute(cmd)  # type: ignore[attr-defined]
+        result = await self._qmp.execute(cmd, args)  # type: ignore[attr-defined]
         self._last = result if isinstance(result, dict) else {}
+
+    async def restore(self, state: Path) -> None:
+        """Load a template's device state (its memory is the file mapped by `-object`)."""
+        await self._qmp_exec("migrate-set-capabilities", {"capabilities": [
+            {"capability": "x-ignore-shared", "state": True}]})
+        await self._qmp_exec("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(state))}"})
+        await self.wait_incoming()
 
     async def wait_incoming(self, timeout: float = 120.0) -> None:
         """Until QEMU has loaded the state it restores (`-incoming`); HostError if
@@ -398,8 +416,9 @@ class QemuLauncher(Launcher):
         if found.state is not None and key is not None and self.templates is not None:
             try:
                 return await self._start(spec, build_argv(
-                    spec, self.decision.accel, qemu, template=True, incoming=found.state),
-                    "template", found.reason)
+                    spec, self.decision.accel, qemu, template=True,
+                    ram=found.state.parent / tpl.RAM, incoming=True),
+                    "template", found.reason, found.state)
             except HostError as exc:
                 # A template that does not load (truncated, or from a QEMU that
                 # reports the same version but differs) is dropped and rebuilt;
@@ -414,7 +433,8 @@ class QemuLauncher(Launcher):
             self._build_in_background(spec, key)
         return vm
 
-    async def _start(self, spec: VMSpec, argv: list[str], kind: str, reason: str) -> QemuVM:
+    async def _start(self, spec: VMSpec, argv: list[str], kind: str, reason: str,
+                     state: Path | None = None) -> QemuVM:
         for stale in ("mux.sock", "console.sock", "qmp.sock", "console.log"):
             (spec.workdir / stale).unlink(missing_ok=True)
         proc = await _spawn(argv, spec.workdir)
@@ -422,8 +442,8 @@ class QemuLauncher(Launcher):
         vm.start_kind, vm.start_reason = kind, reason
         try:
             await vm._connect(wake=kind == "template")
-            if kind == "template":
-                await vm.wait_incoming()
+            if state is not None:
+                await vm.restore(state)
         except BaseException:
             await vm.kill()
             raise
@@ -471,7 +491,7 @@ class QemuLauncher(Launcher):
             # The template VM's own sockets live in a short private directory (Unix
             # socket paths are short); only the saved state goes into the store.
             work = Path(tempfile.mkdtemp(prefix="tkbox-template-"))
-            saved = d / "state.partial"
+            saved, ram = d / "state.partial", d / "ram.partial"
             try:
                 disks = []
                 for i, disk in enumerate(spec.disks):
@@ -481,8 +501,8 @@ class QemuLauncher(Launcher):
                     disks.append(Disk(placeholder, disk.read_only, disk.role))
                 tspec = replace(spec, name="template", workdir=work, disks=tuple(disks))
                 _private(work)
-                proc = await _spawn(build_argv(tspec, self.decision.accel, qemu, template=True),
-                                    work)
+                proc = await _spawn(build_argv(tspec, self.decision.accel, qemu, template=True,
+                                               ram=ram, share_ram=True), work)
                 try:
                     await _save_parked(proc, work, saved)
                 finally:
@@ -490,7 +510,8 @@ class QemuLauncher(Launcher):
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(proc.pid, signal.SIGKILL)
                     await proc.wait()
-                path = self.templates.commit(d, key, saved, time.monotonic() - t0)
+                path = await asyncio.to_thread(self.templates.commit, d, key, saved, ram,
+                                               time.monotonic() - t0)
                 saved = path
                 log.info("template %s built in %.1fs (%d MiB)", key.digest[:12],
                          time.monotonic() - t0, path.stat().st_size >> 20)
@@ -499,6 +520,7 @@ class QemuLauncher(Launcher):
                 shutil.rmtree(work, ignore_errors=True)
                 if saved.name != tpl.STATE:
                     saved.unlink(missing_ok=True)
+                    ram.unlink(missing_ok=True)
 
 
 async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path) -> None:
@@ -528,6 +550,10 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
             # Migrated running, not stopped first: the destination takes the
             # source's run state, so a state saved paused would restore paused and
             # need a QMP `cont` per box. The parked guest dirties almost nothing.
+            # The guest's memory is the template's RAM file (share=on): the stream
+            # holds only device state, and each box maps the file privately.
+            await qmp.execute("migrate-set-capabilities", {"capabilities": [
+                {"capability": "x-ignore-shared", "state": True}]})
             await qmp.execute("migrate-set-parameters", {"max-bandwidth": 1 << 40})
             await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(saved))}"})
             while True:

@@ -13,8 +13,9 @@ generator from the host randomness in it, sets the host's clock, mounts.
 
 What holds (docs/design.md, "Divergences"):
 
-- one VMM process per box, as for a cold boot; boxes share only the template
-  file, read-only (0600 in a 0700 directory);
+- one VMM process per box, as for a cold boot; boxes share only the template's
+  files (device state and RAM), never written once saved (0600 in a 0700
+  directory), and the page cache of the RAM file's unchanged pages;
 - fresh entropy: the boot config carries 64 bytes from the host's
   `os.urandom`, credited to the guest kernel's pool and the generator reseeded
   (`RNDADDENTROPY`, `RNDRESEEDCRNG`) before anything else runs; a restored
@@ -47,7 +48,7 @@ from tkbox.vm.base import VMSpec
 
 #: Bump when the guest's template handshake or the saved state's meaning changes.
 TEMPLATE_VERSION = 1
-STATE, META = "state", "meta.json"
+STATE, RAM, META = "state", "ram", "meta.json"
 DISABLE_ENV = "TKBOX_TEMPLATE"  # "0": always boot cold
 
 _digests: dict[tuple[str, int, int, int], str] = {}
@@ -136,7 +137,8 @@ class TemplateStore:
                           build=False)
         d = self._dir(key)
         meta = self._meta(d)
-        if meta is not None and meta.get("parts") == key.parts and (d / STATE).is_file():
+        if meta is not None and meta.get("parts") == key.parts and (d / STATE).is_file() \
+                and (d / RAM).is_file():
             return Lookup(d / STATE, f"restored from template {key.digest[:12]}")
         if meta is not None:
             return Lookup(None, "cold boot: template {} does not match its key ({}); it is "
@@ -189,14 +191,21 @@ class TemplateStore:
             if meta is not None and meta.get("parts") == key.parts and (d / STATE).is_file():
                 yield None
                 return
-            for stale in (d / STATE, d / META):
+            for stale in (d / STATE, d / META, d / RAM):
                 stale.unlink(missing_ok=True)
             yield d
 
-    def commit(self, d: Path, key: Key, saved: Path, build_seconds: float) -> Path:
-        """Move a saved VM into place, then write the metadata that makes it valid."""
-        os.chmod(saved, 0o600)
-        os.replace(saved, d / STATE)
+    def commit(self, d: Path, key: Key, saved: Path, ram: Path, build_seconds: float) -> Path:
+        """Make a saved VM durable and move it into place, then write the metadata
+        that makes it valid (a crash before leaves no template, never a torn one)."""
+        for f, name in ((ram, RAM), (saved, STATE)):
+            fd = os.open(f, os.O_RDONLY)
+            try:
+                os.fsync(fd)
+            finally:
+                os.close(fd)
+            os.chmod(f, 0o600)
+            os.replace(f, d / name)
         tmp = d / (META + ".tmp")
         tmp.write_text(json.dumps({"parts": key.parts, "build_seconds": round(build_seconds, 3),
                                    "bytes": (d / STATE).stat().st_size}, indent=1))
@@ -205,6 +214,6 @@ class TemplateStore:
 
     def discard(self, key: Key) -> None:
         """Drop a template that would not restore: the next start rebuilds it."""
-        for name in (META, STATE):
+        for name in (META, STATE, RAM):
             with contextlib.suppress(OSError):
                 (self._dir(key) / name).unlink()
