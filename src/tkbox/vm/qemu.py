@@ -280,9 +280,21 @@ class QemuVM(VM):
         from qemu.qmp import QMPClient
 
         if self._qmp is None:
-            client = QMPClient(self.spec.name)
-            await _wait_path(self.spec.workdir / "qmp.sock", self.proc, 10)
-            await client.connect(str(self.spec.workdir / "qmp.sock"))
+            from qemu.qmp import ConnectError
+
+            sock = self.spec.workdir / "qmp.sock"
+            await _wait_path(sock, self.proc, 10)
+            deadline = time.monotonic() + 10
+            while True:  # the socket exists from bind(); QEMU may not listen() yet
+                client = QMPClient(self.spec.name)
+                try:
+                    await client.connect(str(sock))
+                    break
+                except ConnectError:
+                    if time.monotonic() > deadline or self.proc.returncode is not None:
+                        raise HostError(f"QEMU did not accept on {sock.name}; see "
+                                        f"{self.spec.workdir / 'qemu.log'}") from None
+                    await asyncio.sleep(0.01)
             self._qmp = client
         result = await self._qmp.execute(cmd, args)  # type: ignore[attr-defined]
         self._last = result if isinstance(result, dict) else {}
