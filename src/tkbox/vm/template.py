@@ -191,7 +191,10 @@ class TemplateStore:
             if meta is not None and meta.get("parts") == key.parts and (d / STATE).is_file():
                 yield None
                 return
-            for stale in (d / STATE, d / META, d / RAM):
+            # A build cut short (the daemon killed) leaves partial files: a RAM file
+            # is never reused, so the new guest starts on zeroed memory.
+            for stale in (d / STATE, d / META, d / RAM, d / (STATE + ".partial"),
+                          d / (RAM + ".partial")):
                 stale.unlink(missing_ok=True)
             yield d
 
