@@ -188,7 +188,10 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
 def template_argv(spec: VMSpec, accel: str, qemu: str) -> list[str]:
     """`build_argv` for a template, with the per-VM paths as placeholders: the
     part of the key that says which machine a saved state belongs to."""
+    # The kernel and initramfs are keyed by their contents (tkbox.vm.template), not
+    # by the path they are reached by (a symlinked TKBOX_HOME reaches the same files).
     placeholder = replace(spec, name="template", workdir=Path("/WORKDIR"),
+                          kernel=Path("/KERNEL"), initramfs=Path("/INITRAMFS"),
                           disks=tuple(replace(disk, path=Path(f"/DISK{i}"))
                                       for i, disk in enumerate(spec.disks)))
     return build_argv(placeholder, accel, qemu, template=True, ram=Path("/RAM"))

@@ -36,9 +36,12 @@ def key(spec: VMSpec, vmm: str = "QEMU emulator version 7.2.22") -> template.Key
 
 
 def test_key_ignores_per_box_paths_but_not_the_machine(spec: VMSpec, tmp_path: Path) -> None:
-    """Two boxes of the same machine share a template; their own disks and directories
-    are not part of it."""
+    """Two boxes of the same machine share a template; their own disks and directories,
+    and the path by which they reach the kernel and initramfs, are not part of it."""
+    (tmp_path / "link").symlink_to(tmp_path)
     other = dataclasses.replace(spec, name="other", workdir=tmp_path / "w2",
+                                kernel=tmp_path / "link" / "vmlinux",
+                                initramfs=tmp_path / "link" / "initrd",
                                 disks=tuple(dataclasses.replace(d, path=tmp_path / f"x{i}")
                                             for i, d in enumerate(spec.disks)))
     assert key(spec).digest == key(other).digest
