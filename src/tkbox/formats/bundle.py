@@ -129,6 +129,7 @@ def _read_entries_fast(lines: Lines, count: int) -> list[Entry] | None:
     except UnicodeDecodeError:
         return None
     hashes = lines.hashes
+    known = hashes.get
     entries: list[Entry] = []
     i, n = 0, len(rows)
     max_extra_text = (MAX_RECORD + 2) // 3 * 4
@@ -144,9 +145,8 @@ def _read_entries_fast(lines: Lines, count: int) -> list[Entry] | None:
             idx = _strict.decimal(index[6:], "bundle.malformed", "")
             i += 3
             path: list[bytes] = []
-            while i < n and rows[i] != PROOF_HEADER:
-                line = rows[i]
-                h = hashes.get(line)
+            while i < n and (line := rows[i]) != PROOF_HEADER:
+                h = known(line)
                 if h is None:
                     h = hashes[line] = _strict.b64(line, "bundle.malformed", "",
                                                    length=HASH_SIZE)

@@ -221,8 +221,7 @@ class InclusionChecker:
             seen = nodes.get((level, fn))
             if seen is not None:
                 h, other, at = seen
-                if h == r and len(proof) - k == len(other) - at and \
-                        all(a == b for a, b in zip(proof[k:], other[at:], strict=True)):
+                if h == r and tuple(proof[k:]) == tuple(other[at:]):
                     return
                 break  # not the node (or path) the tree has: let the full check say why
             if sn == 0 or len(p) != HASH_SIZE:
