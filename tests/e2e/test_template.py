@@ -51,7 +51,8 @@ def test_boxes_from_one_template_draw_different_randomness(stack: Stack,
     draws = []
     try:
         for n in names:
-            stack.tk("run", "--name", n, "--workspace", str(workspace))
+            ran = stack.tk("run", "--name", n, "--workspace", str(workspace))
+            assert "restored from template" in ran.stdout  # the person sees which start
             start = _start(stack, n)
             assert start["kind"] == "template", start
             assert start["reason"].startswith("restored from template"), start
