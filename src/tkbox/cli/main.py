@@ -136,7 +136,9 @@ def run(
         b = _client().call("POST", "/v1/boxes", json=body)
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
-        f"image {b['image_digest'][:19]})"))
+        f"image {b['image_digest'][:19]})"
+        + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
+           and b["start"].get("reason") else "")))
 
 
 def parse_duration(text: str) -> int:

@@ -450,7 +450,10 @@ class BoxManager:
                         "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
         env.update(spec.env)
         host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
-        cfg = {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
+        # seed: host randomness the guest credits to its kernel and reseeds from
+        # before anything else (a box restored from a template needs its own).
+        cfg = {"v": 1, "time": time.time(), "seed": os.urandom(64), "hostname": host[:63],
+               "env": env,
                "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
                "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
         if run_user is not None:
@@ -474,6 +477,7 @@ class BoxManager:
         vm = await self.launcher.start(vm_spec)
         box.vm = vm
         box.s["accel"] = vm.accel
+        box.s["start"] = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
         vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
         vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
@@ -490,6 +494,7 @@ class BoxManager:
         up = seconds(msg.get("uptime"))  # guest-supplied: checked, never trusted
         await self.record(box, "tkbox.box.ready", {
             "boot_ms": int(box.s["boot_seconds"] * 1000), "accel": vm.accel,
+            "start": vm.start_kind, "start_reason": vm.start_reason[:300],
             "guest_uptime_ms": int(up * 1000) if up is not None else None})
 
     async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
