@@ -67,8 +67,16 @@ def daemon(
     ca_cert: Annotated[list[Path], typer.Option(help="extra CA certificate for boxes")] = [],  # noqa: B006
     approval_wait: Annotated[int, typer.Option(help="seconds a connection waits for "
                                                  "'tkbox approve'")] = 120,
+    tunnel_idle: Annotated[float, typer.Option(
+        help="seconds an egress tunnel may carry no bytes before it is closed")] = 300.0,
+    tunnel_total: Annotated[float, typer.Option(
+        help="seconds an egress tunnel may stay open at all")] = 4 * 3600.0,
+    max_connections: Annotated[int, typer.Option(
+        help="egress connections daemon-wide (0: from the open-file limit)")] = 0,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
+    signer: Annotated[str, typer.Option(
+        "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -84,10 +92,18 @@ def daemon(
         raise UserError(f"--egress-hosts {egress_hosts} does not exist")
     if not 1 <= approval_wait <= 3600:
         raise UserError("--approval-wait must be between 1 and 3600 seconds")
+    if not 1 <= tunnel_idle <= 86400 or not 1 <= tunnel_total <= 7 * 86400:
+        raise UserError("--tunnel-idle must be 1 to 86400 seconds and --tunnel-total 1 to "
+                        "604800 seconds")
+    if max_connections < 0:
+        raise UserError("--max-connections must be 0 (from the open-file limit) or more")
+    if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
+        raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
-                 approval_wait=approval_wait),
-         socket_path=socket_path, signer_socket=signer_socket)
+                 approval_wait=approval_wait, tunnel_idle=tunnel_idle,
+                 tunnel_total=tunnel_total, max_connections=max_connections),
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer)
 
 
 @app.command()
@@ -121,7 +137,9 @@ def run(
         b = _client().call("POST", "/v1/boxes", json=body)
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
-        f"image {b['image_digest'][:19]})"))
+        f"image {b['image_digest'][:19]})"
+        + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
+           and b["start"].get("reason") else "")))
 
 
 def parse_duration(text: str) -> int:
@@ -160,6 +178,8 @@ def exec_(
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for this command")] = [],  # noqa: B006
     stdin: Annotated[bool, typer.Option(
         "--stdin", "-i", help="pass this terminal's stdin")] = False,
+    tty: Annotated[bool, typer.Option(
+        "--tty", "-t", help="a terminal in the box (keys, Ctrl-C, window size)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command in a box; output streams as it comes; exits with its status."""
@@ -179,6 +199,12 @@ def exec_(
     if not argv:
         raise UserError(f"give a command after '--', e.g. tkbox exec {name} -- ls")
     body: dict[str, Any] = {"argv": argv, "cwd": cwd, "env": envs}
+    if tty:
+        if stdin or as_json:
+            raise UserError("-t is a terminal for a person: it takes neither -i nor --json")
+        from tkbox.cli.terminal import run_tty
+
+        raise typer.Exit(run_tty(_client, name, body))
     if stdin:
         body["stdin_b64"] = base64.b64encode(sys.stdin.buffer.read()).decode()
     client = _client()
@@ -215,6 +241,18 @@ def exec_(
     finally:
         signal.signal(signal.SIGINT, old)
     raise typer.Exit(code)
+
+
+@app.command()
+def shell(
+    name: Annotated[str, typer.Argument(help="the box")],
+    cwd: Annotated[str | None, typer.Option(help="working directory in the box")] = None,
+) -> None:
+    """An interactive shell in the box (bash where the image has it): one recorded
+    command, like 'tkbox exec -t NAME -- sh -i'."""
+    from tkbox.cli.terminal import SHELL, run_tty
+
+    raise typer.Exit(run_tty(_client, name, {"argv": SHELL, "cwd": cwd, "env": {}}))
 
 
 def _send_signal(name: str, exec_id: str, sig: int) -> None:

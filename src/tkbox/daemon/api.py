@@ -66,11 +66,21 @@ class CopyOutBody(BaseModel):
     host_path: str = Field(min_length=1, max_length=4096)
 
 
+class TtyBody(BaseModel):
+    rows: int = Field(ge=1, le=1000)
+    cols: int = Field(ge=1, le=1000)
+
+
 class ExecBody(BaseModel):
     argv: list[str] = Field(min_length=1, max_length=4096)
     cwd: str | None = Field(default=None, max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
     stdin_b64: str | None = None
+    tty: TtyBody | None = None
+
+
+class InputBody(BaseModel):
+    data_b64: str = Field(max_length=64 * 1024)
 
 
 class SignalBody(BaseModel):
@@ -146,7 +156,8 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
         except ValueError:
             raise UserError("stdin_b64 is not valid base64") from None
         events = cast(AsyncGenerator[dict[str, Any], None],
-                      manager.exec(name, body.argv, body.cwd, body.env, stdin))
+                      manager.exec(name, body.argv, body.cwd, body.env, stdin,
+                                   body.tty.model_dump() if body.tty else None))
         # Raise refusals before the stream starts, so they get a proper status.
         first = await events.__anext__()
 
@@ -190,6 +201,20 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
                 yield _line(entry)
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/boxes/{name}/exec/{exec_id}/input")
+    async def input_(name: str, exec_id: str, body: InputBody) -> dict[str, Any]:
+        try:
+            data = base64.b64decode(body.data_b64, validate=True)
+        except ValueError:
+            raise UserError("data_b64 is not valid base64") from None
+        await manager.exec_input(name, exec_id, data)
+        return {"ok": True}
+
+    @app.post("/v1/boxes/{name}/exec/{exec_id}/resize")
+    async def resize(name: str, exec_id: str, body: TtyBody) -> dict[str, Any]:
+        await manager.exec_resize(name, exec_id, body.rows, body.cols)
+        return {"ok": True}
 
     @app.post("/v1/boxes/{name}/exec/{exec_id}/signal")
     async def signal_(name: str, exec_id: str, body: SignalBody) -> dict[str, Any]:

@@ -14,14 +14,20 @@ from tkbox.doors.network import (
     SystemResolver,
     describe_presets,
 )
+from tkbox.doors.network.limits import ConnectionPool, connections_for, raise_nofile
 from tkbox.errors import TkboxError
 from tkbox.record.client import SignerClient
 
 log = logging.getLogger("tkbox.daemon")
 
 
-async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> OperatorConfig:
-    """Give `manager` a network door per box, sharing one approval board."""
+async def install(manager: BoxManager, opts: Options, signer: SignerClient | None = None
+                  ) -> OperatorConfig:
+    """Give `manager` a network door per box, sharing one approval board.
+
+    Doors record through `manager.signer` (the per-run record budget), whatever
+    `signer` is passed (kept for callers of the old signature)."""
+    signer = manager.signer
     op = OperatorConfig.from_flags(opts.egress_block, opts.egress_permit, opts.egress_hosts)
     # Presets read the clients' own definitions (npm may take seconds): warm them here,
     # off the event loop, not inside the first box's create.
@@ -30,6 +36,11 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
     board = ApprovalBoard(signer, clock, wait_seconds=opts.approval_wait)
     resolver = SystemResolver()
     loop = asyncio.get_running_loop()
+    nofile = raise_nofile()  # at start: one box's tunnels must not take every descriptor
+    cap = opts.max_connections or connections_for(nofile)
+    pool = ConnectionPool(cap)
+    log.info("egress: at most %d connections daemon-wide; tunnels idle %gs, total %gs",
+             cap, opts.tunnel_idle, opts.tunnel_total)
 
     def factory(box: Box) -> EgressDoor:
         def lost(exc: TkboxError) -> None:
@@ -37,7 +48,8 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
             loop.create_task(manager.contain(box, f"an egress record could not be kept ({exc})"))
 
         return EgressDoor(box.run_id, signer, box.s["allow"], op, resolver, board, clock,
-                          box=box.name, on_record_lost=lost)
+                          box=box.name, on_record_lost=lost, pool=pool,
+                          tunnel_idle=opts.tunnel_idle, tunnel_total=opts.tunnel_total)
 
     manager.door_factory = factory
     manager.approvals = board
