@@ -81,7 +81,7 @@ class ScriptedGuest(Ports):
         self.script = script
         self.tasks: list[asyncio.Task[None]] = []
 
-    async def connect(self, port: int) -> ByteStream:
+    async def connect(self, port: int, *, reserved: bool = False) -> ByteStream:
         host, guest = memory_stream_pair(limit=4 << 20)
 
         async def play() -> None:
