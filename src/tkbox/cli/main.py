@@ -99,9 +99,24 @@ def run(
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    secret: Annotated[list[str], typer.Option(
+        help="NAME=env:VAR@host[,host][;header=H] or NAME=file:PATH@host: the box gets a "
+             "placeholder in $NAME; the door swaps the value in for those hosts only")] = [],  # noqa: B006
+    inspect: Annotated[str, typer.Option(
+        help="'all': read every allowed host's TLS, not only bound ones "
+             "(clients that pin certificates break)")] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
+    from tkbox.doors.secrets.spec import parse_spec, read_value
+
+    values: dict[str, str] = {}
+    for text in secret:
+        spec = parse_spec(text)  # read here, in the user's shell; sent over the private socket
+        values[spec.name] = read_value(spec).decode("ascii")
+    if inspect == "all":
+        err.print("tkbox: WARNING: --inspect all: every allowed host's TLS is read by the "
+                  "door; clients that pin certificates will fail")
     envs: dict[str, str] = {}
     for item in env:
         k, eq, v = item.partition("=")
@@ -109,7 +124,8 @@ def run(
             raise UserError(f"--env {item!r} must be NAME=VALUE")
         envs[k] = v
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
-            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
+            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus,
+            "secrets": secret, "secret_values": values, "inspect": inspect}
     _pull_first(image, as_json)
     with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
