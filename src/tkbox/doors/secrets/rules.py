@@ -78,6 +78,7 @@ class TunnelRules:
             + [(s.name, "placeholder", s.placeholder) for s in self.secrets])
         self.redact_patterns: list[Pattern] = patterns(
             [(s.name, "value", s.value) for s in self.secrets], for_redaction=True)
+        self._redact_needles = [p.needle for p in self.redact_patterns]
 
     def body_scanner(self) -> LeakScanner:
         return LeakScanner(self.scan_patterns)
@@ -114,6 +115,10 @@ class TunnelRules:
         self._check(method, "method")
         out: Headers = []
         uses: list[Use] = []
+        # One scan of every header not bound here; only on a hit is each one scanned, to
+        # say where (the usual request is clean, and this is its cost).
+        unbound = b"\r\n".join(n + b": " + v for n, v in headers if n.lower() not in self.bound)
+        clean = not scan_once(self.scan_patterns, unbound)
         for name, value in headers:
             low = name.lower()
             if low == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
@@ -136,7 +141,8 @@ class TunnelRules:
                     out.append((name, new))
                     uses.append(Use(secret.name, self.host, low.decode("ascii")))
                     continue
-            self._check(name + b": " + value, _where_header(name))
+            if not clean or secret is not None:
+                self._check(name + b": " + value, _where_header(name))
             out.append((name, value))
         out.append((b"accept-encoding", b"identity"))
         return out, uses
@@ -150,6 +156,10 @@ class TunnelRules:
         out: Headers = []
         count = 0
         for name, value in headers:
+            low = value.lower()
+            if not any(n in low for n in self._redact_needles):
+                out.append((name, value))
+                continue
             r = self.redactor()
             new = r.feed(value, final=True)
             count += r.count
