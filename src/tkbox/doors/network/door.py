@@ -277,6 +277,13 @@ class EgressDoor:
                 ) from None
             except BadRequest as exc:
                 raise _Refusal(exc.status, exc.message, "request") from None
+            if req.kind == "http" and self.mitm is not None:
+                # Plain http is read anyway: a secret's value or placeholder in its head
+                # is a leak (the secrets door records it).
+                why = await self.mitm.check_plain(req.host.name, req.method, req.path,
+                                                  list(req.headers))
+                if why:
+                    raise _Refusal(403, why, "secret")
             ex, addresses = await self._decide_addresses(conn, req)
             decision_id = await self._decide(req, ex, addresses)
         except _Refusal as r:

@@ -115,6 +115,24 @@ class SecretsDoor:
         if self.record is not None:
             await self.record(kind, body)
 
+    async def check_plain(self, host: str, method: str, target: str,
+                          headers: list[tuple[bytes, bytes]]) -> str | None:
+        """A plain http:// request head: the reason it leaks (recorded), or None.
+
+        Nothing is ever swapped into plain http; any secret's value or placeholder
+        anywhere in its head is a leak. (Its body is relayed unscanned: docs/secrets.md.)
+        """
+        if not self.secrets:
+            return None
+        try:
+            TunnelRules(host, 80, self.secrets).check_plain(
+                method.encode("ascii", "replace"), target.encode("utf-8", "surrogateescape"),
+                headers)
+        except SecretLeak as leak:
+            await self._record("tkbox.secret.leak", leak.record())
+            return leak.reason
+        return None
+
     # --- one tunnel -----------------------------------------------------------
 
     async def tunnel(self, guest_raw: ByteStream, origin_raw: ByteStream, host: str, port: int,

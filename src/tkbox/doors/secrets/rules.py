@@ -147,6 +147,13 @@ class TunnelRules:
         out.append((b"accept-encoding", b"identity"))
         return out, uses
 
+    def check_plain(self, method: bytes, target: bytes, headers: Headers) -> None:
+        """A plain-http head: nothing is swapped there, so any hit is a leak."""
+        self._check(target, "URL")
+        self._check(method, "method")
+        for name, value in headers:
+            self._check(name + b": " + value, _where_header(name))
+
     def trailers(self, headers: Headers) -> None:
         for name, value in headers:
             self._check(name + b": " + value, "trailer " + _where_header(name))
