@@ -145,6 +145,13 @@ def test_host_must_be_the_tunnels(host: bytes) -> None:
         _rules().request(b"GET", b"/", [(b"Host", host)])
 
 
+@pytest.mark.parametrize("target", [b"https://evil.example/", b"evil.example:443", b"*", b"x"])
+def test_target_must_be_origin_form(target: bytes) -> None:
+    """Attack: an absolute URL inside a tunnel, which origins route on before Host."""
+    with pytest.raises(BadTunnelRequest):
+        _rules().request(b"GET", target, [(b"Host", b"api.example")])
+
+
 def test_encoded_request_body_refused() -> None:
     """Attack: gzip a body so the scanner sees nothing."""
     with pytest.raises(BadTunnelRequest):

@@ -43,6 +43,13 @@ def encodings(v: bytes) -> dict[str, bytes]:
         "hex": v.hex().encode(),
         "hex-escaped-percent": urllib.parse.quote(v.hex()).encode(),
         "base64-percent": urllib.parse.quote(base64.b64encode(v)).encode(),
+        "reversed": v[::-1],
+        "dashes-between": b"-".join(v[i:i + 1] for i in range(len(v))),
+        "spaces-in-hex": b" ".join(b"%02x" % b for b in v),
+        "mime-base64": b"\r\n".join(base64.b64encode(b"pad" + v + b"pad")[i:i + 7]
+                                      for i in range(0, 60, 7)),
+        "base32": base64.b32encode(b"ab" + v),
+        "json-of-base64": json.dumps(base64.b64encode(v).decode()).encode().replace(b"/", b"\\/"),
     }
     for k in range(3):
         out[f"base64-align{k}"] = _b64_in_context(v, b"u" * k, False)

@@ -3,8 +3,9 @@
 `TunnelRules(host, port, secrets)` is made once per intercepted tunnel. For a
 request head (method, target, headers) it:
 
-1. refuses a `Host` that is not the tunnel's host (an origin may route on it,
-   so a request could otherwise reach a host the door never checked);
+1. refuses a `Host` that is not the tunnel's host, and a target that is not
+   origin-form (an origin may route on either, so a request could otherwise
+   reach a host the door never checked);
 2. refuses a request body it cannot read (`Content-Encoding` other than
    identity), since a compressed body hides anything from the scanner;
 3. for each header bound to a secret of this host, swaps the placeholder
@@ -111,6 +112,11 @@ class TunnelRules:
             raise BadTunnelRequest(
                 f"refused: the request's Host ({shown}) is not the tunnel's host "
                 f"{self.host}; one tunnel carries requests for its own host only")
+        if not (target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")):
+            # An absolute-form target takes precedence over Host (RFC 9112 §3.2.2).
+            raise BadTunnelRequest(
+                "refused: a request inside a tunnel must have an origin-form target "
+                "(/path); an absolute URL could name another host")
         self._check(target, "URL")
         self._check(method, "method")
         out: Headers = []

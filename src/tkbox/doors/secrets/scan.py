@@ -8,13 +8,19 @@
   k bytes into a 3-byte group), the characters of `b64(b"\\0"*k + v)` that
   depend only on `v`'s bits: indices `ceil(8k/6)` to `floor(8(k+n)/6)`
   (RFC 4648 §4, §5), so `v` is found inside any longer base64 text;
+- `base32`: likewise at each of five alignments (RFC 4648 §6);
+- `reversed`: `v` backwards;
 - `percent`, `json`: `v` as `quote(v, safe="")` and as a JSON string body
   (only used to redact; the scanner decodes escapes in general, below).
 
 **Scanning** (requests: is any value or placeholder leaving?). Each window is
 searched twice: as sent (case-folded), and *decoded*: every `%XX`, `\\xXX`,
 `\\u00XX`, `&#xXX;`, `&#DDD;` and `\\/` replaced by its byte, and that again
-(two levels: `%2541` is `A`). So a value that is percent-encoded, JSON-escaped, HTML-escaped,
+(two levels: `%2541` is `A`); and each of those views again *squeezed*, every
+byte but ASCII letters and digits dropped, searched for the forms squeezed the
+same way (when 8 or more characters remain), so separators, spaces or line
+breaks put between the characters (MIME-wrapped base64 too) hide nothing.
+So a value that is percent-encoded, JSON-escaped, HTML-escaped,
 doubly encoded, or partly encoded (any subset of its bytes) and *then* hex or
 base64 is found by one rule, not a list of cases. The scanner keeps the last
 `span` bytes it saw (36 times the longest form: an escape spends at most
@@ -45,6 +51,9 @@ ESCAPES = re.compile(
 )
 MAX_ESCAPE = 6  # "\u00XX" and "&#DDD;" carry one byte in six
 DECODE_LEVELS = 2
+# Bytes the squeezed views drop: everything but ASCII letters and digits.
+NOT_ALNUM = bytes(b for b in range(256) if not (48 <= b <= 57 or 97 <= b <= 122 or 65 <= b <= 90))
+MIN_SQUEEZED = 8
 
 
 @dataclass(frozen=True)
@@ -82,11 +91,22 @@ def _b64_forms(v: bytes, alphabet: str) -> list[bytes]:
     return out
 
 
+def _b32_forms(v: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    n = len(v)
+    for k in range(5):  # RFC 4648 §6: 5-byte groups, 5 bits a character
+        enc = base64.b32encode(b"\0" * k + v)
+        out.append(enc[-(-8 * k // 5): 8 * (k + n) // 5])
+    return out
+
+
 def forms(v: bytes, *, for_redaction: bool = False) -> list[tuple[str, bytes]]:
     """Every encoded form of `v`, case-folded, without duplicates."""
-    out: list[tuple[str, bytes]] = [("raw", v), ("hex", v.hex().encode())]
+    out: list[tuple[str, bytes]] = [("raw", v), ("hex", v.hex().encode()),
+                                    ("reversed", v[::-1])]
     out += [("base64", f) for f in _b64_forms(v, "base64")]
     out += [("base64url", f) for f in _b64_forms(v, "base64url")]
+    out += [("base32", f) for f in _b32_forms(v)]
     if for_redaction:
         out.append(("percent", urllib.parse.quote(v, safe="").encode()))
         out.append(("percent", "".join(f"%{b:02x}" for b in v).encode()))
@@ -139,6 +159,8 @@ class LeakScanner:
 
     def __init__(self, pats: Sequence[Pattern]) -> None:
         self.patterns = list(pats)
+        self.squeezed = [(p, sq) for p in self.patterns
+                         if len(sq := p.needle.translate(None, NOT_ALNUM)) >= MIN_SQUEEZED]
         longest = max((len(p.needle) for p in self.patterns), default=0)
         # each level of escapes spends at most six bytes on one
         self.span: int = longest * MAX_ESCAPE ** DECODE_LEVELS
@@ -160,13 +182,19 @@ class LeakScanner:
         new: list[Hit] = []
         views = [(window, False)] + [(v, True) for v in decoded_views(window)]
         for view, dec in views:
+            squeezed = view.translate(None, NOT_ALNUM)
             for p in self.patterns:
                 key = (p.name, p.kind, p.form)
                 if key in self._seen or p.needle not in view:
                     continue
                 self._seen.add(key)
-                h = Hit(p.name, p.kind, p.form, dec)
-                new.append(h)
+                new.append(Hit(p.name, p.kind, p.form, dec))
+            for p, sq in self.squeezed:
+                key = (p.name, p.kind, p.form)
+                if key in self._seen or sq not in squeezed:
+                    continue
+                self._seen.add(key)
+                new.append(Hit(p.name, p.kind, p.form + " (with separators)", dec))
         self.hits.extend(new)
         return new
 
