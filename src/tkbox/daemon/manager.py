@@ -483,6 +483,12 @@ class BoxManager:
                             f"{lifecycle.HINTS.get(box.state, '')}")
         try:
             prestart.check_command(box.secrets, argv, env, stdin)
+        except Refused as exc:
+            # A secret's value in the command: the record names the secret, not the argv.
+            await self.record(box, "tkbox.command.refused", {
+                "reason": str(exc)[:500], "env_names": sorted(env or {})})
+            raise
+        try:
             req = build_request(argv, cwd, env, stdin)
         except Refused as exc:
             # Refused before the signer was asked: still part of the record.
