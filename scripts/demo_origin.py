@@ -104,6 +104,9 @@ def main() -> None:
                 log.write(f"{host} {self.path}\n")
                 body, code = f"hello from {host}\n".encode(), 200
             self.send_response(code)
+            ctype = "text/html" if self.path.startswith("/simple/") else (
+                "application/octet-stream" if self.path.startswith("/files/") else "text/plain")
+            self.send_header("content-type", ctype)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
