@@ -26,10 +26,10 @@ from pathlib import Path
 from tkbox.daemon.workspace import is_credential
 from tkbox.doors.secrets.scan import LeakScanner, patterns
 from tkbox.doors.secrets.spec import (
-    MIN_VALUE,
+    MAX_SECRETS,
     Secret,
+    check_distinct,
     check_value,
-    overlap,
     parse_spec,
     placeholder,
     read_value,
@@ -52,15 +52,13 @@ def load_secrets(specs: Sequence[str], values: Mapping[str, str],
         if spec.name in names:
             raise UserError(f"--secret {spec.name} is given twice; give each name once")
         names.add(spec.name)
+        if len(out) >= MAX_SECRETS:
+            raise UserError(f"more than {MAX_SECRETS} --secret flags")
         if spec.name in values:
             value = check_value(spec.name, values[spec.name].encode("utf-8", "surrogateescape"))
         else:
             value = read_value(spec)
-        for other in out:
-            if overlap(value, other.value):
-                raise UserError(f"--secret {spec.name} and --secret {other.name} have values "
-                                f"that overlap (one holds {MIN_VALUE} or more bytes of the "
-                                "other); each secret must be distinct")
+        check_distinct(spec, value, out)
         out.append(Secret(spec, value, placeholder(spec.name)))
     extra = set(values) - names
     if extra:
