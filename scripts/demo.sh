@@ -14,9 +14,9 @@ T="$PWD/.venv/bin/tkbox"
 export TKBOX_HOME="${TKBOX_HOME:-$HOME/.local/share/tkbox}"
 work="$(mktemp -d)"
 pids=()
-# The daemon first (it stops its boxes and records that), the signer after it.
+# The daemon first (it stops its boxes and records that), then the signer, then the rest.
 cleanup() { for ((i=${#pids[@]}-1; i>=0; i--)); do kill "${pids[$i]}" 2>/dev/null || true
-  [ "$i" -gt 0 ] && sleep 1; done; wait 2>/dev/null || true; }
+  wait "${pids[$i]}" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 echo "== a checkout with a failing test and a credential file that must not be copied"
