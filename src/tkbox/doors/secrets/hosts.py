@@ -1,0 +1,40 @@
+"""Which hosts a box's secrets door reads, from its flags. Pure.
+
+- bound hosts: every host a `--secret` names; binding allows the host on 443
+  (added to the allowlist as `host:443`; docs/secrets.md says why);
+- model hosts: the hosts of the `anthropic`, `openai` and `claude-code`
+  presets that the box may reach (its allowlist, expanded, or bound);
+- under `inspect == "all"`: every name the allowlist admits (never an IP).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from tkbox.doors.network import presets
+from tkbox.doors.network.allowlist import Allowlist
+from tkbox.doors.secrets.spec import Secret
+
+
+@dataclass(frozen=True)
+class ReadHosts:
+    allow: list[str]  # the allowlist the network door gets
+    bound: frozenset[str]
+    models: frozenset[str]
+    inspect: frozenset[str]
+
+    @property
+    def any(self) -> bool:
+        return bool(self.bound or self.models or self.inspect)
+
+
+def read_hosts(allow: Sequence[str], secrets: Sequence[Secret], inspect: str,
+               expand: Callable[[str], tuple[str, ...] | None] = presets.preset_entries
+               ) -> ReadHosts:
+    bound = sorted({h for s in secrets for h in s.spec.hosts})
+    full = list(allow) + [f"{h}:443" for h in bound]
+    names = {e.host.name for e in Allowlist(full, expand).entries if e.host.literal is None}
+    model_names = {h for p in presets.MODEL_PRESETS for h in (expand(p) or ())}
+    return ReadHosts(full, frozenset(bound), frozenset(model_names & names),
+                     frozenset(names) if inspect == "all" else frozenset())
