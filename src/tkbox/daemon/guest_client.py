@@ -106,12 +106,18 @@ class GuestClient:
             await fs.aclose()
 
     async def exec(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
-                   output: OutputSink, signals: asyncio.Queue[int]) -> ExecResult:
+                   output: OutputSink, signals: asyncio.Queue[Any],
+                   tty: dict[str, int] | None = None) -> ExecResult:
+        """Run one command. `signals` carries signal numbers and, for a terminal (`tty`:
+        its rows and cols), `{"op": "stdin", "data"}` and `{"op": "resize", ...}` too."""
         fs = await self._open()
         sender: asyncio.Task[None] | None = None
         try:
-            await fs.send({"op": "exec", "argv": argv, "cwd": cwd, "env": env,
-                           "stdin": stdin is not None})
+            req: dict[str, Any] = {"op": "exec", "argv": argv, "cwd": cwd, "env": env,
+                                   "stdin": stdin is not None or tty is not None}
+            if tty is not None:
+                req["tty"] = {"rows": tty["rows"], "cols": tty["cols"]}
+            await fs.send(req)
             first = await self._recv(fs, self.timeout)
             if first.get("ev") == "exit":
                 return self._exit(first)
@@ -124,8 +130,9 @@ class GuestClient:
                         await fs.send({"op": "stdin", "data": stdin[i:i + rpc.CHUNK]})
                     await fs.send({"op": "stdin_eof"})
                 while True:
-                    sig = await signals.get()
-                    await fs.send({"op": "signal", "sig": sig})
+                    item = await signals.get()
+                    await fs.send(item if isinstance(item, dict) else {"op": "signal",
+                                                                       "sig": item})
 
             sender = asyncio.ensure_future(send_side())
             while True:
@@ -176,6 +183,47 @@ class GuestClient:
                     return safe_stats(msg.get("stats"))
                 else:
                     raise self._bad("an unexpected event during diff")
+        finally:
+            await fs.aclose()
+
+    async def read_file(self, path: str, sink: BinaryIO, *, max_bytes: int = rpc.MAX_FILE,
+                        timeout: float = 120.0) -> int:
+        """Stream one file of the box into `sink`; bounded by `max_bytes`. Its size."""
+        fs = await self._open()
+        total = 0
+        try:
+            await fs.send({"op": "read", "path": path})
+            while True:
+                msg = await self._recv(fs, timeout)
+                ev = msg.get("ev")
+                if ev == "data":
+                    data = msg.get("data")
+                    if not isinstance(data, bytes):
+                        raise self._bad("a malformed file frame")
+                    total += len(data)
+                    if total > max_bytes:
+                        raise GuestError(f"box {self.box}: {path} is larger than {max_bytes} "
+                                         "bytes; nothing was copied")
+                    sink.write(data)
+                elif ev == "end":
+                    return total
+                else:
+                    raise self._bad("an unexpected event during read")
+        finally:
+            await fs.aclose()
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644,
+                         timeout: float = 120.0) -> None:
+        """Write one file into the box (parents made); the guest acknowledges its size."""
+        fs = await self._open()
+        try:
+            await fs.send({"op": "write", "path": path, "mode": mode & 0o777})
+            for i in range(0, len(data), rpc.CHUNK):
+                await fs.send({"ev": "data", "data": data[i:i + rpc.CHUNK]})
+            await fs.send({"ev": "end"})
+            msg = await self._recv(fs, timeout)
+            if msg.get("ev") != "ok" or msg.get("size") != len(data):
+                raise self._bad("a wrong acknowledgement of a write")
         finally:
             await fs.aclose()
 

@@ -99,6 +99,10 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
                 "--dev && tkbox signer serve &' (or pass --unrecorded to debug tkbox)") from None
         log.info("signer: %s", who)
 
+    from tkbox.record.journal import JournalingSigner, Journals
+
+    journals = Journals(paths.home() / "journal")
+    signer = JournalingSigner(signer, journals)  # `tkbox logs`: what the signer acknowledged
     cache: dict[str, Any] = {}
 
     def guest_build() -> Any:
@@ -109,6 +113,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     images = ImageStore(paths.images())
     manager = BoxManager(launcher=QemuLauncher(accel), signer=signer, options=opts,
                          images=images, guest_build=guest_build, accel_reason=accel.reason)
+    manager.journals = journals
     from tkbox.daemon import egress
 
     await egress.install(manager, opts, signer)

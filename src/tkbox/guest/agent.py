@@ -26,6 +26,7 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 from typing import Any
@@ -289,9 +290,85 @@ class Reaper:
                 fut.set_result(status)
 
 
-def _preexec(root: str, cwd: str) -> Any:
+def _id_ok(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**32 - 1
+
+
+def run_user(cfg: dict[str, Any]) -> tuple[int, int, list[int]] | None:
+    """The uid, gid and groups commands run as (the image's User), if the host gave one."""
+    u = cfg.get("user")
+    if not isinstance(u, dict):
+        return None
+    uid, gid, groups = u.get("uid"), u.get("gid"), u.get("groups") or []
+    if not (isinstance(uid, int) and _id_ok(uid)) or not isinstance(gid, int) \
+            or not (_id_ok(gid) or gid == 0) or not isinstance(groups, list):
+        return None
+    return uid, gid, [int(g) for g in groups[:64] if _id_ok(g) or g == 0]
+
+
+def prepare_user(cfg: dict[str, Any]) -> None:
+    """Give the image's user its workspace and its home (the rest of the image is as the
+    image made it)."""
+    user = run_user(cfg)
+    if user is None:
+        return
+    uid, gid, _ = user
+    os.chown(ROOT / "workspace", uid, gid)
+    home = str(cfg.get("env", {}).get("HOME", ""))
+    if home.startswith("/") and ".." not in home.split("/"):
+        h = ROOT / home.lstrip("/")
+        if not h.exists():
+            h.mkdir(parents=True, mode=0o755)
+            os.chown(h, uid, gid)
+
+
+def _winsize(tty: Any) -> bytes | None:
+    """The TIOCSWINSZ argument for a {rows, cols} the host sent, if it is sane."""
+    if not isinstance(tty, dict):
+        return None
+    rows, cols = tty.get("rows"), tty.get("cols")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1000
+               for v in (rows, cols)):
+        return None
+    return struct.pack("HHHH", rows, cols, 0, 0)
+
+
+#: <asm-generic/ioctls.h>: _IOR('T', 0x30, unsigned int) and _IOW('T', 0x31, int)
+TIOCGPTN, TIOCSPTLCK = 0x80045430, 0x40045431
+
+
+def open_pty(root: str) -> tuple[int, int]:
+    """A pty pair from the devpts the box's commands see (`ROOT/dev/pts`).
+
+    `os.openpty()` would open the agent's own `/dev/ptmx`, which has no devpts
+    instance behind it here (it is mounted only inside the box's root): ENODEV.
+    """
+    master = os.open(f"{root}/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))  # unlock the slave
+        (n,) = struct.unpack("I", fcntl.ioctl(master, TIOCGPTN, b"\0" * 4))
+        slave = os.open(f"{root}/dev/pts/{n}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(master)
+        raise
+    return master, slave
+
+
+def _preexec(root: str, cwd: str, user: tuple[int, int, list[int]] | None = None,
+             tty: bool = False) -> Any:
     def fn() -> None:
+        if tty:
+            # setsid() ran already (start_new_session): take fd 0, the pty, as the
+            # session's controlling terminal, so ^C and ^Z reach the foreground job.
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         os.chroot(root)
+        if user is not None:
+            # After chroot (which needs root), before chdir: the directory is entered
+            # with the user's own rights.
+            uid, gid, groups = user
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
         os.chdir(cwd)
     return fn
 
@@ -303,6 +380,7 @@ class Agent:
         self.reaper = reaper
         self.env = {str(k): str(v) for k, v in cfg.get("env", {}).items()}
         self.root = str(cfg.get("root", ROOT))
+        self.user = run_user(cfg)
         self.started = time.monotonic()
         self.shutting_down = asyncio.Event()
 
@@ -375,13 +453,31 @@ class Agent:
         env = dict(self.env)
         env.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
         want_stdin = bool(req.get("stdin"))
+        winsize = _winsize(req.get("tty"))
+        master = -1
         try:
-            proc = subprocess.Popen(  # noqa: S603 - the host decided this command
-                argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_preexec(self.root, cwd), close_fds=True,  # noqa: PLW1509
-            )
+            if winsize is not None:
+                # A terminal: one pty for stdin, stdout and stderr, sized as the host's.
+                master, slave = open_pty(self.root)
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, winsize)
+                try:
+                    proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                        argv, env=env, stdin=slave, stdout=slave, stderr=slave,
+                        start_new_session=True, close_fds=True,
+                        preexec_fn=_preexec(self.root, cwd, self.user, tty=True),  # noqa: PLW1509
+                    )
+                finally:
+                    os.close(slave)
+            else:
+                proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                    argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    preexec_fn=_preexec(self.root, cwd, self.user),  # noqa: PLW1509
+                    close_fds=True,
+                )
         except (OSError, subprocess.SubprocessError) as exc:
+            if master >= 0:
+                os.close(master)
             await fs.send({"ev": "exit", "status": 127, "signal": 0,
                            "error": f"cannot start {argv[0]!r}: {exc}"})
             return
@@ -391,12 +487,14 @@ class Agent:
         lock = asyncio.Lock()
 
         async def pump(fd: int, pipe: Any) -> None:
-            raw = pipe.fileno()
+            raw = pipe if isinstance(pipe, int) else pipe.fileno()
             os.set_blocking(raw, False)
             while True:
                 try:
                     data = os.read(raw, rpc.CHUNK)
-                except BlockingIOError:
+                except OSError as exc:
+                    if not isinstance(exc, BlockingIOError):
+                        return  # EIO: the terminal's last user is gone
                     fut: asyncio.Future[None] = loop.create_future()
                     def ready(f: asyncio.Future[None] = fut) -> None:
                         if not f.done():
@@ -424,6 +522,21 @@ class Agent:
                         os.killpg(proc.pid, signal.SIGKILL)
                     return
                 kind = msg.get("op")
+                if master >= 0:
+                    # A terminal: keystrokes (^C, ^D included) go to the pty as they are;
+                    # the line discipline turns them into signals and end-of-file.
+                    data = msg.get("data")
+                    if kind == "stdin" and isinstance(data, bytes):
+                        with contextlib.suppress(OSError):
+                            await loop.run_in_executor(None, os.write, master, data)
+                    elif kind == "resize" and (ws := _winsize(msg)) is not None:
+                        with contextlib.suppress(OSError):
+                            fcntl.ioctl(master, termios.TIOCSWINSZ, ws)
+                    elif kind == "signal" and isinstance(msg.get("sig"), int) \
+                            and 0 < msg["sig"] < 65:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, msg["sig"])
+                    continue
                 if kind == "stdin" and stdin is not None:
                     data = msg.get("data", b"")
                     if isinstance(data, bytes):
@@ -440,8 +553,9 @@ class Agent:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(proc.pid, sig)
 
-        pumps = [asyncio.ensure_future(pump(1, proc.stdout)),
-                 asyncio.ensure_future(pump(2, proc.stderr))]
+        pumps = ([asyncio.ensure_future(pump(1, master))] if master >= 0 else
+                 [asyncio.ensure_future(pump(1, proc.stdout)),
+                  asyncio.ensure_future(pump(2, proc.stderr))])
         feeder = asyncio.ensure_future(feed())
         try:
             status = await exited
@@ -462,6 +576,9 @@ class Agent:
                 if pipe is not None:
                     with contextlib.suppress(OSError):
                         pipe.close()
+            if master >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(master)
 
     def _path(self, req: dict[str, Any]) -> Path:
         path = req.get("path")
@@ -497,7 +614,9 @@ class Agent:
                     size += len(data)
                     f.write(data)
         if isinstance(mode, int):
-            os.chmod(path, mode & 0o7777)
+            os.chmod(path, mode & 0o777)
+        if self.user is not None:
+            os.chown(path, self.user[0], self.user[1])  # the box's user may change it
         await fs.send({"ev": "ok", "size": size})
 
     async def op_diff(self, fs: FramedStream, req: dict[str, Any]) -> None:
@@ -553,6 +672,7 @@ async def amain(dev: str) -> None:
             time.clock_settime(time.CLOCK_REALTIME, float(cfg["time"]))
     try:
         setup_disks(cfg)
+        prepare_user(cfg)
         install_ca(cfg)
         write_etc(cfg)
         lo_up()

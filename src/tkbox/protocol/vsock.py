@@ -29,7 +29,7 @@ itself allows 1023 per VM); a stream accepted beyond that is closed at once.
 
 Hand-written: Python has no library for Firecracker's hybrid vsock
 convention; its byte-level behaviour is summarised in
-`shared/testdata/firecracker/VSOCK-NOTES.md` and `docs/firecracker.md`.
+`tests/testdata/firecracker/VSOCK-NOTES.md` and `docs/firecracker.md`.
 
 Standard library only: the guest agent imports this module.
 """

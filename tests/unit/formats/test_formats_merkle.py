@@ -1,6 +1,6 @@
 """RFC 6962 Merkle hashing against the transparency-dev probes, and our own trees.
 
-The probes in ../shared/testdata/merkle/ (transparency-dev/merkle, Apache-2.0)
+The probes in tests/testdata/merkle/ (transparency-dev/merkle, Apache-2.0)
 run on every test run; each says whether it must verify (`wantErr`).
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from tkbox.formats import FormatError, merkle
 
-TESTDATA = Path(__file__).resolve().parents[3].parent / "shared" / "testdata" / "merkle"
+TESTDATA = Path(__file__).resolve().parents[2] / "testdata" / "merkle"
 
 
 def _probes(kind: str) -> list[Path]:
