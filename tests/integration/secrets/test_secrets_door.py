@@ -235,3 +235,19 @@ def test_value_in_the_proxy_target_host_is_never_recorded(world: dict[str, Any])
     assert leak["where"] == "proxy target host" and leak["host"] == "(withheld)"
     everything = json.dumps(world["rig"].records())
     assert VALUE.decode().lower().replace("_", "-") not in everything.lower()
+
+
+@pytest.mark.parametrize("sni", ["other.test", None])
+def test_client_hello_must_name_the_tunnels_host(world: dict[str, Any], sni: str | None) -> None:
+    """Attack: open a tunnel to a bound host, then speak TLS for another name (or none)."""
+    raw = socket.create_connection(("127.0.0.1", world["rig"].port), timeout=30)
+    raw.sendall(f"CONNECT api.bound.test:{world['port']} HTTP/1.1\r\n"
+                "Host: api.bound.test\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += raw.recv(4096)
+    ctx = ssl.create_default_context(cafile=str(world["box_ca"]))
+    ctx.check_hostname = False
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        ctx.wrap_socket(raw, server_hostname=sni).sendall(b"GET / HTTP/1.1\r\n\r\n")
+    raw.close()
