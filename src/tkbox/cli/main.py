@@ -106,6 +106,9 @@ def run(
     inspect: Annotated[str, typer.Option(
         help="'all': read every allowed host's TLS, not only bound ones "
              "(clients that pin certificates break)")] = "",
+    model_host: Annotated[list[str], typer.Option(
+        help="also record requests to this allowed host as model calls (read like "
+             "the anthropic and openai presets' hosts)")] = [],  # noqa: B006
     timeout: Annotated[str | None, typer.Option(
         help="stop the box by itself after this long: 90, 90s, 15m, 2h")] = None,
     as_json: JsonOpt = False,
@@ -129,6 +132,7 @@ def run(
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
             "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus,
             "secrets": secret, "secret_values": values, "inspect": inspect,
+            "model_hosts": model_host,
             "timeout_s": parse_duration(timeout) if timeout is not None else None}
     _pull_first(image, as_json)
     with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \

@@ -57,6 +57,7 @@ class RunBody(BaseModel):
     secrets: list[str] = Field(default_factory=list, max_length=32)
     secret_values: dict[str, str] = Field(default_factory=dict, max_length=32)
     inspect: str = Field(default="", max_length=16)
+    model_hosts: list[str] = Field(default_factory=list, max_length=64)
     timeout_s: int | None = Field(default=None, ge=1)
 
 

@@ -39,7 +39,8 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
             # A connection record that cannot be kept stops the box (fail closed).
             loop.create_task(manager.contain(box, f"an egress record could not be kept ({exc})"))
 
-        hosts = read_hosts(box.s["allow"], box.secrets, str(box.s.get("inspect", "")))
+        hosts = read_hosts(box.s["allow"], box.secrets, str(box.s.get("inspect", "")),
+                           box.s.get("model_hosts", ()))
 
         async def record(kind: str, body: dict[str, Any]) -> None:
             if box.s.get("unrecorded"):

@@ -88,6 +88,7 @@ class BoxSpec:
     secrets: list[str] = field(default_factory=list)
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
     inspect: str = ""
+    model_hosts: list[str] = field(default_factory=list)  # recorded as model calls
     timeout_s: int | None = None  # the box stops by itself after this long (recorded)
 
 
@@ -329,6 +330,7 @@ class BoxManager:
             "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
             "guest_build": build.digest[:16],
             "secrets": [s.spec.describe() for s in loaded], "inspect": spec.inspect or "bound",
+            "model_hosts": list(spec.model_hosts),
             "image_config": _image_config_facts(image, run_user),
             "timeout_s": spec.timeout_s,
         })
@@ -345,6 +347,7 @@ class BoxManager:
                      "extra_ca_certs": len(self.opts.ca_certs)},
                  "guest": {"kernel": build.kernel_version, "initramfs": build.digest},
                  "secrets": box.s["secrets"], "inspect": box.s["inspect"],
+                 "model_hosts": box.s["model_hosts"],
                  "image_config": box.s["image_config"]}
         try:
             if self.door_factory is not None:
