@@ -59,7 +59,7 @@ def start(box: Box, tmp_path: Path, command: list[str], name: str) -> tuple[Tmux
                       f"2>{tmp_path / (name + '.err')}\n"
                       f"echo $? > {status}\nsleep 600\n")
     script.chmod(0o755)
-    t = Tmux(tmp_path / "tmux.sock", name, tmp_path / f"{name}.err")
+    t = Tmux(tmp_path / f"{name}.sock", name, tmp_path / f"{name}.err")
     t.run("-f", "/dev/null", "new-session", "-d", "-s", name, "-x", "100", "-y", "30",
           str(script))
     t.run("set-option", "-g", "status", "off")

@@ -67,8 +67,16 @@ def daemon(
     ca_cert: Annotated[list[Path], typer.Option(help="extra CA certificate for boxes")] = [],  # noqa: B006
     approval_wait: Annotated[int, typer.Option(help="seconds a connection waits for "
                                                  "'tkbox approve'")] = 120,
+    tunnel_idle: Annotated[float, typer.Option(
+        help="seconds an egress tunnel may carry no bytes before it is closed")] = 300.0,
+    tunnel_total: Annotated[float, typer.Option(
+        help="seconds an egress tunnel may stay open at all")] = 4 * 3600.0,
+    max_connections: Annotated[int, typer.Option(
+        help="egress connections daemon-wide (0: from the open-file limit)")] = 0,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
+    signer: Annotated[str, typer.Option(
+        "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -84,10 +92,18 @@ def daemon(
         raise UserError(f"--egress-hosts {egress_hosts} does not exist")
     if not 1 <= approval_wait <= 3600:
         raise UserError("--approval-wait must be between 1 and 3600 seconds")
+    if not 1 <= tunnel_idle <= 86400 or not 1 <= tunnel_total <= 7 * 86400:
+        raise UserError("--tunnel-idle must be 1 to 86400 seconds and --tunnel-total 1 to "
+                        "604800 seconds")
+    if max_connections < 0:
+        raise UserError("--max-connections must be 0 (from the open-file limit) or more")
+    if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
+        raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
-                 approval_wait=approval_wait),
-         socket_path=socket_path, signer_socket=signer_socket)
+                 approval_wait=approval_wait, tunnel_idle=tunnel_idle,
+                 tunnel_total=tunnel_total, max_connections=max_connections),
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer)
 
 
 @app.command()
@@ -140,7 +156,9 @@ def run(
         b = _client().call("POST", "/v1/boxes", json=body)
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
-        f"image {b['image_digest'][:19]})"))
+        f"image {b['image_digest'][:19]})"
+        + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
+           and b["start"].get("reason") else "")))
 
 
 def parse_duration(text: str) -> int:

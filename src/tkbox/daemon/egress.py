@@ -15,6 +15,7 @@ from tkbox.doors.network import (
     SystemResolver,
     describe_presets,
 )
+from tkbox.doors.network.limits import ConnectionPool, connections_for, raise_nofile
 from tkbox.doors.secrets import SecretsDoor
 from tkbox.doors.secrets.hosts import read_hosts
 from tkbox.errors import SignerUnavailable, TkboxError
@@ -23,8 +24,13 @@ from tkbox.record.client import SignerClient
 log = logging.getLogger("tkbox.daemon")
 
 
-async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> OperatorConfig:
-    """Give `manager` a network door per box, sharing one approval board."""
+async def install(manager: BoxManager, opts: Options, signer: SignerClient | None = None
+                  ) -> OperatorConfig:
+    """Give `manager` a network door per box, sharing one approval board.
+
+    Doors record through `manager.signer` (the per-run record budget), whatever
+    `signer` is passed (kept for callers of the old signature)."""
+    signer = manager.signer
     op = OperatorConfig.from_flags(opts.egress_block, opts.egress_permit, opts.egress_hosts)
     # Presets read the clients' own definitions (npm may take seconds): warm them here,
     # off the event loop, not inside the first box's create.
@@ -33,6 +39,11 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
     board = ApprovalBoard(signer, clock, wait_seconds=opts.approval_wait)
     resolver = SystemResolver()
     loop = asyncio.get_running_loop()
+    nofile = raise_nofile()  # at start: one box's tunnels must not take every descriptor
+    cap = opts.max_connections or connections_for(nofile)
+    pool = ConnectionPool(cap)
+    log.info("egress: at most %d connections daemon-wide; tunnels idle %gs, total %gs",
+             cap, opts.tunnel_idle, opts.tunnel_total)
 
     def factory(box: Box) -> EgressDoor:
         def lost(exc: TkboxError) -> None:
@@ -55,7 +66,9 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
             mitm = SecretsDoor(box.name, box.secrets, inspect_hosts=hosts.inspect,
                                model_hosts=hosts.models, ca_pems=opts.ca_certs, record=record)
         return EgressDoor(box.run_id, signer, hosts.allow, op, resolver, board, clock,
-                          box=box.name, on_record_lost=lost, mitm=mitm)
+                          box=box.name, on_record_lost=lost, pool=pool,
+                          tunnel_idle=opts.tunnel_idle, tunnel_total=opts.tunnel_total,
+                          mitm=mitm)
 
     manager.door_factory = factory
     manager.approvals = board

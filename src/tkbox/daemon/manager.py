@@ -45,9 +45,10 @@ from tkbox.errors import (
 )
 from tkbox.guest import rpc
 from tkbox.image.runconfig import RunUser, image_env, user_of
-from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
 from tkbox.record.journal import Journals
 from tkbox.vm.base import VM, Disk, Launcher, VMSpec
@@ -56,6 +57,8 @@ log = logging.getLogger("tkbox.daemon")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 BOOT_TIMEOUT = float(os.environ.get("TKBOX_BOOT_TIMEOUT", "180"))
+#: seconds the guest has, from the start of `tkbox stop`, to send its whole patch
+STOP_DEADLINE = float(os.environ.get("TKBOX_STOP_DEADLINE", "120"))
 PROXY_URL = "http://127.0.0.1:3128"
 #: the longest --timeout a box may have (a week)
 MAX_TIMEOUT_S = 7 * 24 * 3600
@@ -71,6 +74,11 @@ class Options:
     egress_hosts: str | None = None
     ca_certs: list[str] = field(default_factory=list)  # PEM texts
     approval_wait: int = 120  # seconds a connection waits for a person
+    run_records: int = RUN_RECORDS  # records a run may hold before its box is stopped
+    run_bytes: int = RUN_BYTES  # estimated bundle bytes likewise
+    tunnel_idle: float = 300.0  # seconds a tunnel may carry nothing either way
+    tunnel_total: float = 4 * 3600.0  # seconds a tunnel may stay open at all
+    max_connections: int = 0  # egress connections daemon-wide; 0: from RLIMIT_NOFILE
 
 
 @dataclass
@@ -140,6 +148,12 @@ class Box:
     def public(self) -> dict[str, Any]:
         out = {k: v for k, v in self.s.items() if k not in ("env_values",)}
         out["display_name"] = self.name + (" [UNRECORDED]" if self.s.get("unrecorded") else "")
+        ports = self.vm.ports if self.vm is not None else None
+        budget = getattr(ports, "budget", None)
+        if budget is not None:
+            # How much the guest was slowed by its work budget and output/input bounds.
+            out["guest_throttled_s"] = round(budget.throttled, 3)
+            out["guest_reads_paused"] = int(getattr(ports, "paused_reads", 0))
         return out
 
 
@@ -149,7 +163,12 @@ class BoxManager:
                  home: Path | None = None, door_factory: Any = None,
                  approvals: Any = None) -> None:
         self.launcher = launcher
-        self.signer = signer
+        # Every record goes through the per-run budget, so every run stays exportable.
+        unbounded = options.unrecorded  # nothing is recorded, so there is nothing to bound
+        self.signer = BudgetedSigner(signer,
+                                     max_records=2**62 if unbounded else options.run_records,
+                                     max_bytes=2**62 if unbounded else options.run_bytes,
+                                     on_exhausted=self._budget_exhausted)
         self.opts = options
         self.images = images
         self.guest_build = guest_build  # () -> GuestBuild (cached)
@@ -233,6 +252,23 @@ class BoxManager:
         except TkboxError as exc:
             self._gap(box, {"reason": f"event {kind} not recorded: {exc}", "event": kind})
             await self.contain(box, f"an event could not be recorded ({exc})")
+
+    def _budget_exhausted(self, run_id: str, why: str) -> None:
+        """A run reached its record budget: stop its box, and say so in the run."""
+        box = next((b for b in self.boxes.values() if b.s.get("run_id") == run_id), None)
+        if box is None:
+            return
+
+        async def stop_it() -> None:
+            records, size = self.signer.usage(run_id)
+            await self.record(box, "tkbox.containment", {
+                "reason": why[:500], "budget": "records", "records": records,
+                "estimated_bundle_bytes": size})
+            await self.contain(box, why)
+
+        t = asyncio.ensure_future(stop_it())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
 
     async def contain(self, box: Box, why: str) -> None:
         """Stop a box at once because the record cannot be kept."""
@@ -435,7 +471,10 @@ class BoxManager:
         for sec in box.secrets:
             env[sec.name] = sec.placeholder.decode("ascii")
         host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
-        cfg = {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
+        # seed: host randomness the guest credits to its kernel and reseeds from
+        # before anything else (a box restored from a template needs its own).
+        cfg = {"v": 1, "time": time.time(), "seed": os.urandom(64), "hostname": host[:63],
+               "env": env,
                "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
                "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
         if run_user is not None:
@@ -459,6 +498,7 @@ class BoxManager:
         vm = await self.launcher.start(vm_spec)
         box.vm = vm
         box.s["accel"] = vm.accel
+        box.s["start"] = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
         vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
         vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
@@ -475,6 +515,7 @@ class BoxManager:
         up = seconds(msg.get("uptime"))  # guest-supplied: checked, never trusted
         await self.record(box, "tkbox.box.ready", {
             "boot_ms": int(box.s["boot_seconds"] * 1000), "accel": vm.accel,
+            "start": vm.start_kind, "start_reason": vm.start_reason[:300],
             "guest_uptime_ms": int(up * 1000) if up is not None else None})
 
     async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
@@ -482,12 +523,15 @@ class BoxManager:
         if box.boot_served:
             return  # served once: later streams are closed unanswered
         box.boot_served = True
-        fs = FramedStream(stream)
+        fs = FramedStream(stream, limits=GUEST_FRAMES, budget=stream_budget(box))
         try:
             await fs.send(config)
             msg = await asyncio.wait_for(fs.receive(), BOOT_TIMEOUT)
         except (FrameError, StreamClosed, EOFError, TimeoutError) as exc:
             msg = {"ev": "error", "message": f"boot stream broke: {exc.__class__.__name__}"}
+        if isinstance(msg, dict) and not _boot_answer_ok(msg):
+            msg = {"ev": "error", "message": "the boot answer is not {ev: ready, uptime} or "
+                                             "{ev: error, message} (unknown keys are refused)"}
         if box.ready is None or box.ready.done():
             return
         if not isinstance(msg, dict) or msg.get("ev") != "ready":
@@ -520,7 +564,12 @@ class BoxManager:
             box.s["error"] = f"the VM ended unexpectedly (status {code})"
             box.move("vm_died")
             await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
-        box.save()
+        if box.door is not None and box.state not in ("stopping", "stopped"):
+            # The door's open connections end, and its last refusal summary is recorded.
+            with contextlib.suppress(Exception):
+                await box.door.close()
+        if box.dir.is_dir():  # `rm --force` may have removed it while the VM ended
+            box.save()
 
     async def _watch_transport(self, box: Box, vm: VM) -> None:
         """A guest that breaks the transport (a protocol violation) loses its VM."""
@@ -693,9 +742,14 @@ class BoxManager:
                     await vm.resume()  # a held box must run to give its patch
             patch_path = box.dir / "patch.diff"
             tmp = box.dir / ".patch.diff.tmp"
+            # The whole diff has one deadline (a guest trickling its patch cannot hold
+            # `stop`), and travels on a reserved stream (a guest holding every stream
+            # cannot keep the host from asking for it).
+            deadline = asyncio.get_running_loop().time() + STOP_DEADLINE
             try:
                 with open(tmp, "wb") as f:
-                    stats = await guest.diff(f, kill=True)
+                    stats = await guest.diff(f, kill=True, deadline=deadline,
+                                             timeout=min(300.0, STOP_DEADLINE))
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, patch_path)
@@ -705,6 +759,9 @@ class BoxManager:
                 await vm.kill()
                 box.move("stop_failed")
                 await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
+                # The run has lost the box's changes: that is a gap in what it shows.
+                self._gap(box, {"reason": "patch lost at stop", "error": str(exc)[:500]})
+                await self.flush_gaps()
                 raise
             data = patch_path.read_bytes()
             box.s["patch"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
@@ -876,6 +933,16 @@ class BoxManager:
         shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
         shutil.rmtree(box.dir, ignore_errors=True)
         del self.boxes[name]
+
+
+def stream_budget(box: Box) -> Any:
+    return box.vm.ports.budget if box.vm is not None else None
+
+
+def _boot_answer_ok(msg: dict[str, Any]) -> bool:
+    """The guest's one answer on port 1026: `ready` (uptime) or `error` (message), nothing else."""
+    allowed = {"ready": {"uptime"}, "error": {"message"}}.get(msg.get("ev"))  # type: ignore[arg-type]
+    return allowed is not None and set(msg) - {"ev"} <= allowed
 
 
 async def _refuse_http(stream: ByteStream, reason: str) -> None:

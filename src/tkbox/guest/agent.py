@@ -1,11 +1,22 @@
 """The guest agent: PID 1 inside the VM.
 
 Boot: mount proc/sys/dev, load the kernel modules in order, find the mux port,
-read the boot config on port 1026 (once), mount the root image read-only under
+read the boot config on port 1026 (once), reseed the kernel's random generator
+from the host's randomness in it, mount the root image read-only under
 a tmpfs overlay and `/workspace` as an overlay of the lower and upper disks,
 set the clock from the host's, bring up `lo`, start the egress forwarder on
 127.0.0.1:3128, then serve RPC on port 1024 (`tkbox.guest.rpc`). As PID 1 it
 reaps every orphan.
+
+Template boot (`tkbox.template=1` on the kernel command line, see
+`tkbox.vm.template`): the agent loads every module but `virtio_blk`, so no
+disk is probed or read, writes `PARKED` on the mux port and blocks until the
+host writes `WAKE`. The host saves the VM there once; each box is restored from
+that state and woken, then the agent loads `virtio_blk` (the disks are probed
+fresh, at the box's own sizes) and boots on as above. The boot config's
+`seed` (host randomness) is credited to the kernel and the generator reseeded
+before anything else, so boxes restored from one template share no random state
+from that point on; a template boot without a seed refuses to start.
 
 Trust: this code runs in the VM and is not trusted by the host. It trusts the
 host completely (the host built this initramfs). Standard library, `msgpack`,
@@ -32,8 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.guest import rpc
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
-from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
 
@@ -44,6 +56,12 @@ WSDISK = RUN / "wsdisk"
 UPPER = WSDISK / "upper"
 MUX_PORT_NAME = "tkbox.mux"
 PROXY_ADDR = ("127.0.0.1", 3128)
+TEMPLATE_FLAG = "tkbox.template=1"
+#: Template handshake on the raw mux port, before the mux starts (tkbox.vm.template).
+PARKED, WAKE = b"tkbox-parked\n", b"W"
+BLOCK_MODULE = "virtio_blk"
+RNDADDENTROPY, RNDRESEEDCRNG = 0x40085203, 0x5207  # linux/random.h
+MIN_SEED = 32
 
 
 def log(msg: str) -> None:
@@ -77,7 +95,9 @@ def early_mounts() -> None:
     mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
 
 
-def load_modules(directory: Path = Path("/tkbox/modules")) -> None:
+def load_modules(directory: Path = Path("/tkbox/modules"),
+                 want: Any = lambda name: True) -> None:
+    """Load the modules named in `order` (those `want(modname)` accepts), in order."""
     order = directory / "order"
     if not order.exists():
         return
@@ -91,6 +111,8 @@ def load_modules(directory: Path = Path("/tkbox/modules")) -> None:
             params.setdefault(mod.replace("-", "_"), []).append(rest)
     for name in order.read_text().split():
         modname = name.split("-", 1)[-1].removesuffix(".ko").replace("-", "_")
+        if not want(modname):
+            continue
         args = " ".join(params.get(modname, [])).encode()
         fd = os.open(directory / name, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -141,6 +163,53 @@ def find_disk(serial: str) -> str:
     dev: str = wait_for(look, f"the {serial} disk")
     wait_for(lambda: os.path.exists(dev), dev)
     return dev
+
+
+def template_boot() -> bool:
+    with contextlib.suppress(OSError):
+        return TEMPLATE_FLAG in Path("/proc/cmdline").read_text().split()
+    return False
+
+
+def park(fd: int) -> None:
+    """Tell the host this guest is ready to be saved, then block until woken.
+
+    The port reads as EOF while no host is connected (between the template's
+    save and a box's restore), so EOF is waited out, not taken as an end.
+    """
+    os.write(fd, PARKED)
+    while True:
+        b = os.read(fd, 1)
+        if b == WAKE:
+            return
+        if not b:
+            time.sleep(0.005)
+        # anything else is not ours to read before the mux: wait for the wake byte
+
+
+def reseed(seed: object, required: bool) -> None:
+    """Credit the host's randomness to the kernel's pool and reseed the generator now.
+
+    A box restored from a template shares the template's generator state until
+    this runs; nothing in the guest draws randomness before it.
+    """
+    if not isinstance(seed, bytes) or len(seed) < MIN_SEED:
+        if required:
+            raise RuntimeError("the boot config has no entropy seed; a box restored from "
+                               "a template cannot start without one")
+        return
+    try:
+        fd = os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            # struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+            fcntl.ioctl(fd, RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
+            fcntl.ioctl(fd, RNDRESEEDCRNG)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if required:  # a restored guest must not run on the template's generator state
+            raise RuntimeError(f"cannot reseed the kernel's generator: {exc}") from None
+        log(f"reseed: {exc} (cold boot: the kernel's own entropy stands)")
 
 
 def lo_up() -> None:
@@ -655,18 +724,25 @@ def power_off() -> None:
     os._exit(0)
 
 
-async def amain(dev: str) -> None:
+async def amain(fd: int, templated: bool) -> None:
     loop = asyncio.get_running_loop()
     reaper = Reaper()
     reaper.install(loop)
-    fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     link = FdStream(fd)
-    ports = MuxPorts(link, initiator=False)
+    # the guest opens one stream per proxied connection: as many as the host accepts
+    ports = MuxPorts(link, initiator=False, max_own=MAX_STREAMS,
+                     budget=Budget.unlimited())
     mux_task = asyncio.ensure_future(ports.run())
     boot = FramedStream(await ports.connect(PORT_BOOT))
     cfg = await boot.receive()
     if not isinstance(cfg, dict):
         raise RuntimeError("no boot config from the host")
+    try:
+        reseed(cfg.get("seed"), required=templated)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await boot.send({"ev": "error", "message": f"{exc.__class__.__name__}: {exc}"})
+        raise
     if isinstance(cfg.get("time"), (int, float)):
         with contextlib.suppress(OSError):
             time.clock_settime(time.CLOCK_REALTIME, float(cfg["time"]))
@@ -697,9 +773,14 @@ async def amain(dev: str) -> None:
 def main() -> None:
     try:
         early_mounts()
-        load_modules()
+        templated = template_boot()
+        load_modules(want=(lambda m: m != BLOCK_MODULE) if templated else (lambda m: True))
         dev = find_mux_port()
-        asyncio.run(amain(dev))
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        if templated:
+            park(fd)
+            load_modules(want=lambda m: m == BLOCK_MODULE)
+        asyncio.run(amain(fd, templated))
     except BaseException as exc:  # noqa: BLE001 - PID 1 must never just die
         log(f"fatal: {exc.__class__.__name__}: {exc}")
     finally:

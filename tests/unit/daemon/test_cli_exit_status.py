@@ -16,6 +16,7 @@ def report(*statuses: str) -> dict[str, object]:
     ((), 0),
     (("applied", "applied"), 0),
     (("would apply",), 0),
+    (("applied", "set apart"), 0),  # ignored files (build output, caches) are not a failure
     (("applied", "held back"), EXIT_NEEDS_PERSON),
     (("held back", "refused"), Refused.exit_code),
     (("refused",), Refused.exit_code),

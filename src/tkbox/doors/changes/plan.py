@@ -30,7 +30,7 @@ from tkbox.doors.changes.patch import MODE_EXEC, MODE_FILE, MODE_LINK, Patch, Se
 from tkbox.doors.changes.paths import check_symlink_target, folded_parts, is_dotgit, under
 
 Kind = Literal["added", "modified", "deleted", "mode", "symlink"]
-Status = Literal["apply", "held back", "refused"]
+Status = Literal["apply", "held back", "refused", "set apart"]
 
 
 @dataclass(frozen=True)
@@ -225,11 +225,16 @@ def _check_final_target(tree: FinalTree, f: FilePlan) -> None:
 
 def classify(plan: Plan, *, ignored: set[str], sensitive: Callable[[str], str | None],
              allow_sensitive: bool) -> None:
-    """Set each file's status: ignored files refused, sensitive ones held back."""
+    """Set each file's status: ignored files set apart, sensitive ones held back.
+
+    A file the checkout's git ignores is never written (`git status` would not show it):
+    it is build output, a cache, a log, the things a person does not commit. It is set
+    apart, listed and not written, without failing the apply (docs/changes.md).
+    """
     for f in plan.files:
         if f.path in ignored:
-            f.status, f.reason = "refused", "ignored by the checkout's git (git status would " \
-                "not show it)"
+            f.status, f.reason = "set apart", "ignored by the checkout's git (git status " \
+                "would not show it): not written"
             continue
         if allow_sensitive:
             continue
