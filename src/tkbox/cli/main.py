@@ -117,11 +117,29 @@ def run(
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
     disk: Annotated[int, typer.Option(help="MiB the box may write to /workspace")] = 4096,
+    secret: Annotated[list[str], typer.Option(
+        help="NAME=env:VAR@host[,host][;header=H] or NAME=file:PATH@host: the box gets a "
+             "placeholder in $NAME; the door swaps the value in for those hosts only")] = [],  # noqa: B006
+    inspect: Annotated[str, typer.Option(
+        help="'all': read every allowed host's TLS, not only bound ones "
+             "(clients that pin certificates break)")] = "",
+    model_host: Annotated[list[str], typer.Option(
+        help="also record requests to this allowed host as model calls (read like "
+             "the anthropic and openai presets' hosts)")] = [],  # noqa: B006
     timeout: Annotated[str | None, typer.Option(
         help="stop the box by itself after this long: 90, 90s, 15m, 2h")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
+    from tkbox.doors.secrets.spec import parse_spec, read_value
+
+    values: dict[str, str] = {}
+    for text in secret:
+        spec = parse_spec(text)  # read here, in the user's shell; sent over the private socket
+        values[spec.name] = read_value(spec).decode("ascii")
+    if inspect == "all":
+        err.print("tkbox: WARNING: --inspect all: every allowed host's TLS is read by the "
+                  "door; clients that pin certificates will fail")
     envs: dict[str, str] = {}
     for item in env:
         k, eq, v = item.partition("=")
@@ -130,6 +148,8 @@ def run(
         envs[k] = v
     body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
             "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus, "disk_mib": disk,
+            "secrets": secret, "secret_values": values, "inspect": inspect,
+            "model_hosts": model_host,
             "timeout_s": parse_duration(timeout) if timeout is not None else None}
     _pull_first(image, as_json)
     with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+from typing import Any
 
 from tkbox.daemon.manager import Box, BoxManager, Options
 from tkbox.doors.network import (
@@ -15,7 +16,9 @@ from tkbox.doors.network import (
     describe_presets,
 )
 from tkbox.doors.network.limits import ConnectionPool, connections_for, raise_nofile
-from tkbox.errors import TkboxError
+from tkbox.doors.secrets import SecretsDoor
+from tkbox.doors.secrets.hosts import read_hosts
+from tkbox.errors import SignerUnavailable, TkboxError
 from tkbox.record.client import SignerClient
 
 log = logging.getLogger("tkbox.daemon")
@@ -47,9 +50,25 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient | Non
             # A connection record that cannot be kept stops the box (fail closed).
             loop.create_task(manager.contain(box, f"an egress record could not be kept ({exc})"))
 
-        return EgressDoor(box.run_id, signer, box.s["allow"], op, resolver, board, clock,
+        hosts = read_hosts(box.s["allow"], box.secrets, str(box.s.get("inspect", "")),
+                           box.s.get("model_hosts", ()))
+
+        async def record(kind: str, body: dict[str, Any]) -> None:
+            if box.s.get("unrecorded"):
+                return
+            try:
+                await signer.event(box.run_id, kind, body)
+            except SignerUnavailable as exc:
+                lost(exc)
+
+        mitm = None
+        if hosts.any:
+            mitm = SecretsDoor(box.name, box.secrets, inspect_hosts=hosts.inspect,
+                               model_hosts=hosts.models, ca_pems=opts.ca_certs, record=record)
+        return EgressDoor(box.run_id, signer, hosts.allow, op, resolver, board, clock,
                           box=box.name, on_record_lost=lost, pool=pool,
-                          tunnel_idle=opts.tunnel_idle, tunnel_total=opts.tunnel_total)
+                          tunnel_idle=opts.tunnel_idle, tunnel_total=opts.tunnel_total,
+                          mitm=mitm)
 
     manager.door_factory = factory
     manager.approvals = board

@@ -33,6 +33,7 @@ from tkbox.daemon import lifecycle
 from tkbox.daemon.guest_client import ExecResult, GuestClient, _str, seconds
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.commands.core import build_request
+from tkbox.doors.secrets import prestart
 from tkbox.errors import (
     GuestError,
     HostError,
@@ -91,6 +92,12 @@ class BoxSpec:
     memory_mib: int = 1024
     vcpus: int = 1
     disk_mib: int = 4096
+    # `--secret` spec strings; values the client read itself (name -> value), else
+    # the daemon reads each source; `--inspect all`. Values live only in Box.secrets.
+    secrets: list[str] = field(default_factory=list)
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
+    inspect: str = ""
+    model_hosts: list[str] = field(default_factory=list)  # recorded as model calls
     timeout_s: int | None = None  # the box stops by itself after this long (recorded)
 
 
@@ -108,6 +115,8 @@ class Box:
         self.lock = asyncio.Lock()
         self.ready: asyncio.Future[dict[str, Any]] | None = None
         self.boot_served = False
+        self.secrets: list[Any] = []  # tkbox.doors.secrets.Secret: daemon memory only
+        self.input_guards: dict[str, prestart.InputGuard] = {}  # per terminal command
 
     @property
     def name(self) -> str:
@@ -344,6 +353,11 @@ class BoxManager:
         for k in spec.env:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
                 raise UserError(f"environment name {k!r} is not valid")
+        loaded = prestart.load_secrets(spec.secrets, spec.secret_values, spec.inspect)
+        for k, v in spec.env.items():
+            prestart.refuse_values(loaded, v.encode("utf-8", "surrogateescape"),
+                                   f"--env {k}")
+        await asyncio.to_thread(prestart.check_workspace, loaded, ws)
         image = await self.images.resolve(spec.image)  # UserError if unknown
         run_user = await asyncio.to_thread(_image_user, image)
         build = await asyncio.to_thread(self.guest_build)
@@ -358,9 +372,12 @@ class BoxManager:
             "vcpus": spec.vcpus, "disk_mib": spec.disk_mib},
             "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
             "guest_build": build.digest[:16],
+            "secrets": [s.spec.describe() for s in loaded], "inspect": spec.inspect or "bound",
+            "model_hosts": list(spec.model_hosts),
             "image_config": _image_config_facts(image, run_user),
             "timeout_s": spec.timeout_s,
         })
+        box.secrets = loaded
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
                  "workspace": box.s["workspace"], "allowlist": list(spec.allow),
@@ -372,6 +389,8 @@ class BoxManager:
                      "egress_hosts": self.opts.egress_hosts}),
                      "extra_ca_certs": len(self.opts.ca_certs)},
                  "guest": {"kernel": build.kernel_version, "initramfs": build.digest},
+                 "secrets": box.s["secrets"], "inspect": box.s["inspect"],
+                 "model_hosts": box.s["model_hosts"],
                  "image_config": box.s["image_config"]}
         try:
             if self.door_factory is not None:
@@ -456,6 +475,8 @@ class BoxManager:
                         "CURL_CA_BUNDLE": bundle, "PIP_CERT": bundle, "GIT_SSL_CAINFO": bundle,
                         "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
         env.update(spec.env)
+        for sec in box.secrets:
+            env[sec.name] = sec.placeholder.decode("ascii")
         host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
         # seed: host randomness the guest credits to its kernel and reseeds from
         # before anything else (a box restored from a template needs its own).
@@ -593,6 +614,13 @@ class BoxManager:
             raise UserError(f"cannot exec in box {name}: it is {box.state}; "
                             f"{lifecycle.HINTS.get(box.state, '')}")
         try:
+            prestart.check_command(box.secrets, argv, env, stdin)
+        except Refused as exc:
+            # A secret's value in the command: the record names the secret, not the argv.
+            await self.record(box, "tkbox.command.refused", {
+                "reason": str(exc)[:500], "env_names": sorted(env or {})})
+            raise
+        try:
             req = build_request(argv, cwd, env, stdin)
         except Refused as exc:
             # Refused before the signer was asked: still part of the record.
@@ -652,6 +680,7 @@ class BoxManager:
                 yield {"ev": "error", "message": error or "the command did not finish"}
         finally:
             box.execs.pop(exec_id, None)
+            box.input_guards.pop(exec_id, None)
             if not task.done():
                 # The client went away (Ctrl-C): stop the command in the guest.
                 with contextlib.suppress(asyncio.QueueFull):
@@ -679,6 +708,16 @@ class BoxManager:
 
     async def exec_input(self, name: str, exec_id: str, data: bytes) -> None:
         """Keystrokes for a command that has a terminal (bounded by the API's body)."""
+        box = self.get(name)
+        self._exec_queue(name, exec_id)
+        guard = box.input_guards.setdefault(exec_id, prestart.InputGuard(box.secrets))
+        try:
+            data = guard.feed(data)  # no secret's value is typed into the box
+        except Refused as exc:
+            await self.record(box, "tkbox.command.refused", {"reason": str(exc)[:500]})
+            raise
+        if not data:
+            return
         await asyncio.wait_for(self._exec_queue(name, exec_id).put(
             {"op": "stdin", "data": data}), 10)
 
@@ -809,6 +848,14 @@ class BoxManager:
         if len(data) > rpc.MAX_FILE:
             raise UserError(f"{host_path} is larger than {rpc.MAX_FILE} bytes; copy it into the "
                             "workspace before the box starts instead")
+        try:
+            # The path first: the second message names it.
+            prestart.refuse_values(box.secrets, path.encode("utf-8", "surrogateescape"),
+                                   "the path copied to")
+            prestart.refuse_values(box.secrets, data, f"the file copied to {path[:200]}")
+        except Refused as exc:
+            await self.record(box, "tkbox.command.refused", {"reason": str(exc)[:500]})
+            raise
         decision = await self._decide_copy(box, "in", path, data, mode, host_path)
         try:
             await guest.write_file(path, data, mode=mode)

@@ -129,6 +129,7 @@ class EgressDoor:
         pool: ConnectionPool | None = None,
         tunnel_idle: float = TUNNEL_IDLE,
         tunnel_total: float = TUNNEL_TOTAL,
+        mitm: Any = None,
     ) -> None:
         self.run_id = run_id
         self.box = box or run_id
@@ -147,6 +148,10 @@ class EgressDoor:
         self.pool = pool
         self.tunnel_idle = tunnel_idle
         self.tunnel_total = tunnel_total
+        # The secrets door (tkbox.doors.secrets.SecretsDoor): tunnels to the hosts it
+        # `wants` are read by it instead of spliced, after every check above.
+        self.mitm = mitm
+        self.ca_pem: str | None = mitm.ca_pem if mitm is not None else None
         own = own_addresses if own_addresses is not None else HostAddresses(clock)
         self.policy = EgressPolicy(
             allowlist if allowlist is not None else Allowlist(allow),
@@ -297,6 +302,15 @@ class EgressDoor:
                 ) from None
             except BadRequest as exc:
                 raise _Refusal(exc.status, exc.message, "request") from None
+            if self.mitm is not None:
+                # A secret's value or placeholder in the proxy request (its target host; for
+                # plain http also its path and headers) is a leak, recorded by the secrets
+                # door without the host, which may hold the value: nothing here records it.
+                why = await self.mitm.check_plain(req.host.name, req.method, req.path,
+                                                  list(req.headers))
+                if why:
+                    await self._refuse(stream, _Refusal(403, why, "secret"), None, record=False)
+                    return
             ex, addresses = await self._decide_addresses(conn, req)
             decision_id = await self._decide(req, ex, addresses)
         except _Refusal as r:
@@ -326,7 +340,10 @@ class EgressDoor:
         else:
             outcome = {"address": str(address)}
             try:
-                if req.kind == "connect":
+                if req.kind == "connect" and self.mitm is not None and self.mitm.wants(
+                        req.host.name, req.port):
+                    outcome.update(await self._intercept(stream, origin, conn, req, parser))
+                elif req.kind == "connect":
                     outcome.update(
                         await self._tunnel(stream, origin, conn, req, parser, ex.require_tls)
                     )
@@ -521,6 +538,36 @@ class EgressDoor:
             with contextlib.suppress(Exception):
                 await guest.send_all(TLS_ACCESS_DENIED)
         return result
+
+    async def _intercept(
+        self,
+        guest: ByteStream,
+        origin: ByteStream,
+        conn: _Conn,
+        req: ProxyRequest,
+        parser: RequestHeadParser,
+    ) -> dict[str, Any]:
+        """Hand a decided, dialed tunnel to the secrets door (it reads the HTTP inside),
+        under the same cut and time limits as a spliced tunnel."""
+        await guest.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        task = asyncio.ensure_future(
+            self.mitm.tunnel(guest, origin, req.host.name, req.port, parser.leftover, conn))
+        cut = asyncio.ensure_future(conn.cut.wait())
+        timer = asyncio.ensure_future(self._watch_time(conn))
+        try:
+            done, _ = await asyncio.wait({task, cut, timer}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                result: dict[str, Any] = task.result()
+                return result
+            if cut in done:
+                return {"ended": "box stopped", "intercepted": True}
+            return {"ended": timer.result(), "intercepted": True}
+        finally:
+            for t in (task, cut, timer):
+                t.cancel()
+            for t in (task, cut, timer):
+                with contextlib.suppress(BaseException):
+                    await t
 
     async def _watch_time(self, conn: _Conn) -> str:
         """Return once the connection has been idle `tunnel_idle` s, or open `tunnel_total` s."""
