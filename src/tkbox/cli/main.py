@@ -40,9 +40,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="output for programs")]
 
 
 def _client() -> Any:
-    from tkbox.cli.client import DaemonClient
+    from tkbox.sdk import Client
 
-    return DaemonClient()
+    return Client()
 
 
 def _emit(data: Any, as_json: bool, human: Any = None) -> None:
@@ -108,12 +108,11 @@ def run(
         if not eq:
             raise UserError(f"--env {item!r} must be NAME=VALUE")
         envs[k] = v
-    body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
-            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus}
     _pull_first(image, as_json)
     with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
-        b = _client().call("POST", "/v1/boxes", json=body)
+        b = _client().run(name=name, workspace=workspace, image=image, allow=allow, env=envs,
+                          memory_mib=memory, vcpus=cpus).info.raw
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"))
@@ -205,7 +204,7 @@ def _send_signal(name: str, exec_id: str, sig: int) -> None:
 @app.command()
 def stop(name: str, as_json: JsonOpt = False) -> None:
     """Stop a box: egress closes at once, the workspace patch is saved, the VM ends."""
-    b = _client().call("POST", f"/v1/boxes/{name}/stop")
+    b = _client().box(name, fetch=False).stop().raw
     p = b.get("patch", {})
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: stopped; patch saved ({p.get('bytes', 0)} bytes, "
@@ -215,8 +214,7 @@ def stop(name: str, as_json: JsonOpt = False) -> None:
 @app.command()
 def patch(name: str) -> None:
     """Print the patch saved when the box stopped."""
-    data = _client().call("GET", f"/v1/boxes/{name}/patch")
-    sys.stdout.buffer.write(base64.b64decode(data["patch_b64"]))
+    sys.stdout.buffer.write(_client().box(name, fetch=False).patch())
 
 
 @app.command()
@@ -232,9 +230,8 @@ def apply(
     if allow_sensitive:
         err.print("tkbox: WARNING: --allow-sensitive: held-back files (CI, hooks, credentials) "
                   "will be written too", style="bold red")
-    body = {"checkout": str(checkout.resolve()) if checkout else None,
-            "allow_sensitive": allow_sensitive, "dry_run": dry_run}
-    report = _client().call("POST", f"/v1/boxes/{name}/apply", json=body)
+    report = _client().box(name, fetch=False).apply(
+        checkout=checkout, allow_sensitive=allow_sensitive, dry_run=dry_run).raw
     if as_json:
         _emit(report, True)
         return
@@ -254,16 +251,8 @@ def export(
     as_json: JsonOpt = False,
 ) -> None:
     """Close the box's run and write its bundle and trust file."""
-    from tkbox.record.export import trust_path_for, write_atomic
-
-    target = output or Path(f"{name}.tkb")
-    if not target.parent.is_dir():
-        raise UserError(f"directory {target.parent} does not exist")
-    data = _client().call("POST", f"/v1/boxes/{name}/export")
-    trust = trust_path_for(target)
-    write_atomic(target, base64.b64decode(data["bundle_b64"]))
-    write_atomic(trust, base64.b64decode(data["trust_b64"]))
-    _emit({"bundle": str(target), "trust": str(trust)}, as_json, lambda d: out.print(
+    r = _client().export(name, output or Path(f"{name}.tkb"))
+    _emit({"bundle": str(r.bundle), "trust": str(r.trust)}, as_json, lambda d: out.print(
         f"wrote {d['bundle']} and {d['trust']}. Check it: "
         f"tkbox verify {d['bundle']} --trust {d['trust']}"))
 
@@ -271,7 +260,7 @@ def export(
 @app.command()
 def ls(as_json: JsonOpt = False) -> None:
     """List boxes."""
-    boxes = _client().call("GET", "/v1/boxes")["boxes"]
+    boxes = [b.raw for b in _client().boxes()]
 
     def human(bs: list[dict[str, Any]]) -> None:
         if not bs:
@@ -288,21 +277,21 @@ def ls(as_json: JsonOpt = False) -> None:
 @app.command()
 def inspect(name: str, as_json: JsonOpt = False) -> None:
     """Everything known about a box."""
-    b = _client().call("GET", f"/v1/boxes/{name}")
+    b = _client().box(name).info.raw
     _emit(b, as_json, lambda b: out.print_json(json.dumps(b, default=str)))
 
 
 @app.command()
 def rm(name: str, force: Annotated[bool, typer.Option(help="kill it if live")] = False) -> None:
     """Remove a box and its disks."""
-    _client().call("DELETE", f"/v1/boxes/{name}", params={"force": force})
+    _client().box(name, fetch=False).rm(force)
     out.print(f"removed {name}")
 
 
 @app.command()
 def approvals(as_json: JsonOpt = False) -> None:
     """Connections waiting for a person's answer."""
-    items = _client().call("GET", "/v1/approvals")["approvals"]
+    items = _client().approvals()
 
     def human(items: list[dict[str, Any]]) -> None:
         if not items:
@@ -320,14 +309,14 @@ def approvals(as_json: JsonOpt = False) -> None:
 @app.command()
 def approve(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
     """Let one waiting connection through."""
-    r = _client().call("POST", f"/v1/approvals/{box}/{approval_id}", json={"allow": True})
+    r = _client().answer(box, approval_id, True)
     _emit(r, as_json, lambda r: out.print(f"approved {box} #{approval_id}"))
 
 
 @app.command()
 def deny(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
     """Refuse one waiting connection."""
-    r = _client().call("POST", f"/v1/approvals/{box}/{approval_id}", json={"allow": False})
+    r = _client().answer(box, approval_id, False)
     _emit(r, as_json, lambda r: out.print(f"denied {box} #{approval_id}"))
 
 
