@@ -382,6 +382,15 @@ def doctor(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def mcp(socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="the daemon's API socket")] = None) -> None:
+    """Serve the MCP tools (run, exec, stop, patch, apply, export, approvals) on stdio."""
+    from tkbox.mcp import serve_stdio
+
+    serve_stdio(str(socket_path) if socket_path else None)
+
+
+@app.command()
 def version() -> None:
     """Print tkbox's version."""
     out.print(__version__)
