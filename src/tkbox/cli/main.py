@@ -382,6 +382,65 @@ def doctor(as_json: JsonOpt = False) -> None:
 
 
 @app.command()
+def agent(
+    agent_name: Annotated[str, typer.Argument(
+        metavar="AGENT", help="claude-code, or command (with --agent-command)")],
+    prompt: Annotated[str, typer.Option(help="the task, as the agent is told it")] = "",
+    agent_command: Annotated[str | None, typer.Option(
+        help="shell command line to run instead (prompt in $TKBOX_PROMPT and stdin)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds the agent may run")] = 1800,
+    workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
+    image: Annotated[str | None, typer.Option(
+        help="image (default: tkbox/claude-code or tkbox/default)")] = None,
+    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    env: Annotated[list[str], typer.Option(help="NAME=VALUE for the box")] = [],  # noqa: B006
+    secret: Annotated[list[str], typer.Option(
+        help="NAME=env:VAR@host[,host][;header=H]")] = [],  # noqa: B006
+    name: Annotated[str | None, typer.Option(help="the box's name")] = None,
+    memory: Annotated[int, typer.Option(help="MiB")] = 2048,
+    cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    model_host: Annotated[str, typer.Option(help="the model API's host")] = "api.anthropic.com",
+    output_dir: Annotated[Path, typer.Option(help="where NAME.patch and NAME.tkb go")] = Path("."),
+    rebuild_image: Annotated[bool, typer.Option(help="build tkbox/claude-code again")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a coding agent headless in a box on a prompt; keep its patch and its bundle."""
+    from tkbox.agents.job import AgentSpec, check, run_job
+
+    envs: dict[str, str] = {}
+    for item in env:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise UserError(f"--env {item!r} must be NAME=VALUE")
+        envs[k] = v
+    spec = AgentSpec(agent=agent_name, prompt=prompt, command=agent_command,
+                     workspace=workspace.resolve(), image=image, allow=allow, env=envs,
+                     secrets=secret, name=name, memory_mib=memory, vcpus=cpus,
+                     timeout=timeout, out_dir=output_dir.resolve(), model_host=model_host)
+    check(spec)
+    client = _client()
+    client.info()  # no daemon: say so before building anything
+    if agent_name == "claude-code" and image is None:
+        from tkbox.agents.image import ensure_image
+
+        ensure_image(client, rebuild=rebuild_image,
+                     log=lambda m: print(f"tkbox: {m}", file=sys.stderr, flush=True))
+
+    def echo(data: bytes) -> None:
+        if not as_json:
+            sys.stderr.buffer.write(data)
+            sys.stderr.buffer.flush()
+
+    outcome = run_job(client, spec, echo=echo)
+    _emit(outcome.to_json(), as_json, lambda o: out.print(
+        f"{o['box']}: agent done (exit {o['status']}); patch {o['patch']} "
+        f"({o['patch_bytes']} bytes); bundle {o['bundle']}. Check it: "
+        f"tkbox verify {o['bundle']} --trust {o['trust']}", markup=False)
+        if not o["error"] else None)
+    outcome.raise_for_error()
+
+
+@app.command()
 def mcp(socket_path: Annotated[Path | None, typer.Option(
         "--socket", help="the daemon's API socket")] = None) -> None:
     """Serve the MCP tools (run, exec, stop, patch, apply, export, approvals) on stdio."""

@@ -4,7 +4,8 @@ real checkout; only the VM is replaced, at the launcher interface, by a guest
 coroutine behind a real serial mux. The signer is the in-memory `FakeSigner`.
 
 The guest runs nothing: `exec` answers with its argv on stdout, and with exit
-status 3 for `false`; a `sleep` waits until it is signalled. That is enough to
+status 3 for `false` (7 when an argument is `tkbox-test-fail`); `sleep` (or an
+argument `tkbox-test-hang`) waits until it is signalled. That is enough to
 check every client (SDK, CLI, MCP) against the real wire.
 """
 
@@ -74,16 +75,18 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
         if op == "exec":
             argv = [str(a) for a in req["argv"]]
             await fs.send({"ev": "started", "pid": 2})
-            if argv[0] == "sleep":
+            if argv[0] == "sleep" or any("tkbox-test-hang" in a for a in argv):
                 while (m := await fs.receive()) is not None:
                     if m.get("op") == "signal":
-                        await fs.send({"ev": "exit", "status": None, "signal": m.get("sig")})
+                        sig = int(m.get("sig", 15))
+                        await fs.send({"ev": "exit", "status": 128 + sig, "signal": sig})
                         return
                 return
             await fs.send({"ev": "out", "fd": 1, "data": " ".join(argv).encode() + b"\n"})
             await fs.send({"ev": "out", "fd": 2, "data": b"to stderr\n"})
-            await fs.send({"ev": "exit", "status": 3 if argv[0] == "false" else 0,
-                           "signal": 0})
+            failing = any("tkbox-test-fail" in a for a in argv)
+            status = 3 if argv[0] == "false" else 7 if failing else 0
+            await fs.send({"ev": "exit", "status": status, "signal": 0})
         elif op == "diff":
             await fs.send({"ev": "data", "data": PATCH})
             await fs.send({"ev": "end", "stats": {}})
