@@ -20,8 +20,10 @@ it): `UserError` for a bad request or an unknown box, `Refused` when a door or
 the signer said no, `HostError` when no daemon answers, and so on. Every
 message is one line for a person.
 
-Secrets are passed by *reference* only (`{"NAME": "env:VAR@host"}`): the
-daemon reads the value when the box starts. No secret value crosses this API.
+Secrets are named by *reference* (`{"NAME": "env:VAR@host"}`): the SDK reads
+each value from its own environment (or the file) and sends it only over the
+daemon's private socket, which only root and the daemon's user can reach; the
+daemon keeps it in memory, and the box gets a placeholder.
 """
 
 from __future__ import annotations
@@ -180,8 +182,8 @@ def error_from(resp: httpx.Response) -> TkboxError:
 def secret_specs(secrets: Mapping[str, str] | Sequence[str] | None) -> list[str]:
     """`{"NAME": "env:VAR@host"}` or `["NAME=env:VAR@host"]` → the API's list of specs.
 
-    Only references cross the API; a spec whose source is not `env:` or `file:`
-    is refused here, so a value pasted in by mistake never leaves this process.
+    A spec whose source is not `env:` or `file:` is refused here, and the error
+    does not repeat it, so a value pasted in by mistake never leaves this process.
     """
     if not secrets:
         return []
@@ -199,17 +201,41 @@ def secret_specs(secrets: Mapping[str, str] | Sequence[str] | None) -> list[str]
     return out
 
 
+def secret_values(specs: Sequence[str],
+                  environ: Mapping[str, str] | None = None) -> dict[str, str]:
+    """Each secret's value, read here (this process's environment, or its file).
+
+    The daemon holds values only in memory and reads none itself: the client
+    that names a secret reads it and sends it over the daemon's private socket,
+    as `tkbox run --secret` does. Errors name the secret, never its value.
+    """
+    from tkbox.doors.secrets.spec import parse_spec, read_value
+
+    values: dict[str, str] = {}
+    for text in specs:
+        spec = parse_spec(text)
+        try:
+            values[spec.name] = read_value(spec, environ).decode("ascii")
+        except UnicodeDecodeError:
+            raise UserError(f"secret {spec.name}: the value is not ASCII; a header value "
+                            "must be") from None
+    return values
+
+
 def run_body(*, name: str | None, image: str, workspace: str | Path,
              allow: Sequence[str] = (), env: Mapping[str, str] | None = None,
              secrets: Mapping[str, str] | Sequence[str] | None = None,
-             memory_mib: int = 1024, vcpus: int = 1) -> dict[str, Any]:
+             memory_mib: int = 1024, vcpus: int = 1, inspect: str = "") -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": name or f"box-{_random.token_hex(4)}", "image": image,
         "workspace": str(Path(workspace).expanduser().resolve()), "allow": list(allow),
         "env": dict(env or {}), "memory_mib": memory_mib, "vcpus": vcpus}
     specs = secret_specs(secrets)
     if specs:
-        body["secrets"] = specs  # only sent when used: older daemons refuse unknown doors
+        body["secrets"] = specs
+        body["secret_values"] = secret_values(specs)
+    if inspect:
+        body["inspect"] = inspect
     return body
 
 
@@ -345,10 +371,12 @@ class Client:
     def run(self, *, image: str = "tkbox/default", workspace: str | Path = ".",
             allow: Sequence[str] = (), env: Mapping[str, str] | None = None,
             secrets: Mapping[str, str] | Sequence[str] | None = None, name: str | None = None,
-            memory_mib: int = 1024, vcpus: int = 1) -> Box:
-        """Create and boot a box; returns when it is ready."""
+            memory_mib: int = 1024, vcpus: int = 1, inspect: str = "") -> Box:
+        """Create and boot a box; returns when it is ready. `secrets` are references
+        (`{"NAME": "env:VAR@host[,host];header=H"}`); their values are read here and
+        sent only over the daemon's private socket; the box gets placeholders."""
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
-                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus)
+                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect)
         return Box(self, BoxInfo.from_json(self.call("POST", "/v1/boxes", json=body)))
 
     def export(self, box: Box | str, path: str | Path | None = None) -> ExportResult:
@@ -519,9 +547,10 @@ class AsyncClient:
     async def run(self, *, image: str = "tkbox/default", workspace: str | Path = ".",
                   allow: Sequence[str] = (), env: Mapping[str, str] | None = None,
                   secrets: Mapping[str, str] | Sequence[str] | None = None,
-                  name: str | None = None, memory_mib: int = 1024, vcpus: int = 1) -> AsyncBox:
+                  name: str | None = None, memory_mib: int = 1024, vcpus: int = 1,
+                  inspect: str = "") -> AsyncBox:
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
-                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus)
+                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect)
         return AsyncBox(self, BoxInfo.from_json(await self.call("POST", "/v1/boxes", json=body)))
 
     async def export(self, box: AsyncBox | str, path: str | Path | None = None) -> ExportResult:

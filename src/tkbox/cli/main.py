@@ -99,9 +99,21 @@ def run(
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    secret: Annotated[list[str], typer.Option(
+        help="NAME=env:VAR@host[,host][;header=H] or NAME=file:PATH@host: the box gets a "
+             "placeholder in $NAME; the door swaps the value in for those hosts only")] = [],  # noqa: B006
+    inspect: Annotated[str, typer.Option(
+        help="'all': read every allowed host's TLS, not only bound ones "
+             "(clients that pin certificates break)")] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
+    from tkbox.sdk import secret_values
+
+    secret_values(secret)  # read here, in the user's shell: a bad --secret fails first
+    if inspect == "all":
+        err.print("tkbox: WARNING: --inspect all: every allowed host's TLS is read by the "
+                  "door; clients that pin certificates will fail")
     envs: dict[str, str] = {}
     for item in env:
         k, eq, v = item.partition("=")
@@ -112,7 +124,8 @@ def run(
     with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
         b = _client().run(name=name, workspace=workspace, image=image, allow=allow, env=envs,
-                          memory_mib=memory, vcpus=cpus).info.raw
+                          memory_mib=memory, vcpus=cpus, secrets=secret,
+                          inspect=inspect).info.raw
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"))

@@ -23,6 +23,7 @@ from collections.abc import AsyncGenerator, AsyncIterator
 from typing import Any, cast
 
 from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from pydantic import BaseModel, Field
 from uvicorn.protocols.http.h11_impl import H11Protocol
@@ -51,6 +52,11 @@ class RunBody(BaseModel):
     memory_mib: int = 1024
     vcpus: int = 1
     disk_mib: int = Field(default=4096, ge=64, le=1024 * 1024)
+    # "NAME=env:VAR@host[,host];header=H" strings; values the client read itself
+    # (never echoed: see _invalid below); "all" to read every allowed host.
+    secrets: list[str] = Field(default_factory=list, max_length=32)
+    secret_values: dict[str, str] = Field(default_factory=dict, max_length=32)
+    inspect: str = Field(default="", max_length=16)
 
 
 class ExecBody(BaseModel):
@@ -92,6 +98,15 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
     @app.exception_handler(TkboxError)
     async def _tk(request: Request, exc: TkboxError) -> JSONResponse:
         return error_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        # Never echo the input: a create body may carry secret values.
+        first = exc.errors()[0] if exc.errors() else {}
+        where = ".".join(str(p) for p in first.get("loc", ()))
+        return JSONResponse({"error": {"type": "UserError", "message":
+                             f"bad request body at {where[:100]}: {first.get('msg', 'invalid')}"
+                             [:300]}}, status_code=422)
 
     @app.exception_handler(Exception)
     async def _bug(request: Request, exc: Exception) -> JSONResponse:

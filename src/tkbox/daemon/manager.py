@@ -32,6 +32,7 @@ from tkbox.daemon import lifecycle
 from tkbox.daemon.guest_client import ExecResult, GuestClient, _str, seconds
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.commands.core import build_request
+from tkbox.doors.secrets import prestart
 from tkbox.errors import (
     GuestError,
     HostError,
@@ -76,6 +77,11 @@ class BoxSpec:
     memory_mib: int = 1024
     vcpus: int = 1
     disk_mib: int = 4096
+    # `--secret` spec strings; values the client read itself (name -> value), else
+    # the daemon reads each source; `--inspect all`. Values live only in Box.secrets.
+    secrets: list[str] = field(default_factory=list)
+    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
+    inspect: str = ""
 
 
 class Box:
@@ -92,6 +98,7 @@ class Box:
         self.lock = asyncio.Lock()
         self.ready: asyncio.Future[dict[str, Any]] | None = None
         self.boot_served = False
+        self.secrets: list[Any] = []  # tkbox.doors.secrets.Secret: daemon memory only
 
     @property
     def name(self) -> str:
@@ -289,6 +296,11 @@ class BoxManager:
         for k in spec.env:
             if not re.match(r"^[A-Za-z_][A-Za-z0-9_]*$", k):
                 raise UserError(f"environment name {k!r} is not valid")
+        loaded = prestart.load_secrets(spec.secrets, spec.secret_values, spec.inspect)
+        for k, v in spec.env.items():
+            prestart.refuse_values(loaded, v.encode("utf-8", "surrogateescape"),
+                                   f"--env {k}")
+        await asyncio.to_thread(prestart.check_workspace, loaded, ws)
         image = await self.images.resolve(spec.image)  # UserError if unknown
         build = await asyncio.to_thread(self.guest_build)
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
@@ -302,7 +314,9 @@ class BoxManager:
             "vcpus": spec.vcpus, "disk_mib": spec.disk_mib},
             "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
             "guest_build": build.digest[:16],
+            "secrets": [s.spec.describe() for s in loaded], "inspect": spec.inspect or "bound",
         })
+        box.secrets = loaded
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
                  "workspace": box.s["workspace"], "allowlist": list(spec.allow),
@@ -312,7 +326,8 @@ class BoxManager:
                      "egress_permit": self.opts.egress_permit,
                      "egress_hosts": self.opts.egress_hosts}),
                      "extra_ca_certs": len(self.opts.ca_certs)},
-                 "guest": {"kernel": build.kernel_version, "initramfs": build.digest}}
+                 "guest": {"kernel": build.kernel_version, "initramfs": build.digest},
+                 "secrets": box.s["secrets"], "inspect": box.s["inspect"]}
         try:
             if self.door_factory is not None:
                 box.door = self.door_factory(box)  # a bad --allow entry is refused here
@@ -360,6 +375,8 @@ class BoxManager:
                         "CURL_CA_BUNDLE": bundle, "PIP_CERT": bundle, "GIT_SSL_CAINFO": bundle,
                         "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
         env.update(spec.env)
+        for sec in box.secrets:
+            env[sec.name] = sec.placeholder.decode("ascii")
         host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
         return {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
                 "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
@@ -464,6 +481,13 @@ class BoxManager:
         if box.state != "running" or box.guest is None:
             raise UserError(f"cannot exec in box {name}: it is {box.state}; "
                             f"{lifecycle.HINTS.get(box.state, '')}")
+        try:
+            prestart.check_command(box.secrets, argv, env, stdin)
+        except Refused as exc:
+            # A secret's value in the command: the record names the secret, not the argv.
+            await self.record(box, "tkbox.command.refused", {
+                "reason": str(exc)[:500], "env_names": sorted(env or {})})
+            raise
         try:
             req = build_request(argv, cwd, env, stdin)
         except Refused as exc:

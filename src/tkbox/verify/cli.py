@@ -45,6 +45,8 @@ def render(report: Report) -> str:
         f"Run: {report.run}",
         f"Records: {report.records} ({kinds})",
         f"Refused decisions: {report.refused}",
+        f"Secrets: {report.secret_uses} uses, {report.secret_leaks} leaks blocked; "
+        f"model calls: {report.model_calls}",
         f"isolation: {report.isolation}",
         f"Assurance: {report.assurance} ({ASSURANCE_TEXT[report.assurance]}"
         + (f": {', '.join(report.cosigned_by)}" if report.cosigned_by else "") + ")",

@@ -63,7 +63,23 @@ class Report:
             "first_time": self.first_time,
             "last_time": self.last_time,
             "refused": self.refused,
+            "secret_uses": self.secret_uses,
+            "secret_leaks": self.secret_leaks,
+            "model_calls": self.model_calls,
         }
+
+    # The secrets door's records (docs/bundle-format.md), counted for the summary.
+    @property
+    def secret_uses(self) -> int:
+        return self.kinds.get("tkbox.secret.use", 0)
+
+    @property
+    def secret_leaks(self) -> int:
+        return self.kinds.get("tkbox.secret.leak", 0)
+
+    @property
+    def model_calls(self) -> int:
+        return self.kinds.get("tkbox.model.call", 0)
 
 
 def _fail(code: str, where: str, what: str) -> FormatError:

@@ -120,6 +120,7 @@ class EgressDoor:
         dial_timeout: float = DIAL_TIMEOUT,
         chunk: int = CHUNK,
         on_record_lost: Callable[[TkboxError], None] | None = None,
+        mitm: Any = None,
     ) -> None:
         self.run_id = run_id
         self.box = box or run_id
@@ -135,6 +136,10 @@ class EgressDoor:
         self.dial_timeout = dial_timeout
         self.chunk = chunk
         self.on_record_lost = on_record_lost
+        # The secrets door (tkbox.doors.secrets.SecretsDoor): tunnels to the hosts it
+        # `wants` are read by it instead of spliced, after every check above.
+        self.mitm = mitm
+        self.ca_pem: str | None = mitm.ca_pem if mitm is not None else None
         own = own_addresses if own_addresses is not None else HostAddresses(clock)
         self.policy = EgressPolicy(
             allowlist if allowlist is not None else Allowlist(allow),
@@ -272,6 +277,13 @@ class EgressDoor:
                 ) from None
             except BadRequest as exc:
                 raise _Refusal(exc.status, exc.message, "request") from None
+            if req.kind == "http" and self.mitm is not None:
+                # Plain http is read anyway: a secret's value or placeholder in its head
+                # is a leak (the secrets door records it).
+                why = await self.mitm.check_plain(req.host.name, req.method, req.path,
+                                                  list(req.headers))
+                if why:
+                    raise _Refusal(403, why, "secret")
             ex, addresses = await self._decide_addresses(conn, req)
             decision_id = await self._decide(req, ex, addresses)
         except _Refusal as r:
@@ -301,7 +313,10 @@ class EgressDoor:
         else:
             outcome = {"address": str(address)}
             try:
-                if req.kind == "connect":
+                if req.kind == "connect" and self.mitm is not None and self.mitm.wants(
+                        req.host.name, req.port):
+                    outcome.update(await self._intercept(stream, origin, conn, req, parser))
+                elif req.kind == "connect":
                     outcome.update(
                         await self._tunnel(stream, origin, conn, req, parser, ex.require_tls)
                     )
@@ -493,6 +508,25 @@ class EgressDoor:
         if result.get("ended") == "refused" and insp.tls and conn.down == 0:
             with contextlib.suppress(Exception):
                 await guest.send_all(TLS_ACCESS_DENIED)
+        return result
+
+    async def _intercept(
+        self,
+        guest: ByteStream,
+        origin: ByteStream,
+        conn: _Conn,
+        req: ProxyRequest,
+        parser: RequestHeadParser,
+    ) -> dict[str, Any]:
+        """Hand a decided, dialed tunnel to the secrets door (it reads the HTTP inside)."""
+        await guest.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        try:
+            result: dict[str, Any] = await self._race(
+                conn,
+                self.mitm.tunnel(guest, origin, req.host.name, req.port, parser.leftover, conn),
+            )
+        except _Cut:
+            return {"ended": "box stopped", "intercepted": True}
         return result
 
     async def _run_pair(

@@ -1,0 +1,332 @@
+"""The secrets door's reading path, beside mitmproxy, on the same transfers in one run.
+
+One TLS origin on loopback (HTTP/1.1, keep-alive) and two intercepting proxies,
+each its own process on a loopback port:
+
+- tkbox: an `EgressDoor` handing the tunnel to a `SecretsDoor` (a fake signer
+  in memory; the origin's name mapped to 127.0.0.1 by an operator hosts file
+  and permitted): TLS terminated with the box CA, every request parsed by
+  h11, the placeholder swapped into `Authorization`, headers, URL and body
+  scanned for the value and the placeholder in every form, the response
+  redacted in a stream;
+- mitmproxy (`mitmdump`, from its PyPI package): TLS terminated with its CA,
+  and an addon that does the same swap and a `bytes.replace` redaction of
+  the response (mitmproxy reads whole bodies unless told to stream, so its
+  redaction sees the whole body at once).
+
+The client is the same for both (blocking sockets and `ssl`, in this process):
+CONNECT, TLS to the proxy's leaf, then requests with `Authorization: Bearer
+<placeholder>`. Measured:
+
+- throughput: one `GET` of a `--mib` MiB body (MiB/s, TLS on both legs, the
+  whole body through the redactor), the best of `--repeat` runs;
+- requests/s: `--requests` sequential small `GET`s on one keep-alive
+  connection (each: swap, scans, a 200 with a 2 KiB body, redaction).
+
+Figures include the client's own TLS and parsing, which is the same for both.
+
+mitmproxy is installed at run time into its own venv (`--mitm-venv`, created
+with `python3 -m venv` and `pip install mitmproxy` if `mitmdump` is missing):
+it pins versions of its own dependencies that the project's do not share.
+
+    .venv/bin/python benchmarks/mitm.py [--mib 64] [--requests 500]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import os
+import socket
+import ssl
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+VALUE = b"ghp_BenchmarkSecretValue0123456789"
+PH = b"tkbox_GH_0123456789abcdef0123456789abcdef"
+HOST = "localhost"
+SMALL = b"x" * 2048
+
+
+# --- certificates -------------------------------------------------------------------
+
+
+def make_origin_cert(d: Path) -> tuple[Path, Path, Path]:
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import NameOID
+
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench CA")])
+    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+          .public_key(key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(key, hashes.SHA256()))
+    lkey = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]))
+            .issuer_name(name).public_key(lkey.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False)
+            .sign(key, hashes.SHA256()))
+    paths = d / "origin-ca.pem", d / "origin.pem", d / "origin.key"
+    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    paths[2].write_bytes(lkey.private_bytes(serialization.Encoding.PEM,
+                                            serialization.PrivateFormat.PKCS8,
+                                            serialization.NoEncryption()))
+    return paths
+
+
+# --- the origin (its own process) -----------------------------------------------------
+
+
+async def serve_origin(cert: str, key: str, mib: int) -> None:
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    big = b"\x00" * (1 << 20)
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        try:
+            while True:
+                head = await reader.readuntil(b"\r\n\r\n")
+                if head.startswith(b"GET /big"):
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % (mib << 20))
+                    for _ in range(mib):
+                        writer.write(big)
+                        await writer.drain()
+                else:
+                    writer.write(b"HTTP/1.1 200 OK\r\ncontent-length: %d\r\n\r\n" % len(SMALL)
+                                 + SMALL)
+                    await writer.drain()
+        except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx, backlog=256)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
+# --- the tkbox door (its own process) ---------------------------------------------------
+
+
+async def serve_door(origin_ca: str, hosts: str, port: int, box_ca_out: str) -> None:
+    from tkbox.doors.network import (
+        ApprovalBoard,
+        EgressDoor,
+        OperatorConfig,
+        SystemClock,
+        SystemResolver,
+        serve_tcp,
+    )
+    from tkbox.doors.secrets import Secret, SecretsDoor, SecretSpec
+    from tkbox.record.client import FakeSigner
+
+    signer = FakeSigner()
+    await signer.open_run("bench", {})
+    sec = Secret(SecretSpec("GH", "env", "GH", (HOST,)), VALUE, PH)
+
+    async def record(kind: str, body: dict[str, object]) -> None:
+        return None  # the signer's cost is the signer benchmark's business
+
+    mitm = SecretsDoor("bench", [sec], ca_pems=[Path(origin_ca).read_text()], record=record)
+    Path(box_ca_out).write_text(mitm.ca_pem or "")
+    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=Path(hosts))
+    clock = SystemClock()
+    door = EgressDoor("bench", signer, [f"{HOST}:{port}"], op, SystemResolver(),
+                      ApprovalBoard(signer, clock), clock, box="bench", mitm=mitm)
+    server = await serve_tcp(door)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
+MITM_ADDON = f'''
+from mitmproxy import http
+PH, VALUE = {PH!r}, {VALUE!r}
+def request(flow: http.HTTPFlow) -> None:
+    a = flow.request.headers.get("authorization", "")
+    if a == "Bearer " + PH.decode():
+        flow.request.headers["authorization"] = "Bearer " + VALUE.decode()
+    flow.request.headers["accept-encoding"] = "identity"
+def response(flow: http.HTTPFlow) -> None:
+    if flow.response.raw_content and VALUE in flow.response.raw_content:
+        flow.response.raw_content = flow.response.raw_content.replace(VALUE, b"*" * len(VALUE))
+'''
+
+
+# --- the client ----------------------------------------------------------------------------
+
+
+class Client:
+    def __init__(self, proxy_port: int, origin_port: int, ca: Path) -> None:
+        raw = socket.create_connection(("127.0.0.1", proxy_port))
+        raw.sendall(f"CONNECT {HOST}:{origin_port} HTTP/1.1\r\nHost: {HOST}:{origin_port}"
+                    "\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += raw.recv(4096)
+        if b" 200" not in head.split(b"\r\n")[0]:
+            raise SystemExit(f"CONNECT failed: {head[:200]!r}")
+        ctx = ssl.create_default_context(cafile=str(ca))
+        ctx.set_alpn_protocols(["http/1.1"])
+        self.s = ctx.wrap_socket(raw, server_hostname=HOST)
+        self.origin_port = origin_port
+        self.buf = bytearray(1 << 20)
+
+    def get(self, path: str) -> int:
+        self.s.sendall(f"GET {path} HTTP/1.1\r\nHost: {HOST}:{self.origin_port}\r\n"
+                       f"Authorization: Bearer {PH.decode()}\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            chunk = self.s.recv(65536)
+            if not chunk:
+                raise SystemExit("proxy closed the connection")
+            head += chunk
+        h, _, rest = head.partition(b"\r\n\r\n")
+        length = next(int(line.split(b":")[1]) for line in h.split(b"\r\n")[1:]
+                      if line.lower().startswith(b"content-length:"))
+        got = len(rest)
+        view = memoryview(self.buf)
+        while got < length:
+            n = self.s.recv_into(view, min(len(view), length - got))
+            if not n:
+                raise SystemExit("short body")
+            got += n
+        return got
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def measure(name: str, proxy: int, origin: int, ca: Path, mib: int, requests: int,
+            repeat: int) -> tuple[float, float]:
+    best = 0.0
+    for _ in range(repeat):
+        c = Client(proxy, origin, ca)
+        t = time.perf_counter()
+        n = c.get("/big")
+        dt = time.perf_counter() - t
+        c.close()
+        assert n == mib << 20
+        best = max(best, mib / dt)
+    c = Client(proxy, origin, ca)
+    c.get("/small")  # warm
+    t = time.perf_counter()
+    for _ in range(requests):
+        c.get("/small")
+    rps = requests / (time.perf_counter() - t)
+    c.close()
+    print(f"  {name:9s} {best:8.1f} MiB/s   {rps:8.0f} requests/s", flush=True)
+    return best, rps
+
+
+def start(argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
+    p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    assert p.stdout is not None
+    line = p.stdout.readline()
+    if not line.strip().isdigit():
+        p.kill()
+        raise SystemExit(f"{argv[0]} did not start: {line!r}")
+    return p, int(line)
+
+
+def mitmdump(venv: Path) -> Path:
+    exe = venv / "bin" / "mitmdump"
+    if not exe.exists():
+        print(f"installing mitmproxy into {venv} (pip, once)...", flush=True)
+        subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
+        subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "mitmproxy"], check=True)
+    return exe
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise SystemExit(f"mitmdump exited {proc.returncode}")
+        try:
+            socket.create_connection(("127.0.0.1", port), 0.2).close()
+            return
+        except OSError:
+            time.sleep(0.1)
+    raise SystemExit("mitmdump did not listen")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--mib", type=int, default=64)
+    ap.add_argument("--requests", type=int, default=500)
+    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--mitm-venv", type=Path, default=Path(tempfile.gettempdir())
+                    / "tkbox-bench-mitmproxy")
+    ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
+    ap.add_argument("--args", nargs="*", default=[], help=argparse.SUPPRESS)
+    a = ap.parse_args()
+    if a.role == "origin":
+        asyncio.run(serve_origin(a.args[0], a.args[1], a.mib))
+        return
+    if a.role == "door":
+        asyncio.run(serve_door(a.args[0], a.args[1], int(a.args[2]), a.args[3]))
+        return
+    exe = mitmdump(a.mitm_venv)
+    with tempfile.TemporaryDirectory() as tmp:
+        d = Path(tmp)
+        origin_ca, cert, key = make_origin_cert(d)
+        hosts = d / "hosts"
+        hosts.write_text(f"127.0.0.1 {HOST}\n")
+        me = [sys.executable, __file__, "--mib", str(a.mib)]
+        procs: list[subprocess.Popen[str] | subprocess.Popen[bytes]] = []
+        try:
+            origin, oport = start([*me, "--role", "origin", "--args", str(cert), str(key)])
+            procs.append(origin)
+            box_ca = d / "box-ca.pem"
+            door, dport = start([*me, "--role", "door", "--args", str(origin_ca), str(hosts),
+                                 str(oport), str(box_ca)])
+            procs.append(door)
+            addon = d / "addon.py"
+            addon.write_text(MITM_ADDON)
+            mport = free_port()
+            conf = d / "mitm"
+            mproc = subprocess.Popen(
+                [str(exe), "-q", "--listen-host", "127.0.0.1", "--listen-port", str(mport),
+                 "--set", f"confdir={conf}", "--set", f"ssl_verify_upstream_trusted_ca={origin_ca}",
+                 "--set", "connection_strategy=lazy", "-s", str(addon)],
+                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(mproc)
+            wait_port(mport, mproc)
+            mitm_ca = conf / "mitmproxy-ca-cert.pem"
+            print(f"transfer: GET of {a.mib} MiB (best of {a.repeat}); {a.requests} small GETs "
+                  "on one keep-alive connection; TLS on both legs; same client", flush=True)
+            t_mib, t_rps = measure("tkbox", dport, oport, box_ca, a.mib, a.requests, a.repeat)
+            m_mib, m_rps = measure("mitmproxy", mport, oport, mitm_ca, a.mib, a.requests,
+                                   a.repeat)
+            print(f"tkbox / mitmproxy: throughput {t_mib / m_mib:.2f}x, "
+                  f"requests/s {t_rps / m_rps:.2f}x (goal: at least 2x)")
+        finally:
+            for p in procs:
+                p.kill()
+                p.wait()
+            os.sync()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,89 @@
+"""The demo's stand-in origins: one HTTPS server on 127.0.0.1 for the names given.
+
+    python scripts/demo_origin.py DIR NAME [NAME...]
+
+Writes DIR/ca.pem (the daemon trusts it with --ca-cert), prints its port,
+and serves until killed:
+
+- `GET /user` with `Authorization: Bearer $GH_TOKEN` (the real value, which
+  only the door has): `{"login": "demo"}`; without it: 401. It logs to
+  DIR/origin.log whether the real token arrived (never the token itself);
+- anything else: `hello from <host>`.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import os
+import ssl
+import sys
+from pathlib import Path
+
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+
+
+def main() -> None:
+    d = Path(sys.argv[1])
+    names = sys.argv[2:]
+    d.mkdir(parents=True, exist_ok=True)
+    now = datetime.datetime.now(datetime.UTC)
+    key = ec.generate_private_key(ec.SECP256R1())
+    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox demo origins CA")])
+    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
+          .public_key(key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(hours=1))
+          .not_valid_after(now + datetime.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
+          .sign(key, hashes.SHA256()))
+    lkey = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
+            .issuer_name(ca_name).public_key(lkey.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(hours=1))
+            .not_valid_after(now + datetime.timedelta(days=1))
+            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
+                           critical=False)
+            .sign(key, hashes.SHA256()))
+    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    (d / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM)
+                                 + lkey.private_bytes(serialization.Encoding.PEM,
+                                                      serialization.PrivateFormat.PKCS8,
+                                                      serialization.NoEncryption()))
+    token = os.environ["GH_TOKEN"]
+    log = open(d / "origin.log", "a", buffering=1)  # noqa: SIM115 - lives as long as the server
+
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def do_GET(self) -> None:  # noqa: N802 - http.server's name
+            host = self.headers.get("host", "").split(":")[0]
+            if self.path == "/user":
+                real = self.headers.get("authorization") == f"Bearer {token}"
+                log.write(f"{host} {self.path}: Authorization held the real token: {real}\n")
+                body, code = (b'{"login": "demo"}\n', 200) if real else (b"bad token\n", 401)
+            else:
+                log.write(f"{host} {self.path}\n")
+                body, code = f"hello from {host}\n".encode(), 200
+            self.send_response(code)
+            self.send_header("content-length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), H)
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(d / "leaf.pem")
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    print(httpd.server_address[1], flush=True)
+    httpd.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

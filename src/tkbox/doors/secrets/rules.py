@@ -1,0 +1,180 @@
+"""What the secrets door does to one request and one response. Pure.
+
+`TunnelRules(host, port, secrets)` is made once per intercepted tunnel. For a
+request head (method, target, headers) it:
+
+1. refuses a `Host` that is not the tunnel's host, and a target that is not
+   origin-form (an origin may route on either, so a request could otherwise
+   reach a host the door never checked);
+2. refuses a request body it cannot read (`Content-Encoding` other than
+   identity), since a compressed body hides anything from the scanner;
+3. for each header bound to a secret of this host, swaps the placeholder
+   (`swap.swap`) and notes a use; the original header value may hold nothing
+   else of any secret;
+4. scans the target and every other header (name and value) for any secret's
+   value or placeholder, in every form (`scan`): a hit is a `SecretLeak`;
+5. asks for an unencoded response (`Accept-Encoding: identity`) so the
+   redactor can read it, and drops `Expect` (the door answers 100 itself).
+
+Bodies and trailers are scanned by a `LeakScanner` from `body_scanner()`;
+responses are redacted by `Redactor`s from `redactor()`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from tkbox.doors.network.names import HostNameError, normalize_name
+from tkbox.doors.secrets.scan import Hit, LeakScanner, Pattern, Redactor, patterns, scan_once
+from tkbox.doors.secrets.spec import Secret
+from tkbox.doors.secrets.swap import swap
+from tkbox.errors import GuestError, Refused
+
+Headers = list[tuple[bytes, bytes]]
+MAX_WHERE = 80
+
+
+class SecretLeak(Refused):
+    """A request carried a secret's value or placeholder where it may not go."""
+
+    def __init__(self, hit: Hit, host: str, where: str) -> None:
+        self.hit, self.host, self.where = hit, host, where[:MAX_WHERE]
+        what = ("it may go only in the bound header to its bound hosts"
+                if hit.kind == "placeholder" else "the value may never leave the box")
+        super().__init__(
+            f"refused: the {hit.kind} of secret {hit.name} was found in the {self.where} "
+            f"of a request to {host} ({hit.form}{', escaped' if hit.decoded else ''}); {what}"
+        )
+
+    def record(self) -> dict[str, object]:
+        """The `tkbox.secret.leak` body: names, never bytes of the value."""
+        return {"name": self.hit.name, "host": self.host, "where": self.where,
+                "kind": self.hit.kind, "form": self.hit.form, "escaped": self.hit.decoded}
+
+
+class BadTunnelRequest(GuestError):
+    """A request the door refuses to carry on an intercepted tunnel (not a leak)."""
+
+
+@dataclass(frozen=True)
+class Use:
+    name: str
+    host: str
+    header: str
+
+
+def _where_header(name: bytes) -> str:
+    text = name.decode("ascii", "replace")
+    return f"header {text[:48]}"
+
+
+class TunnelRules:
+    def __init__(self, host: str, port: int, secrets: Sequence[Secret]) -> None:
+        self.host, self.port = host, port
+        self.secrets = list(secrets)
+        self.bound = {s.spec.header.encode(): s for s in self.secrets if host in s.spec.hosts}
+        self.scan_patterns: list[Pattern] = patterns(
+            [(s.name, "value", s.value) for s in self.secrets]
+            + [(s.name, "placeholder", s.placeholder) for s in self.secrets])
+        self.redact_patterns: list[Pattern] = patterns(
+            [(s.name, "value", s.value) for s in self.secrets], for_redaction=True)
+        self._redact_needles = [p.needle for p in self.redact_patterns]
+
+    def body_scanner(self) -> LeakScanner:
+        return LeakScanner(self.scan_patterns)
+
+    def redactor(self) -> Redactor:
+        return Redactor(self.redact_patterns)
+
+    def _check(self, data: bytes, where: str, allowed: frozenset[tuple[str, str]] = frozenset()
+               ) -> None:
+        for hit in scan_once(self.scan_patterns, data):
+            if (hit.name, hit.kind) not in allowed:
+                raise SecretLeak(hit, self.host, where)
+
+    def _host_ok(self, value: bytes) -> bool:
+        text = value.decode("ascii", "replace").strip()
+        name, _, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
+        if port and (not port.isdigit() or int(port) != self.port):
+            return False
+        try:
+            return normalize_name(name) == self.host
+        except HostNameError:
+            return False
+
+    def request(self, method: bytes, target: bytes, headers: Headers
+                ) -> tuple[Headers, list[Use]]:
+        """The headers to send on (swapped) and the uses; SecretLeak or BadTunnelRequest."""
+        hosts = [v for n, v in headers if n.lower() == b"host"]
+        if len(hosts) != 1 or not self._host_ok(hosts[0]):
+            shown = hosts[0][:64].decode("ascii", "replace") if hosts else "none"
+            raise BadTunnelRequest(
+                f"refused: the request's Host ({shown}) is not the tunnel's host "
+                f"{self.host}; one tunnel carries requests for its own host only")
+        if not (target.startswith(b"/") or (target == b"*" and method == b"OPTIONS")):
+            # An absolute-form target takes precedence over Host (RFC 9112 §3.2.2).
+            raise BadTunnelRequest(
+                "refused: a request inside a tunnel must have an origin-form target "
+                "(/path); an absolute URL could name another host")
+        self._check(target, "URL")
+        self._check(method, "method")
+        out: Headers = []
+        uses: list[Use] = []
+        # One scan of every header not bound here; only on a hit is each one scanned, to
+        # say where (the usual request is clean, and this is its cost).
+        unbound = b"\r\n".join(n + b": " + v for n, v in headers if n.lower() not in self.bound)
+        clean = not scan_once(self.scan_patterns, unbound)
+        for name, value in headers:
+            low = name.lower()
+            if low == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
+                raise BadTunnelRequest(
+                    f"refused: a request body with Content-Encoding "
+                    f"{value[:32].decode('ascii', 'replace')} cannot be read for secrets; "
+                    "send it unencoded")
+            if low in (b"accept-encoding", b"expect"):
+                continue
+            secret = self.bound.get(low)
+            if secret is not None:
+                self._check(name, _where_header(name))
+                new = swap(value, secret.placeholder, secret.value)
+                if new is not None:
+                    # The placeholder (in any form: Basic is base64) is what is swapped;
+                    # anything else of any secret in the same header is a leak.
+                    rest = value.replace(secret.placeholder, b"")
+                    self._check(rest, _where_header(name) + " (beside the placeholder)",
+                                frozenset({(secret.name, "placeholder")}))
+                    out.append((name, new))
+                    uses.append(Use(secret.name, self.host, low.decode("ascii")))
+                    continue
+            if not clean or secret is not None:
+                self._check(name + b": " + value, _where_header(name))
+            out.append((name, value))
+        out.append((b"accept-encoding", b"identity"))
+        return out, uses
+
+    def check_plain(self, method: bytes, target: bytes, headers: Headers) -> None:
+        """A plain-http head: nothing is swapped there, so any hit is a leak."""
+        self._check(target, "URL")
+        self._check(method, "method")
+        for name, value in headers:
+            self._check(name + b": " + value, _where_header(name))
+
+    def trailers(self, headers: Headers) -> None:
+        for name, value in headers:
+            self._check(name + b": " + value, "trailer " + _where_header(name))
+
+    def redact_headers(self, headers: Headers) -> tuple[Headers, int]:
+        """Response headers with every value form replaced; and how many were."""
+        out: Headers = []
+        count = 0
+        for name, value in headers:
+            low = value.lower()
+            if not any(n in low for n in self._redact_needles):
+                out.append((name, value))
+                continue
+            r = self.redactor()
+            new = r.feed(value, final=True)
+            count += r.count
+            out.append((name, new))
+        return out, count

@@ -1,0 +1,250 @@
+"""Finding and hiding secret values in byte streams. Pure, streaming, split-invariant.
+
+**Forms.** A value `v` is looked for, case-folded (ASCII), as:
+
+- `raw`: `v` itself;
+- `hex`: `v.hex()`;
+- `base64`, `base64url`: for each alignment k in 0, 1, 2 (the value starting
+  k bytes into a 3-byte group), the characters of `b64(b"\\0"*k + v)` that
+  depend only on `v`'s bits: indices `ceil(8k/6)` to `floor(8(k+n)/6)`
+  (RFC 4648 §4, §5), so `v` is found inside any longer base64 text;
+- `base32`: likewise at each of five alignments (RFC 4648 §6);
+- `reversed`: `v` backwards;
+- `percent`, `json`: `v` as `quote(v, safe="")` and as a JSON string body
+  (only used to redact; the scanner decodes escapes in general, below).
+
+**Scanning** (requests: is any value or placeholder leaving?). Each window is
+searched twice: as sent (case-folded), and *decoded*: every `%XX`, `\\xXX`,
+`\\u00XX`, `&#xXX;`, `&#DDD;` and `\\/` replaced by its byte, and that again
+(two levels: `%2541` is `A`); and each of those views again *squeezed*, every
+byte but ASCII letters and digits dropped, searched for the forms squeezed the
+same way (when 8 or more characters remain), so separators, spaces or line
+breaks put between the characters (MIME-wrapped base64 too) hide nothing.
+So a value that is percent-encoded, JSON-escaped, HTML-escaped,
+doubly encoded, or partly encoded (any subset of its bytes) and *then* hex or
+base64 is found by one rule, not a list of cases. The scanner keeps the last
+`span` bytes it saw (36 times the longest form: an escape spends at most
+six bytes on one, per level), so any occurrence ending in a chunk is inside that chunk's
+window: the set of hits does not depend on how the bytes were split, and
+memory is bounded by `span` plus one chunk.
+
+**Redaction** (responses: the guest must never read a value). Leftmost,
+longest match of any form, replaced by as many `*` (so lengths, and so
+`Content-Length`, do not change). A position is decided only once the
+longest form could be complete there (`hold` = longest form - 1 bytes are
+held back) or at the end of the stream, so the output is the same however the
+input was split.
+"""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+import urllib.parse
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+ESCAPES = re.compile(
+    rb"%([0-9a-f]{2})|\\u00([0-9a-f]{2})|\\x([0-9a-f]{2})|&#x0*([0-9a-f]{1,2});"
+    rb"|&#0*([0-9]{1,3});|\\(/)"
+)
+MAX_ESCAPE = 6  # "\u00XX" and "&#DDD;" carry one byte in six
+DECODE_LEVELS = 2
+# Bytes the squeezed views drop: everything but ASCII letters and digits.
+NOT_ALNUM = bytes(b for b in range(256) if not (48 <= b <= 57 or 97 <= b <= 122 or 65 <= b <= 90))
+MIN_SQUEEZED = 8
+
+
+@dataclass(frozen=True)
+class Pattern:
+    """One form of one secret's value or placeholder, case-folded."""
+
+    name: str  # the secret's name
+    kind: str  # "value" or "placeholder"
+    form: str  # raw, hex, base64, base64url, percent, json
+    needle: bytes
+
+
+@dataclass(frozen=True)
+class Hit:
+    name: str
+    kind: str
+    form: str
+    decoded: bool  # found only after decoding escapes
+
+    def describe(self) -> str:
+        how = self.form + (" (escaped)" if self.decoded else "")
+        return f"{self.kind} of {self.name} ({how})"
+
+
+def _b64_forms(v: bytes, alphabet: str) -> list[bytes]:
+    out: list[bytes] = []
+    n = len(v)
+    for k in range(3):
+        enc = base64.b64encode(b"\0" * k + v)
+        if alphabet == "base64url":
+            enc = enc.translate(bytes.maketrans(b"+/", b"-_"))
+        start = -(-8 * k // 6)
+        end = 8 * (k + n) // 6
+        out.append(enc[start:end])
+    return out
+
+
+def _b32_forms(v: bytes) -> list[bytes]:
+    out: list[bytes] = []
+    n = len(v)
+    for k in range(5):  # RFC 4648 §6: 5-byte groups, 5 bits a character
+        enc = base64.b32encode(b"\0" * k + v)
+        out.append(enc[-(-8 * k // 5): 8 * (k + n) // 5])
+    return out
+
+
+def forms(v: bytes, *, for_redaction: bool = False) -> list[tuple[str, bytes]]:
+    """Every encoded form of `v`, case-folded, without duplicates."""
+    out: list[tuple[str, bytes]] = [("raw", v), ("hex", v.hex().encode()),
+                                    ("reversed", v[::-1])]
+    out += [("base64", f) for f in _b64_forms(v, "base64")]
+    out += [("base64url", f) for f in _b64_forms(v, "base64url")]
+    out += [("base32", f) for f in _b32_forms(v)]
+    if for_redaction:
+        out.append(("percent", urllib.parse.quote(v, safe="").encode()))
+        out.append(("percent", "".join(f"%{b:02x}" for b in v).encode()))
+        out.append(("json", json.dumps(v.decode("latin-1"))[1:-1].encode()))
+        out.append(("json", "".join(f"\\u{b:04x}" for b in v).encode()))
+    seen: set[bytes] = set()
+    result: list[tuple[str, bytes]] = []
+    for form, needle in out:
+        low = needle.lower()
+        if low and low not in seen:
+            seen.add(low)
+            result.append((form, low))
+    return result
+
+
+def patterns(items: Iterable[tuple[str, str, bytes]], *, for_redaction: bool = False
+             ) -> list[Pattern]:
+    """(name, kind, bytes) triples to every case-folded form of each."""
+    return [Pattern(name, kind, form, needle)
+            for name, kind, v in items for form, needle in forms(v, for_redaction=for_redaction)]
+
+
+def _decode_one(m: re.Match[bytes]) -> bytes:
+    for g in (1, 2, 3, 4):
+        if m.group(g) is not None:
+            return bytes([int(m.group(g), 16)])
+    if m.group(5) is not None:
+        n = int(m.group(5))
+        return bytes([n]) if n < 256 else m.group(0)
+    return b"/"
+
+
+def decoded_views(low: bytes) -> list[bytes]:
+    """Up to two levels of escape decoding of a case-folded window."""
+    views: list[bytes] = []
+    cur = low
+    for _ in range(DECODE_LEVELS):
+        if b"%" not in cur and b"\\" not in cur and b"&#" not in cur:
+            break
+        nxt = ESCAPES.sub(_decode_one, cur).lower()
+        if nxt == cur:
+            break
+        views.append(nxt)
+        cur = nxt
+    return views
+
+
+class LeakScanner:
+    """Streaming search for any pattern, as sent or decoded. See the module docstring."""
+
+    def __init__(self, pats: Sequence[Pattern]) -> None:
+        self.patterns = list(pats)
+        self.squeezed = [(p, sq) for p in self.patterns
+                         if len(sq := p.needle.translate(None, NOT_ALNUM)) >= MIN_SQUEEZED]
+        longest = max((len(p.needle) for p in self.patterns), default=0)
+        # each level of escapes spends at most six bytes on one
+        self.span: int = longest * MAX_ESCAPE ** DECODE_LEVELS
+        self._tail = b""
+        self.hits: list[Hit] = []
+        self._seen: set[tuple[str, str, str]] = set()
+
+    @property
+    def hold(self) -> int:
+        """Bytes a caller must hold back so a leak found later has not left yet."""
+        return self.span
+
+    def feed(self, data: bytes) -> list[Hit]:
+        """New hits in `data` (given what came before). Never raises on any bytes."""
+        if not self.patterns or not data:
+            return []
+        window = (self._tail + data).lower()
+        self._tail = (self._tail + data)[-self.span:]
+        new: list[Hit] = []
+        views = [(window, False)] + [(v, True) for v in decoded_views(window)]
+        for view, dec in views:
+            squeezed = view.translate(None, NOT_ALNUM)
+            for p in self.patterns:
+                key = (p.name, p.kind, p.form)
+                if key in self._seen or p.needle not in view:
+                    continue
+                self._seen.add(key)
+                new.append(Hit(p.name, p.kind, p.form, dec))
+            for p, sq in self.squeezed:
+                key = (p.name, p.kind, p.form)
+                if key in self._seen or sq not in squeezed:
+                    continue
+                self._seen.add(key)
+                new.append(Hit(p.name, p.kind, p.form + " (with separators)", dec))
+        self.hits.extend(new)
+        return new
+
+    def reset(self) -> None:
+        """A new message: nothing carries over from the last one."""
+        self._tail = b""
+
+
+def scan_once(pats: Sequence[Pattern], data: bytes) -> list[Hit]:
+    """All hits in one complete piece of bytes (a header value, a URL)."""
+    return LeakScanner(pats).feed(data)
+
+
+REDACT_BYTE = b"*"
+
+
+class Redactor:
+    """Streaming, split-invariant replacement of every form. See the module docstring."""
+
+    def __init__(self, pats: Sequence[Pattern]) -> None:
+        self.needles = sorted({p.needle for p in pats}, key=len, reverse=True)
+        self.longest = len(self.needles[0]) if self.needles else 0
+        self._buf = b""
+        self.count = 0
+
+    def feed(self, data: bytes, final: bool = False) -> bytes:
+        """Redacted bytes that are decided; the rest is held until more comes or `final`."""
+        if not self.needles:
+            return data
+        buf = self._buf + data
+        low = buf.lower()
+        out: list[bytes] = []
+        i = 0
+        n = len(buf)
+        limit = n if final else n - self.longest + 1  # positions < limit are decidable
+        while i < limit:
+            p, length = -1, 0
+            for nd in self.needles:
+                j = low.find(nd, i)
+                if j != -1 and (p == -1 or j < p or (j == p and len(nd) > length)):
+                    p, length = j, len(nd)
+            if p == -1 or p >= limit:
+                out.append(buf[i:limit])
+                i = limit
+                break
+            out.append(buf[i:p])
+            out.append(REDACT_BYTE * length)
+            self.count += 1
+            i = p + length
+        self._buf = buf[max(i, 0):] if not final else b""
+        if final and i < n:
+            out.append(buf[i:])
+        return b"".join(out)

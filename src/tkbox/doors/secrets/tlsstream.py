@@ -1,0 +1,103 @@
+"""TLS over any `ByteStream` with `ssl.MemoryBIO` and `SSLObject` (DESIGN §3).
+
+A port stream is not a socket, so TLS runs in memory: bytes the SSL object
+wants to send are drained from its outgoing BIO to the stream, bytes from the
+stream are written to its incoming BIO. `receive` returns `b""` at the peer's
+close_notify or at a bare EOF (HTTP framing, checked by h11, decides whether
+the message was complete). Errors from the peer are `TLSError`.
+"""
+
+from __future__ import annotations
+
+import functools
+import ssl
+from collections.abc import Callable
+from typing import TypeVar
+
+from tkbox.errors import RemoteError
+from tkbox.protocol.streams import ByteStream, StreamClosed
+
+T = TypeVar("T")
+CHUNK = 64 * 1024
+
+
+class TLSError(RemoteError):
+    """The TLS peer (guest or origin) failed the handshake or broke the stream."""
+
+
+class TLSStream(ByteStream):
+    def __init__(self, raw: ByteStream, ctx: ssl.SSLContext, *, server_side: bool,
+                 server_hostname: str | None = None) -> None:
+        self.raw = raw
+        self._in = ssl.MemoryBIO()
+        self._out = ssl.MemoryBIO()
+        self.obj = ctx.wrap_bio(self._in, self._out, server_side=server_side,
+                                server_hostname=server_hostname)
+        self._eof = False
+        self.bytes_in = 0
+
+    async def _flush(self) -> None:
+        data = self._out.read()
+        if data:
+            await self.raw.send_all(data)
+
+    async def _run(self, fn: Callable[[], T]) -> T:
+        while True:
+            try:
+                result = fn()
+            except ssl.SSLWantReadError:
+                await self._flush()
+                if self._eof:
+                    raise TLSError("the peer closed the connection during TLS") from None
+                data = await self.raw.receive(CHUNK)
+                if not data:
+                    self._eof = True
+                    self._in.write_eof()
+                else:
+                    self.bytes_in += len(data)
+                    self._in.write(data)
+                continue
+            except ssl.SSLZeroReturnError:
+                await self._flush_quietly()
+                raise
+            except ssl.SSLError as exc:
+                await self._flush_quietly()
+                raise TLSError(f"TLS failed: {exc.reason or exc.__class__.__name__}") from None
+            await self._flush()
+            return result
+
+    async def _flush_quietly(self) -> None:
+        try:
+            await self._flush()
+        except (StreamClosed, OSError):
+            pass
+
+    async def handshake(self) -> None:
+        await self._run(self.obj.do_handshake)
+
+    async def receive(self, max_bytes: int = CHUNK) -> bytes:
+        try:
+            return await self._run(lambda: self.obj.read(max_bytes))
+        except TLSError:
+            if self._eof:
+                return b""  # a bare EOF: framing decides whether anything was cut short
+            raise
+        except ssl.SSLZeroReturnError:
+            return b""
+
+    async def send_all(self, data: bytes) -> None:
+        view = memoryview(data)
+        while view:
+            n = await self._run(functools.partial(self.obj.write, view))
+            view = view[n:]
+
+    async def send_eof(self) -> None:
+        try:
+            self.obj.unwrap()
+        except ssl.SSLError:
+            pass
+        await self._flush_quietly()
+        await self.raw.send_eof()
+
+    async def aclose(self) -> None:
+        await self.raw.aclose()
