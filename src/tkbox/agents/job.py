@@ -131,6 +131,8 @@ def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
             raise UserError(f"{spec.key_env} is not set: Claude Code needs an API key. Export "
                             f"it (in CI: env: {spec.key_env}: ${{{{ secrets.{spec.key_env} }}}}); "
                             "the box will only ever hold a placeholder for it")
+    if not re.match(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$", spec.model_host):
+        raise UserError(f"--model-host {spec.model_host[:80]!r} must be HOST or HOST:PORT")
     if spec.name is not None and not re.match(r"^[a-z0-9][a-z0-9_.-]{0,62}$", spec.name):
         raise UserError(f"box name {spec.name!r} is not valid: use lowercase letters, digits, "
                         "'.', '_' and '-'")
@@ -144,11 +146,14 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
     image = spec.image or "tkbox/default"
     if spec.agent == "claude-code":
         image = spec.image or "tkbox/claude-code"
+        # HOST or HOST:PORT; a port other than 443 also goes to Claude Code's base URL
+        host, _, port = spec.model_host.partition(":")
         if spec.model_host not in allow:
             allow.append(spec.model_host)
+        if port and port != "443":
+            env.setdefault("ANTHROPIC_BASE_URL", f"https://{spec.model_host}")
         if not any(s.startswith(spec.key_env + "=") for s in secrets):
-            secrets.append(f"{spec.key_env}=env:{spec.key_env}@{spec.model_host};"
-                           "header=x-api-key")
+            secrets.append(f"{spec.key_env}=env:{spec.key_env}@{host};header=x-api-key")
         # Claude Code's own setting: no telemetry, error reports or update checks.
         env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         env.setdefault("DISABLE_AUTOUPDATER", "1")
