@@ -109,7 +109,7 @@ def sse(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
 
 def script(port: int) -> list[dict[str, Any]]:
     """The agent's turns: Read, Edit, Bash (the test, the key's placeholder, a refused host)."""
-    bash = ("python3 test_calc.py && echo TESTS-PASSED; "
+    bash = ("python3 -B test_calc.py && echo TESTS-PASSED; "
             "printf '%s\\n' \"$ANTHROPIC_API_KEY\" > key_seen.txt; "
             f"curl -sS -m 30 -o /dev/null https://other.test:{port}/ 2>&1 | head -c 300; true")
     return [
@@ -372,8 +372,8 @@ def test_claude_code_through_an_mcp_client_session(world: dict[str, Any]) -> Non
             (out / f"{name}.patch").write_text(p["text"])
             outcome["patch"] = str(out / f"{name}.patch")
             dry = await call("apply", box=name)
-            assert dry["dry_run"] is True and [f["path"] for f in dry["files"]] == \
-                ["calc.py", "key_seen.txt"]
+            assert dry["dry_run"] is True
+            assert {"calc.py", "key_seen.txt"} <= {f["path"] for f in dry["files"]}
             e = await call("export", box=name, path=str(out / f"{name}.tkb"))
             outcome["bundle"] = e["bundle"]
 
