@@ -43,9 +43,39 @@ from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
 
+# The first job builds tkbox/claude-code (minutes, once); each job is one booted box.
+pytestmark = pytest.mark.timeout(3600)
+
 KEY = "sk-ant-e2eAgentKeyValue-9c41d7"
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Make the failing test in test_calc.py pass. Do not change the test."
+
+
+def registry_permits() -> list[str]:
+    """`--egress-permit` for the npm registry's addresses when they are not public.
+
+    Building the image installs the npm package through the door from the host's
+    configured registry. Where that registry is a mirror on a private or
+    documentation address (as on some test machines), the door refuses it like
+    any such address unless the operator permits it: the operator here is this test.
+    """
+    import ipaddress
+    import socket
+
+    from tkbox.doors.network.presets import npm_hosts
+
+    permits = []
+    for entry in npm_hosts():
+        host = entry.split(":")[0]
+        try:
+            infos = socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        for info in infos:
+            addr = ipaddress.ip_address(info[4][0])
+            if not addr.is_global:
+                permits += ["--egress-permit", f"{addr}/{addr.max_prefixlen}"]
+    return permits
 
 
 def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
@@ -205,7 +235,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     s.env["ANTHROPIC_API_KEY"] = KEY
     s.start_signer()
     daemon_args = ["--egress-permit", "127.0.0.1/32", "--egress-hosts", str(hosts),
-                   "--ca-cert", str(ca), "--approval-wait", "1"]
+                   "--ca-cert", str(ca), "--approval-wait", "1", *registry_permits()]
     s.start_daemon(*daemon_args)
     w = {"stack": s, "port": port, "tmp": tmp, "log": log, "ca": ca, "hosts": hosts,
          "daemon_args": daemon_args, "model_host": f"api.anthropic.com:{port}"}

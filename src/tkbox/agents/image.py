@@ -45,7 +45,8 @@ EXTRA_PACKAGES = ("nodejs", "npm")
 
 INSTALL = r"""set -eu
 cd /workspace
-npm install -g --prefix /workspace/prefix --no-fund --no-audit --loglevel=error "$1"
+npm install -g --prefix /workspace/prefix --no-fund --no-audit --loglevel=error \
+  --registry "$2" "$1"
 exe=/workspace/prefix/lib/node_modules/@anthropic-ai/claude-code/bin/claude.exe
 size=$(wc -c < "$exe")
 if [ "$size" -lt 1000000 ]; then
@@ -83,11 +84,12 @@ def ensure_image(client: Client, *, rebuild: bool = False,
     work = Path(tempfile.mkdtemp(prefix="tkbox-cc-image-"))
     try:
         base_tar = work / "base.tar"
-        log(f"building {BASE} (Debian with nodejs and npm; a few minutes, once)")
-        build_rootfs(base_tar, packages=(*DEFAULT_PACKAGES, *EXTRA_PACKAGES),
-                     log=lambda m: None)
-        with ImageStore(paths.images()) as store:
-            store.import_tar(base_tar, BASE, source="build")
+        if rebuild or not _base_layer(base_tar):
+            log(f"building {BASE} (Debian with nodejs and npm; a few minutes, once)")
+            build_rootfs(base_tar, packages=(*DEFAULT_PACKAGES, *EXTRA_PACKAGES),
+                         log=lambda m: None)
+            with ImageStore(paths.images()) as store:
+                store.import_tar(base_tar, BASE, source="build")
         layer = work / "layer.tar"
         log(f"installing {PACKAGE}@{VERSION} in a box, through the door (npm preset)")
         install_in_box(client, layer)
@@ -102,17 +104,56 @@ def ensure_image(client: Client, *, rebuild: bool = False,
         shutil.rmtree(work, ignore_errors=True)
 
 
+def _base_layer(dest: Path) -> bool:
+    """Copy the stored base's one layer (an uncompressed tar) to `dest`, if it is there."""
+    from tkbox.image.store import ImageStore
+
+    with ImageStore(paths.images()) as store:
+        found = store._find(BASE)
+        if found is None:
+            return False
+        try:
+            manifest = store._manifest(found[1]["digest"])
+            if len(manifest.layers) != 1:
+                return False
+            src = store.blob_path(manifest.layers[0].digest)
+            shutil.copyfile(src, dest)
+        except (TkboxError, OSError, KeyError):
+            return False
+    return True
+
+
+def host_registry() -> str:
+    """The npm registry this host is configured with: the one the `npm` preset allows,
+    so the box's npm is pointed at it too (no registry name is written in tkbox)."""
+    import subprocess
+
+    from tkbox.doors.network.presets import _run, npm_hosts
+
+    if not npm_hosts():
+        raise HostError("the npm preset is empty on this host (no npm, or no registry "
+                        "configured): install npm (apt-get install npm) to build "
+                        f"{IMAGE}")
+    try:
+        url = _run(["npm", "config", "get", "registry"]).strip().splitlines()[0]
+    except (OSError, subprocess.SubprocessError, IndexError):
+        raise HostError("'npm config get registry' failed on this host") from None
+    return url
+
+
 def install_in_box(client: Client, layer: Path) -> None:
+    registry = host_registry()
     ws = Path(tempfile.mkdtemp(prefix="tkbox-cc-ws-"))
     name = f"image-claude-code-{secrets.token_hex(3)}"
     box = client.run(image=BASE, workspace=ws, allow=["npm"], name=name, memory_mib=2048)
     try:
-        r = box.exec(["sh", "-c", INSTALL, "tkbox-install", f"{PACKAGE}@{VERSION}"])
+        r = box.exec(["sh", "-c", INSTALL, "tkbox-install", f"{PACKAGE}@{VERSION}", registry])
         if r.status != 0:
-            tail = r.stderr.decode(errors="replace").strip().splitlines()[-1:] or ["no output"]
+            lines = r.stderr.decode(errors="replace").strip().splitlines()
+            tail = [x for x in lines if "ERR!" in x][:2] or lines[-1:] or ["no output"]
             raise HostError(f"installing {PACKAGE} in the box failed (exit {r.status}): "
-                            f"{tail[0][:200]}; check that the npm preset reaches its registry "
-                            "('tkbox presets')")
+                            f"{' '.join(tail)[:240]}; check that the npm preset reaches its "
+                            "registry ('tkbox presets', 'tkbox egress check')")
         s = box.exec_stream(["sh", "-c", PACK])
         with open(layer, "wb") as f:
             for chunk in s:
