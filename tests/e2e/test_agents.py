@@ -266,7 +266,8 @@ def records(s: Stack, bundle: str) -> list[dict[str, Any]]:
     return [json.loads(e.extra or b"{}") for e in parse(Path(bundle).read_bytes()).entries]
 
 
-def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int) -> None:
+def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int,
+              *, agent_result: bool = True) -> None:
     """What every driver's job must show, judged by its effects."""
     s: Stack = w["stack"]
     assert outcome["error"] is None and outcome["status"] == 0, outcome
@@ -283,8 +284,9 @@ def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int) 
     assert len([c for c in posts if c.get("turn") is not None]) >= 4, calls
     assert all(c["key_ok"] for c in posts), calls
     # Claude Code's own JSON result: a success after its tool calls
-    res = outcome["agent_result"]
-    assert res and res.get("is_error") is False and res.get("num_turns", 0) >= 3, res
+    if agent_result:
+        res = outcome["agent_result"]
+        assert res and res.get("is_error") is False and res.get("num_turns", 0) >= 3, res
     recs = records(s, outcome["bundle"])
     text = json.dumps(recs)
     assert KEY not in text
@@ -430,9 +432,10 @@ def test_claude_code_through_the_actions_script(world: dict[str, Any]) -> None:
     assert o["status"] == "0" and Path(o["bundle"]).parent == temp / "tkbox-out"
     box = json.loads(s.tk("inspect", o["box"], "--json").stdout)
     assert box["state"] == "exported"
-    outcome = {"error": None, "status": 0, "patch": o["patch"], "bundle": o["bundle"],
-               "agent_result": {"is_error": False, "num_turns": 3}}
-    check_job(world, ws, outcome, since)
+    outcome = {"error": None, "status": int(o["status"]), "patch": o["patch"],
+               "bundle": o["bundle"]}
+    # the Action's outputs carry no agent result; its step summary and status do
+    check_job(world, ws, outcome, since, agent_result=False)
     assert KEY not in r.stdout + r.stderr
 
 
