@@ -52,7 +52,8 @@ PROMPT = "Make the failing test in test_calc.py pass. Do not change the test."
 
 
 def registry_permits() -> list[str]:
-    """`--egress-permit` for the npm registry's addresses when they are not public.
+    """`--egress-permit` for the npm registry's addresses when they are not public, and
+    `--ca-cert` for the CAs this host added locally.
 
     Building the image installs the npm package through the door from the host's
     configured registry. Where that registry is a mirror on a private or
@@ -75,6 +76,10 @@ def registry_permits() -> list[str]:
             addr = ipaddress.ip_address(info[4][0])
             if not addr.is_global:
                 permits += ["--egress-permit", f"{addr}/{addr.max_prefixlen}"]
+    # Such a mirror may also present a certificate from a CA this host added
+    # locally (Debian's place for them); the box trusts it only if the operator says so.
+    for pem in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")):
+        permits += ["--ca-cert", str(pem)]
     return permits
 
 
