@@ -205,7 +205,11 @@ def make_handler(log: list[dict[str, Any]], port_box: list[int]
                 blocks: list[dict[str, Any]] = [{"type": "text", "text": "ok"}]
                 stop = "end_turn"
             else:
-                turn = sum(1 for m in msgs if m.get("role") == "assistant")
+                # the turn is how many tool results came back so far
+                turn = sum(1 for m in msgs if m.get("role") == "user"
+                           and isinstance(m.get("content"), list)
+                           for c in m["content"]
+                           if isinstance(c, dict) and c.get("type") == "tool_result")
                 steps = script(port_box[0])
                 blocks = [steps[min(turn, len(steps) - 1)]]
                 stop = "tool_use" if blocks[0]["type"] == "tool_use" else "end_turn"
