@@ -1,11 +1,27 @@
-"""Box start-to-ready and `exec true` round trip, beside a bare QEMU boot.
+"""Box start-to-ready (cold and from a booted template), `exec true`, 8 boxes at once.
 
-The baseline is QEMU booting the same kernel and initramfs with the same
-machine, stopping where the guest would start its init (`rdinit=` names no
-file, the kernel panics, `-no-reboot` ends QEMU): the cost of the VMM and the
-kernel alone. All figures come from the same run on this host.
+Every figure is measured in the same run, beside its baseline:
 
-    .venv/bin/python benchmarks/boot.py [--runs N]
+- **bare boot**: QEMU booting the same kernel and initramfs with the same
+  machine, stopping where the guest would start its init (`rdinit=` names no
+  file, the kernel panics, `-no-reboot` ends QEMU): the VMM and the kernel alone.
+- **cold start-to-ready**: `BoxManager.create` with templates off: disks
+  built, QEMU started, kernel boot, guest agent, boot config, mounts, ready.
+- **template build**: booting the template machine to the guest's park point
+  and saving it (once per kernel, initramfs, memory, vCPUs, QEMU, layout).
+- **template start-to-ready**: `BoxManager.create` restoring that template:
+  disks built, QEMU started with `-incoming`, the state loaded, the guest
+  woken, boot config (host entropy reseeded, clock set), disks probed and
+  mounted, ready. Ratios are to the bare boot of the same run.
+- **exec true**: one `BoxManager.exec` round trip (mux stream, RPC, the guest
+  forks and chroots `true`, exit status back), printed beside a **mux echo**:
+  one RPC `ping` over a fresh mux stream (the floor an exec stands on).
+- **8 at once**: eight `create`s started together from the template: time until
+  all are ready, then each idle QEMU's resident and proportional memory.
+
+The signer is the in-process fake (`FakeSigner`): these figures are the VM's.
+
+    .venv/bin/python benchmarks/boot.py [--runs N] [--boxes 8]
 """
 
 from __future__ import annotations
@@ -18,6 +34,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 from tkbox import paths
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options
@@ -25,11 +42,13 @@ from tkbox.image.initramfs import build
 from tkbox.image.kernel import find_kernel
 from tkbox.image.store import ImageStore
 from tkbox.record.client import FakeSigner
-from tkbox.vm.base import VMSpec
+from tkbox.vm.base import Disk, VMSpec
 from tkbox.vm.qemu import QemuLauncher, build_argv, decide_accel
+from tkbox.vm.template import TemplateStore
 
 
-def bare_boot(gb, accel: str, tmp: Path) -> float:
+def bare_boot(gb: Any, accel: str, tmp: Path) -> float:
+    tmp.mkdir()
     spec = VMSpec(name="bare", kernel=gb.kernel, initramfs=gb.initramfs, workdir=tmp,
                   cmdline="rdinit=/tkbox-benchmark-no-init")
     argv = build_argv(spec, accel)
@@ -39,48 +58,123 @@ def bare_boot(gb, accel: str, tmp: Path) -> float:
     return time.monotonic() - t0
 
 
-async def box_figures(gb, accel, tmp: Path, runs: int) -> tuple[list[float], list[float]]:
-    ready, rtt = [], []
+def manager(launcher: QemuLauncher, images: Any, gb: Any, home: Path) -> BoxManager:
+    return BoxManager(launcher=launcher, signer=FakeSigner(), options=Options(),
+                      images=images, guest_build=lambda: gb, home=home)
+
+
+def memory_kib(pid: int) -> tuple[int, int]:
+    """(resident, proportional) memory of a process, KiB."""
+    rss = pss = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("Rss:"):
+            rss = int(line.split()[1])
+        elif line.startswith("Pss:"):
+            pss = int(line.split()[1])
+    return rss, pss
+
+
+async def starts(m: BoxManager, ws: Path, runs: int, prefix: str,
+                 exec_rtt: list[float] | None = None, echo_rtt: list[float] | None = None,
+                 kinds: list[str] | None = None) -> list[float]:
+    ready = []
+    for i in range(runs):
+        name = f"{prefix}{i}"
+        t0 = time.monotonic()
+        box = await m.create(BoxSpec(name=name, image="tkbox/default", workspace=str(ws)))
+        ready.append(time.monotonic() - t0)
+        if kinds is not None:
+            kinds.append(box.s.get("start", {}).get("kind", "?"))
+        for _ in range(5 if exec_rtt is not None else 0):
+            assert box.guest is not None
+            t1 = time.monotonic()
+            await box.guest.ping()
+            if echo_rtt is not None:
+                echo_rtt.append(time.monotonic() - t1)
+            t1 = time.monotonic()
+            async for _ev in m.exec(name, ["true"], None, None, None):
+                pass
+            if exec_rtt is not None:
+                exec_rtt.append(time.monotonic() - t1)
+        await m.stop(name)
+        await m.rm(name)
+    return ready
+
+
+async def together(m: BoxManager, ws: Path, n: int) -> tuple[float, list[tuple[int, int]]]:
+    names = [f"many{i}" for i in range(n)]
+    t0 = time.monotonic()
+    boxes = await asyncio.gather(*(m.create(BoxSpec(name=x, image="tkbox/default",
+                                                    workspace=str(ws))) for x in names))
+    all_ready = time.monotonic() - t0
+    await asyncio.sleep(2)  # idle
+    mem = [memory_kib(b.vm.proc.pid) for b in boxes]  # type: ignore[union-attr]
+    await asyncio.gather(*(m.stop(x) for x in names))
+    for x in names:
+        await m.rm(x)
+    return all_ready, mem
+
+
+async def figures(gb: Any, accel: Any, tmp: Path, runs: int, n: int) -> dict[str, Any]:
     ws = tmp / "ws"
-    ws.mkdir(exist_ok=True)
+    ws.mkdir()
     (ws / "f").write_text("x\n")
+    out: dict[str, Any] = {}
     with ImageStore(paths.images()) as images:
-        m = BoxManager(launcher=QemuLauncher(accel), signer=FakeSigner(), options=Options(),
-                       images=images, guest_build=lambda: gb, home=tmp / "home")
-        for i in range(runs):
-            t0 = time.monotonic()
-            await m.create(BoxSpec(name=f"bench{i}", image="tkbox/default", workspace=str(ws)))
-            ready.append(time.monotonic() - t0)
-            for _ in range(5):
-                t1 = time.monotonic()
-                async for _ev in m.exec(f"bench{i}", ["true"], None, None, None):
-                    pass
-                rtt.append(time.monotonic() - t1)
-            await m.stop(f"bench{i}")
-            await m.rm(f"bench{i}")
-    return ready, rtt
+        cold = manager(QemuLauncher(accel, templates=None), images, gb, tmp / "cold")
+        out["cold"] = await starts(cold, ws, max(1, runs // 2), "cold")
+        launcher = QemuLauncher(accel, templates=TemplateStore(tmp / "templates"),
+                                build_templates=False)
+        m = manager(launcher, images, gb, tmp / "home")
+        # The machine every box of this manager gets (BoxManager._boot): same key.
+        box = BoxSpec(name="t", image="tkbox/default", workspace=str(ws))
+        spec = VMSpec(name="t", kernel=gb.kernel, initramfs=gb.initramfs, workdir=tmp / "tw",
+                      disks=(Disk(ws, True, "root"), Disk(ws, True, "lower"),
+                             Disk(ws, False, "upper")),
+                      memory_mib=box.memory_mib, vcpus=box.vcpus)
+        t0 = time.monotonic()
+        await launcher.build_template(spec)
+        out["build"] = time.monotonic() - t0
+        out["exec"], out["echo"], out["kinds"] = [], [], []
+        out["template"] = await starts(m, ws, runs, "tpl", out["exec"], out["echo"],
+                                       out["kinds"])
+        out["together"], out["memory"] = await together(m, ws, n)
+    return out
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--boxes", type=int, default=8)
     args = ap.parse_args()
     kernel = find_kernel()
     gb = build(paths.private_dir(paths.guest_build()), kernel=kernel)
     accel = decide_accel(kernel.version)
     print(f"host acceleration: {accel.accel} ({accel.reason})")
-    with tempfile.TemporaryDirectory() as t:
+    with tempfile.TemporaryDirectory(prefix="tkbb") as t:
         tmp = Path(t)
-        bare = [bare_boot(gb, accel.accel, tmp / f"bare{i}") for i in range(args.runs)
-                if (tmp / f"bare{i}").mkdir() is None]
-        ready, rtt = asyncio.run(box_figures(gb, accel, tmp, args.runs))
-    b, r, e = statistics.median(bare), statistics.median(ready), statistics.median(rtt)
-    print(f"bare QEMU boot (same kernel+initramfs, to init): median {b:.2f}s over {len(bare)}")
-    print(f"box start-to-ready (disks, boot, guest agent):   median {r:.2f}s over {len(ready)}")
-    print(f"exec true round trip (through the mux and RPC):  median {e * 1000:.0f}ms "
-          f"over {len(rtt)}")
-    print(f"ratio start-to-ready / bare boot: {r / b:.2f}")
-    print(f"ratio exec round trip / bare boot: {e / b:.3f}")
+        bare = [bare_boot(gb, accel.accel, tmp / f"bare{i}") for i in range(args.runs)]
+        f = asyncio.run(figures(gb, accel, tmp, args.runs, args.boxes))
+    b = statistics.median(bare)
+    cold, tpl = statistics.median(f["cold"]), statistics.median(f["template"])
+    e, echo = statistics.median(f["exec"]), statistics.median(f["echo"])
+    rss = statistics.median(r for r, _ in f["memory"]) / 1024
+    pss = statistics.median(p for _, p in f["memory"]) / 1024
+    print(f"bare QEMU boot (same kernel+initramfs, to init):     median {b:.2f}s "
+          f"over {len(bare)}")
+    print(f"box start-to-ready, cold (disks, boot, agent, mounts): median {cold:.2f}s "
+          f"over {len(f['cold'])}   ratio {cold / b:.2f}x bare")
+    print(f"template build (once per machine key):                 {f['build']:.2f}s")
+    print(f"box start-to-ready, from template (disks, restore,     median {tpl:.2f}s "
+          f"over {len(f['template'])}   ratio {tpl / b:.2f}x bare  (goal <= 0.35x)")
+    print(f"  wake, entropy, clock, mounts; started as: {', '.join(sorted(set(f['kinds'])))})")
+    print(f"exec true round trip (mux, RPC, fork+chroot, exit):    median {e * 1000:.0f}ms "
+          f"over {len(f['exec'])}   (goal <= 50ms)")
+    print(f"mux echo round trip (RPC ping on a new mux stream):    median {echo * 1000:.0f}ms "
+          f"over {len(f['echo'])}   exec / echo {e / echo:.1f}x")
+    print(f"{args.boxes} boxes created at once from the template: all ready in "
+          f"{f['together']:.2f}s ({f['together'] / b:.2f}x one bare boot); "
+          f"per idle box: RSS median {rss:.0f} MiB, PSS median {pss:.0f} MiB")
 
 
 if __name__ == "__main__":

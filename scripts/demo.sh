@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Install everything, then run the demo: a signer, a daemon, one box that
-# installs a package with pip through the door, waits for a person to approve a
+# installs a package with pip through the door (from a package mirror the
+# operator maps to loopback), waits for a person to approve a
 # host (this script approves it), is refused the cloud metadata address, holds
 # only a placeholder for a GitHub token that the door swaps in for a loopback
 # stand-in of api.github.com, changes a checkout; its patch applied, its
@@ -13,7 +14,9 @@ T="$PWD/.venv/bin/tkbox"
 export TKBOX_HOME="${TKBOX_HOME:-$HOME/.local/share/tkbox}"
 work="$(mktemp -d)"
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null || true; }
+# The daemon first (it stops its boxes and records that), then the signer, then the rest.
+cleanup() { for ((i=${#pids[@]}-1; i>=0; i--)); do kill "${pids[$i]}" 2>/dev/null || true
+  wait "${pids[$i]}" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 echo "== a checkout with a failing test and a credential file that must not be copied"
@@ -23,14 +26,14 @@ printf 'from calc import add\nassert add(2, 2) == 4, "add is broken"\nprint("ok"
 echo "API_TOKEN=do-not-copy" > .env
 git add calc.py test_calc.py && git -c user.name=demo -c user.email=demo@example.invalid commit -qm init
 
-echo "== stand-ins on loopback for api.github.com and for a host nobody allowed"
+echo "== stand-ins on loopback: api.github.com, a package mirror, a host nobody allowed"
 GH_TOKEN="ghp_demo$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n')"
 export GH_TOKEN
-"$REPO/.venv/bin/python" "$REPO/scripts/demo_origin.py" "$work/origin" api.github.com held.example \
+"$REPO/.venv/bin/python" "$REPO/scripts/demo_origin.py" "$work/origin" api.github.com mirror.example held.example \
   > "$work/origin.port" & pids+=($!)
 for _ in $(seq 100); do [ -s "$work/origin.port" ] && break; sleep 0.1; done
 PORT="$(cat "$work/origin.port")"
-printf '127.0.0.1 api.github.com held.example\n' > "$work/hosts"
+printf '127.0.0.1 api.github.com mirror.example held.example\n' > "$work/hosts"
 
 echo "== the signer (its own process) and the daemon (which may reach the stand-ins)"
 "$T" signer init --dev >/dev/null 2>&1 || true
@@ -42,13 +45,14 @@ for _ in $(seq 50); do "$T" ls >/dev/null 2>&1 && break; sleep 0.2; done
 "$T" rm --force demo >/dev/null 2>&1 || true
 
 echo "== a box: no network card, a copy of the checkout, \$GH bound to api.github.com"
-"$T" run --image tkbox/default --workspace . --name demo --allow pypi \
+"$T" run --image tkbox/default --workspace . --name demo --allow "mirror.example:$PORT" \
   --allow "api.github.com:$PORT" --secret GH=env:GH_TOKEN@api.github.com
 "$T" exec demo -- sh -c 'uname -r; ls /sys/class/net; ls -a /workspace'
 
-echo "== pip through the door (the pypi preset)"
-"$T" exec demo -- sh -c 'python3 -m pip install -q --no-cache-dir --break-system-packages \
-  --disable-pip-version-check six && python3 -c "import six; print(\"six\", six.__version__)"'
+echo "== pip through the door, from the mirror"
+"$T" exec demo -- sh -c "python3 -m pip install -q --no-cache-dir --break-system-packages \
+  --disable-pip-version-check --index-url https://mirror.example:$PORT/simple/ tkdemo && \
+  python3 -c 'import tkdemo; print(\"tkdemo\", tkdemo.VALUE)'"
 
 echo "== \$GH in the box is a placeholder; the door swaps the token in for api.github.com only"
 "$T" exec demo -- sh -c 'echo "GH=$GH"'

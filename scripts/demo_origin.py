@@ -8,22 +8,44 @@ and serves until killed:
 - `GET /user` with `Authorization: Bearer $GH_TOKEN` (the real value, which
   only the door has): `{"login": "demo"}`; without it: 401. It logs to
   DIR/origin.log whether the real token arrived (never the token itself);
+- `/simple/tkdemo/` and `/files/tkdemo-1.0-py3-none-any.whl`: a PEP 503
+  index of a one-module wheel made here (an operator's package mirror);
 - anything else: `hello from <host>`.
 """
 
 from __future__ import annotations
 
 import datetime
+import hashlib
 import http.server
+import io
 import os
 import ssl
 import sys
+import zipfile
 from pathlib import Path
 
 from cryptography import x509
 from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
+
+WHEEL = "tkdemo-1.0-py3-none-any.whl"
+
+
+def make_wheel() -> bytes:
+    files = {"tkdemo.py": b"VALUE = 42\n",
+             "tkdemo-1.0.dist-info/METADATA":
+                 b"Metadata-Version: 2.1\nName: tkdemo\nVersion: 1.0\n",
+             "tkdemo-1.0.dist-info/WHEEL": b"Wheel-Version: 1.0\nGenerator: demo\n"
+                                          b"Root-Is-Purelib: true\nTag: py3-none-any\n"}
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        for k, v in files.items():
+            z.writestr(k, v)
+        z.writestr("tkdemo-1.0.dist-info/RECORD",
+                   "".join(f"{k},,\n" for k in files) + "tkdemo-1.0.dist-info/RECORD,,\n")
+    return buf.getvalue()
 
 
 def main() -> None:
@@ -55,6 +77,9 @@ def main() -> None:
                                                       serialization.PrivateFormat.PKCS8,
                                                       serialization.NoEncryption()))
     token = os.environ["GH_TOKEN"]
+    wheel = make_wheel()
+    index = (f'<html><body><a href="/files/{WHEEL}#sha256={hashlib.sha256(wheel).hexdigest()}">'
+             f"{WHEEL}</a></body></html>").encode()
     log = open(d / "origin.log", "a", buffering=1)  # noqa: SIM115 - lives as long as the server
 
     class H(http.server.BaseHTTPRequestHandler):
@@ -69,10 +94,19 @@ def main() -> None:
                 real = self.headers.get("authorization") == f"Bearer {token}"
                 log.write(f"{host} {self.path}: Authorization held the real token: {real}\n")
                 body, code = (b'{"login": "demo"}\n', 200) if real else (b"bad token\n", 401)
+            elif self.path.rstrip("/") == "/simple/tkdemo":
+                log.write(f"{host} {self.path}\n")
+                body, code = index, 200
+            elif self.path == f"/files/{WHEEL}":
+                log.write(f"{host} {self.path}\n")
+                body, code = wheel, 200
             else:
                 log.write(f"{host} {self.path}\n")
                 body, code = f"hello from {host}\n".encode(), 200
             self.send_response(code)
+            ctype = "text/html" if self.path.startswith("/simple/") else (
+                "application/octet-stream" if self.path.startswith("/files/") else "text/plain")
+            self.send_header("content-type", ctype)
             self.send_header("content-length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import base64
 import json
 import re
-import secrets as _random
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -225,9 +224,10 @@ def secret_values(specs: Sequence[str],
 def run_body(*, name: str | None, image: str, workspace: str | Path,
              allow: Sequence[str] = (), env: Mapping[str, str] | None = None,
              secrets: Mapping[str, str] | Sequence[str] | None = None,
-             memory_mib: int = 1024, vcpus: int = 1, inspect: str = "") -> dict[str, Any]:
+             memory_mib: int = 1024, vcpus: int = 1, inspect: str = "",
+             model_hosts: Sequence[str] = (), timeout_s: int | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
-        "name": name or f"box-{_random.token_hex(4)}", "image": image,
+        "name": name or "", "image": image,  # "": the daemon picks a name
         "workspace": str(Path(workspace).expanduser().resolve()), "allow": list(allow),
         "env": dict(env or {}), "memory_mib": memory_mib, "vcpus": vcpus}
     specs = secret_specs(secrets)
@@ -236,6 +236,10 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
         body["secret_values"] = secret_values(specs)
     if inspect:
         body["inspect"] = inspect
+    if model_hosts:
+        body["model_hosts"] = list(model_hosts)
+    if timeout_s is not None:
+        body["timeout_s"] = timeout_s
     return body
 
 
@@ -371,12 +375,14 @@ class Client:
     def run(self, *, image: str = "tkbox/default", workspace: str | Path = ".",
             allow: Sequence[str] = (), env: Mapping[str, str] | None = None,
             secrets: Mapping[str, str] | Sequence[str] | None = None, name: str | None = None,
-            memory_mib: int = 1024, vcpus: int = 1, inspect: str = "") -> Box:
+            memory_mib: int = 1024, vcpus: int = 1, inspect: str = "",
+            model_hosts: Sequence[str] = (), timeout_s: int | None = None) -> Box:
         """Create and boot a box; returns when it is ready. `secrets` are references
         (`{"NAME": "env:VAR@host[,host];header=H"}`); their values are read here and
         sent only over the daemon's private socket; the box gets placeholders."""
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
-                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect)
+                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
+                        model_hosts=model_hosts, timeout_s=timeout_s)
         return Box(self, BoxInfo.from_json(self.call("POST", "/v1/boxes", json=body)))
 
     def export(self, box: Box | str, path: str | Path | None = None) -> ExportResult:
@@ -548,9 +554,11 @@ class AsyncClient:
                   allow: Sequence[str] = (), env: Mapping[str, str] | None = None,
                   secrets: Mapping[str, str] | Sequence[str] | None = None,
                   name: str | None = None, memory_mib: int = 1024, vcpus: int = 1,
-                  inspect: str = "") -> AsyncBox:
+                  inspect: str = "", model_hosts: Sequence[str] = (),
+                  timeout_s: int | None = None) -> AsyncBox:
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
-                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect)
+                        secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
+                        model_hosts=model_hosts, timeout_s=timeout_s)
         return AsyncBox(self, BoxInfo.from_json(await self.call("POST", "/v1/boxes", json=body)))
 
     async def export(self, box: AsyncBox | str, path: str | Path | None = None) -> ExportResult:

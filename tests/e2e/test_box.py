@@ -45,8 +45,8 @@ def test_write_to_usr_succeeds_and_is_gone_in_the_next_box(stack: Stack, box: Bo
 def test_no_credential_file_hook_or_git_credential_reaches_the_box(box: Box) -> None:
     """Credential files, .git/hooks and secrets in .git/config are never copied in."""
     r = box.sh("ls -a /workspace; echo ---; ls /workspace/.git; echo ---; "
-               "cat /workspace/.git/config")
-    listing, gitdir, config = r.stdout.split("---")
+               "cat /workspace/.git/config; echo ---; git -C /workspace config --list")
+    listing, gitdir, config, listed = r.stdout.split("---")
     names = listing.split()
     for secret in (".env", "server.pem", ".ssh"):
         assert secret not in names
@@ -54,7 +54,9 @@ def test_no_credential_file_hook_or_git_credential_reaches_the_box(box: Box) -> 
         assert kept in names
     assert "hooks" not in gitdir.split()
     assert "hunter2" not in config and "user:" not in config
-    assert "https://git.invalid/repo.git" in config
+    # the remote's URL carried a credential, so its whole section was dropped;
+    # what is left is a config git in the box reads
+    assert "git.invalid" not in config and "core.repositoryformatversion=0" in listed
 
 
 def test_patch_holds_exactly_the_workspace_changes(box: Box, tmp_path: Path) -> None:
@@ -182,12 +184,77 @@ def test_apply_writes_the_patch_and_holds_back_sensitive_files(box: Box) -> None
     box.sh("cd /workspace && echo fixed > src/app.py && mkdir -p .github/workflows && "
            "echo 'on: push' > .github/workflows/evil.yml && echo new > added.txt")
     box.stack.tk("stop", box.name)
-    dry = box.stack.tkjson("apply", box.name, "--dry-run")
+    r = box.stack.tk("apply", box.name, "--dry-run", "--json", check=False)
+    assert r.returncode == 6  # held back: a person must look (docs/exit-status.md)
+    dry = json.loads(r.stdout)
     assert not (box.workspace / "added.txt").exists()
-    report = box.stack.tkjson("apply", box.name)
+    r = box.stack.tk("apply", box.name, "--json", check=False)
+    assert r.returncode == 6
+    report = json.loads(r.stdout)
     status = {f["path"]: f["status"] for f in report["files"]}  # type: ignore[index]
     assert status["src/app.py"] == "applied" and status["added.txt"] == "applied"
     assert status[".github/workflows/evil.yml"] == "held back"
     assert (box.workspace / "src/app.py").read_text() == "fixed\n"
     assert not (box.workspace / ".github").exists()
     assert dry["dry_run"] is True  # type: ignore[index]
+
+
+def test_a_box_without_a_name_gets_one_and_stops_at_its_timeout(stack: Stack, workspace: Path,
+                                                                 tmp_path: Path) -> None:
+    """`tkbox run` without --name picks a name and prints it; --timeout stops the box by
+    itself (its patch kept), and the record says why."""
+    r = stack.tk("run", "--workspace", str(workspace), "--timeout", "20s", "--json")
+    info = json.loads(r.stdout[r.stdout.index("\n{") + 1:] if "\n{" in r.stdout else r.stdout)
+    name = info["name"]
+    assert name.startswith("box-") and info["timeout_s"] == 20
+    try:
+        deadline = time.monotonic() + 180
+        while stack.tkjson("inspect", name)["state"] != "stopped":  # type: ignore[index]
+            assert time.monotonic() < deadline, "the box did not stop at its timeout"
+            time.sleep(1)
+        assert "--timeout of 20 s" in stack.tkjson("inspect", name)["error"]  # type: ignore[index]
+        stack.tk("patch", name)  # the patch was saved, as by tkbox stop
+        stack.tk("export", name, "-o", str(tmp_path / "t.tkb"))
+        v = json.loads(stack.tk("verify", str(tmp_path / "t.tkb"), "--trust",
+                                str(tmp_path / "t.trust.json"), "--json").stdout)
+        assert v["kinds"]["tkbox.timeout"] == 1
+    finally:
+        stack.tk("rm", "--force", name, check=False)
+    human = stack.tk("run", "--workspace", str(workspace), "--timeout", "0", check=False)
+    assert human.returncode == 2 and "--timeout" in human.stderr
+
+
+def test_cp_copies_one_file_each_way_as_a_recorded_crossing(box: Box, tmp_path: Path) -> None:
+    """`tkbox cp`: in and out of a running box, each copy decided and recorded (path, size,
+    hash, where it went); never into the box's own checkout (changes return by apply)."""
+    local = tmp_path / "in.txt"
+    local.write_bytes(b"hello from the host\n")
+    s = box.stack
+    s.tk("cp", str(local), f"{box.name}:notes/in.txt")
+    assert box.sh("cat /workspace/notes/in.txt").stdout == "hello from the host\n"
+    box.sh("head -c 300000 /dev/urandom > /tmp/out.bin; sha256sum /tmp/out.bin > /tmp/sum")
+    want = box.sh("cut -d' ' -f1 /tmp/sum").stdout.strip()
+    s.tk("cp", f"{box.name}:/tmp/out.bin", str(tmp_path))
+    got = (tmp_path / "out.bin").read_bytes()
+    import hashlib
+    assert hashlib.sha256(got).hexdigest() == want and len(got) == 300000
+    assert (tmp_path / "out.bin").stat().st_mode & 0o777 == 0o600  # guest bytes: not executable
+    r = s.tk("cp", f"{box.name}:/workspace/README.md", str(box.workspace / "README.md"),
+             check=False)
+    assert r.returncode == 2 and "tkbox apply" in r.stderr
+    assert (box.workspace / "README.md").read_text() == "readme\n"
+    r = s.tk("cp", f"{box.name}:/nope", str(tmp_path), check=False)
+    assert r.returncode == 4 and r.stderr.startswith("tkbox: error:")
+    assert s.tk("cp", "a", "b", check=False).returncode == 2
+    s.tk("stop", box.name)
+    s.tk("export", box.name, "-o", str(tmp_path / "cp.tkb"))
+    s.tk("report", str(tmp_path / "cp.tkb"), "--trust", str(tmp_path / "cp.trust.json"),
+         "-o", str(tmp_path / "cp.html"))
+    from tkbox.formats import bundle, record
+    recs = [record.parse(e.extra) for e in bundle.parse((tmp_path / "cp.tkb").read_bytes()).entries
+            if e.extra is not None]
+    copies = [r.body for r in recs if r.kind == "tkbox.decision" and r.body["action"] == "Write"]
+    assert [(c["context"]["copy"], c["resource"]["path"]) for c in copies] == [
+        ("in", "/workspace/notes/in.txt"), ("out", "/tmp/out.bin")]
+    assert copies[1]["resource"]["sha256"] == want
+    assert copies[1]["context"]["host_path"] == str((tmp_path / "out.bin").resolve())

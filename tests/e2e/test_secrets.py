@@ -9,7 +9,8 @@ accept a request only with the *real* value, and log every header they get:
   smart HTTP (`git http-backend`) with the token, `/user` with Bearer (curl),
   `/echo` reflecting what it got (the guest must get the value back redacted);
 - api.anthropic.com: a stand-in of the Messages API, JSON and SSE, wanting
-  `x-api-key`; the `anthropic` SDK is pip-installed in the box from the index
+  the key (in `x-api-key` or `Authorization: Bearer`, as SDK versions
+  differ: both headers are bound); the `anthropic` SDK is pip-installed in the box from the index
   above (its wheels fetched on the host by pip, skipped if that fails).
 
 At the end, everything the run left (daemon state, logs, console, bundle,
@@ -84,7 +85,7 @@ def _authorized(h: http.server.BaseHTTPRequestHandler) -> bool:
     auth = h.headers.get("authorization", "")
     if h.headers.get("x-api-key") == AK_VALUE:
         return True
-    if auth == f"Bearer {GH_VALUE}" or auth == f"token {GH_VALUE}":
+    if auth in (f"Bearer {GH_VALUE}", f"token {GH_VALUE}", f"Bearer {AK_VALUE}"):
         return True
     if auth.startswith("Basic "):
         try:
@@ -268,7 +269,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     r = s.tk("run", "--name", name, "--workspace", str(ws),
              "--allow", f"origin.test:{port}", "--allow", f"api.anthropic.com:{port}",
              "--secret", "GH=env:GH_TOKEN@origin.test",
-             "--secret", "ANTHROPIC_API_KEY=env:AK@api.anthropic.com;header=x-api-key")
+             "--secret",
+             "ANTHROPIC_API_KEY=env:AK@api.anthropic.com;header=x-api-key,authorization")
     ALL_OUTPUT.extend([r.stdout, r.stderr])
     w = {"stack": s, "box": name, "port": port, "tmp": tmp, "log": log, "ws": ws,
          "wheels": wheels}
@@ -392,9 +394,11 @@ print("stream", text, fin.usage.output_tokens)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "plain hello from the stand-in 11 7" in r.stdout
     assert "stream streamed 42" in r.stdout
-    keys = [dict(e["headers"]).get("x-api-key") for e in world["log"]
-            if e["path"].startswith("/v1/messages")]
-    assert keys and all(k == AK_VALUE for k in keys)
+    # SDK versions differ (x-api-key, or Authorization: Bearer): both are bound.
+    calls = [dict(e["headers"]) for e in world["log"] if e["path"].startswith("/v1/messages")]
+    assert len(calls) == 2
+    assert all(h.get("x-api-key") == AK_VALUE or h.get("authorization") == f"Bearer {AK_VALUE}"
+               for h in calls)
 
 
 def test_nothing_the_run_leaves_holds_a_value(world: dict[str, Any]) -> None:

@@ -60,4 +60,25 @@ def checks() -> list[dict[str, Any]]:
     out.append({"what": "signer", "ok": ssock.exists(), "optional": True,
                 "detail": f"socket {ssock}" if ssock.exists() else "not running",
                 "fix": "tkbox signer init --dev && tkbox signer serve &"})
+    if sock.exists():
+        out.append(_signer_in_use())
     return out
+
+
+def _signer_in_use() -> dict[str, Any]:
+    """Which signer the running daemon records with (tkbox's or Tracekit's)."""
+    try:
+        from tkbox.cli.client import DaemonClient
+
+        info = DaemonClient(timeout=5.0).call("GET", "/v1/info")
+        s = info.get("signer") or {}
+    except (TkboxError, AttributeError, OSError) as exc:
+        return {"what": "signer in use", "ok": False, "optional": True, "detail": str(exc),
+                "fix": "tkbox daemon &"}
+    backend = s.get("backend", "?")
+    what = {"tkbox": "tkbox's signer (tkbox verify)",
+            "tracekit": "a Tracekit signer (tracekit verify; docs/tracekit.md)",
+            "none": "none: --unrecorded"}.get(backend, backend)
+    return {"what": "signer in use", "ok": backend != "none", "optional": True,
+            "detail": f"{what}, key {s.get('key', '?')}, isolation {s.get('isolation', '?')}"
+            if backend != "none" else what, "fix": "restart the daemon with a signer"}

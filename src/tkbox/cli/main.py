@@ -23,7 +23,7 @@ from rich.console import Console
 from rich.table import Table
 
 from tkbox import __version__
-from tkbox.errors import TkboxError, UserError
+from tkbox.errors import Refused, TkboxError, UserError
 
 app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -67,8 +67,16 @@ def daemon(
     ca_cert: Annotated[list[Path], typer.Option(help="extra CA certificate for boxes")] = [],  # noqa: B006
     approval_wait: Annotated[int, typer.Option(help="seconds a connection waits for "
                                                  "'tkbox approve'")] = 120,
+    tunnel_idle: Annotated[float, typer.Option(
+        help="seconds an egress tunnel may carry no bytes before it is closed")] = 300.0,
+    tunnel_total: Annotated[float, typer.Option(
+        help="seconds an egress tunnel may stay open at all")] = 4 * 3600.0,
+    max_connections: Annotated[int, typer.Option(
+        help="egress connections daemon-wide (0: from the open-file limit)")] = 0,
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
+    signer: Annotated[str, typer.Option(
+        "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -84,15 +92,24 @@ def daemon(
         raise UserError(f"--egress-hosts {egress_hosts} does not exist")
     if not 1 <= approval_wait <= 3600:
         raise UserError("--approval-wait must be between 1 and 3600 seconds")
+    if not 1 <= tunnel_idle <= 86400 or not 1 <= tunnel_total <= 7 * 86400:
+        raise UserError("--tunnel-idle must be 1 to 86400 seconds and --tunnel-total 1 to "
+                        "604800 seconds")
+    if max_connections < 0:
+        raise UserError("--max-connections must be 0 (from the open-file limit) or more")
+    if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
+        raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
-                 approval_wait=approval_wait),
-         socket_path=socket_path, signer_socket=signer_socket)
+                 approval_wait=approval_wait, tunnel_idle=tunnel_idle,
+                 tunnel_total=tunnel_total, max_connections=max_connections),
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer)
 
 
 @app.command()
 def run(
-    name: Annotated[str, typer.Option("--name", help="the box's name")],
+    name: Annotated[str, typer.Option("--name", help="the box's name (default: one is "
+                                      "picked and printed)")] = "",
     workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
     image: Annotated[str, typer.Option(help="image reference")] = "tkbox/default",
     allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
@@ -105,6 +122,11 @@ def run(
     inspect: Annotated[str, typer.Option(
         help="'all': read every allowed host's TLS, not only bound ones "
              "(clients that pin certificates break)")] = "",
+    model_host: Annotated[list[str], typer.Option(
+        help="also record requests to this allowed host as model calls (read like "
+             "the anthropic and openai presets' hosts)")] = [],  # noqa: B006
+    timeout: Annotated[str | None, typer.Option(
+        help="stop the box by itself after this long: 90, 90s, 15m, 2h")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
@@ -120,15 +142,31 @@ def run(
         if not eq:
             raise UserError(f"--env {item!r} must be NAME=VALUE")
         envs[k] = v
+    timeout_s = parse_duration(timeout) if timeout is not None else None
     _pull_first(image, as_json)
-    with err.status(f"booting {name}…") if not as_json and sys.stderr.isatty() \
+    with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
-        b = _client().run(name=name, workspace=workspace, image=image, allow=allow, env=envs,
-                          memory_mib=memory, vcpus=cpus, secrets=secret,
-                          inspect=inspect).info.raw
+        b = _client().run(name=name or None, workspace=workspace, image=image, allow=allow,
+                          env=envs, memory_mib=memory, vcpus=cpus, secrets=secret,
+                          inspect=inspect, model_hosts=model_host,
+                          timeout_s=timeout_s).info.raw
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
-        f"image {b['image_digest'][:19]})"))
+        f"image {b['image_digest'][:19]})"
+        + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
+           and b["start"].get("reason") else "")))
+
+
+def parse_duration(text: str) -> int:
+    """Seconds from `90`, `90s`, `15m` or `2h` (a one-line error otherwise)."""
+    units = {"s": 1, "m": 60, "h": 3600}
+    t = text.strip().lower()
+    mult = units.get(t[-1:], 0)
+    digits = t[:-1] if mult else t
+    if not digits.isdigit() or len(digits) > 9 or int(digits) == 0:
+        raise UserError(f"--timeout {text!r}: give a positive duration such as 90, 90s, 15m "
+                        "or 2h")
+    return int(digits) * (mult or 1)
 
 
 def _pull_first(image: str, as_json: bool) -> None:
@@ -155,6 +193,8 @@ def exec_(
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for this command")] = [],  # noqa: B006
     stdin: Annotated[bool, typer.Option(
         "--stdin", "-i", help="pass this terminal's stdin")] = False,
+    tty: Annotated[bool, typer.Option(
+        "--tty", "-t", help="a terminal in the box (keys, Ctrl-C, window size)")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a command in a box; output streams as it comes; exits with its status."""
@@ -166,9 +206,20 @@ def exec_(
         envs[k] = v
     if argv and argv[0] == "--":
         argv = argv[1:]
+    elif argv and argv[0].startswith("-") and "--" in argv:
+        # `tkbox exec NAME --env X -- cmd`: everything after NAME is the command, so this
+        # would run a program called "--env". Say where the options go instead.
+        raise UserError(f"options go before the box's name: tkbox exec {argv[0]} … {name} "
+                        "-- COMMAND")
     if not argv:
         raise UserError(f"give a command after '--', e.g. tkbox exec {name} -- ls")
     body: dict[str, Any] = {"argv": argv, "cwd": cwd, "env": envs}
+    if tty:
+        if stdin or as_json:
+            raise UserError("-t is a terminal for a person: it takes neither -i nor --json")
+        from tkbox.cli.terminal import run_tty
+
+        raise typer.Exit(run_tty(_client, name, body))
     if stdin:
         body["stdin_b64"] = base64.b64encode(sys.stdin.buffer.read()).decode()
     client = _client()
@@ -205,6 +256,18 @@ def exec_(
     finally:
         signal.signal(signal.SIGINT, old)
     raise typer.Exit(code)
+
+
+@app.command()
+def shell(
+    name: Annotated[str, typer.Argument(help="the box")],
+    cwd: Annotated[str | None, typer.Option(help="working directory in the box")] = None,
+) -> None:
+    """An interactive shell in the box (bash where the image has it): one recorded
+    command, like 'tkbox exec -t NAME -- sh -i'."""
+    from tkbox.cli.terminal import SHELL, run_tty
+
+    raise typer.Exit(run_tty(_client, name, {"argv": SHELL, "cwd": cwd, "env": {}}))
 
 
 def _send_signal(name: str, exec_id: str, sig: int) -> None:
@@ -247,14 +310,30 @@ def apply(
         checkout=checkout, allow_sensitive=allow_sensitive, dry_run=dry_run).raw
     if as_json:
         _emit(report, True)
-        return
-    from tkbox.doors.changes.report import ApplyReport, FileResult, render_report
+    else:
+        from tkbox.doors.changes.report import ApplyReport, FileResult, render_report
 
-    render_report(ApplyReport(
-        checkout=report["checkout"], patch_sha256=report["patch_sha256"],
-        dry_run=report["dry_run"], allow_sensitive=report["allow_sensitive"],
-        files=tuple(FileResult(**f) for f in report["files"]),
-        notes=tuple(report.get("notes", ()))), out)
+        render_report(ApplyReport(
+            checkout=report["checkout"], patch_sha256=report["patch_sha256"],
+            dry_run=report["dry_run"], allow_sensitive=report["allow_sensitive"],
+            files=tuple(FileResult(**f) for f in report["files"]),
+            notes=tuple(report.get("notes", ()))), out)
+    raise typer.Exit(apply_status(report))
+
+
+#: exit statuses a script can act on (docs/exit-status.md): a person must look
+EXIT_NEEDS_PERSON = 6
+
+
+def apply_status(report: dict[str, Any]) -> int:
+    """0 when every file was written (or would be, with --dry-run); 5 when any was
+    refused; 6 when some were held back and none refused."""
+    statuses = {f.get("status") for f in report.get("files", [])}
+    if "refused" in statuses:
+        return Refused.exit_code
+    if "held back" in statuses:
+        return EXIT_NEEDS_PERSON
+    return 0
 
 
 @app.command()
@@ -268,6 +347,78 @@ def export(
     _emit({"bundle": str(r.bundle), "trust": str(r.trust)}, as_json, lambda d: out.print(
         f"wrote {d['bundle']} and {d['trust']}. Check it: "
         f"tkbox verify {d['bundle']} --trust {d['trust']}"))
+
+
+@app.command()
+def cp(
+    source: Annotated[str, typer.Argument(help="LOCAL or BOX:PATH", show_default=False)],
+    target: Annotated[str, typer.Argument(help="BOX:PATH or LOCAL", show_default=False)],
+    as_json: JsonOpt = False,
+) -> None:
+    """Copy one file into a running box (LOCAL BOX:PATH) or out of it (BOX:PATH LOCAL).
+    Each copy is a crossing: decided and recorded with its path, size and hash. Code
+    changes still return only through 'tkbox apply'."""
+    from tkbox.record.export import write_atomic
+
+    def split(arg: str) -> tuple[str, str] | None:
+        box, colon, path = arg.partition(":")
+        return (box, path) if colon and "/" not in box and box else None
+
+    src, dst = split(source), split(target)
+    if (src is None) == (dst is None):
+        raise UserError("give one side as BOX:PATH and the other as a local path, e.g. "
+                        "tkbox cp notes.txt demo:/workspace/notes.txt")
+    if dst is not None:
+        local = Path(source)
+        if not local.is_file():
+            raise UserError(f"{source} is not a file (tkbox cp copies one file at a time)")
+        size = local.stat().st_size
+        if size > 64 << 20:
+            raise UserError(f"{source} is larger than 64 MiB; put it in the workspace before "
+                            "the box starts instead")
+        data = local.read_bytes()
+        r = _client().call("POST", f"/v1/boxes/{dst[0]}/cp-in", json={
+            "path": dst[1], "data_b64": base64.b64encode(data).decode(),
+            "mode": local.stat().st_mode & 0o777, "host_path": str(local.resolve())})
+        _emit(r, as_json, lambda r: out.print(
+            f"copied {source} to {dst[0]}:{r['path']} ({r['size']} bytes, sha256 "
+            f"{r['sha256'][:16]}…)", markup=False, highlight=False))
+        return
+    assert src is not None
+    dest = Path(target)
+    if dest.is_dir():
+        dest = dest / Path(src[1]).name
+    if not dest.parent.is_dir():
+        raise UserError(f"directory {dest.parent} does not exist")
+    r = _client().call("POST", f"/v1/boxes/{src[0]}/cp-out",
+                       json={"path": src[1], "host_path": str(dest.resolve())})
+    write_atomic(dest, base64.b64decode(r["data_b64"]), mode=0o600)
+    _emit({"path": r["path"], "size": r["size"], "local": str(dest)}, as_json, lambda r: out.print(
+        f"copied {src[0]}:{r['path']} to {r['local']} ({r['size']} bytes)", markup=False,
+        highlight=False))
+
+
+@app.command()
+def logs(
+    name: str,
+    follow: Annotated[bool, typer.Option("--follow", "-f",
+                                         help="keep printing until the box ends")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """What the box has had recorded, as it happens: commands and exits, connections
+    allowed, waiting and refused, secret uses and leaks, model calls."""
+    from tkbox.cli.logs import Formatter
+
+    fmt = Formatter()
+    try:
+        for entry in _client().stream("GET", f"/v1/boxes/{name}/logs",
+                                      params={"follow": follow}):
+            if as_json:
+                print(json.dumps(entry, sort_keys=True), flush=True)
+            elif (line := fmt.line(entry)) is not None:
+                print(line, flush=True)
+    except KeyboardInterrupt:
+        raise typer.Exit(130) from None
 
 
 @app.command()
@@ -358,6 +509,9 @@ def egress_check(box: str, target: str, as_json: JsonOpt = False) -> None:
     r = _client().call("GET", f"/v1/boxes/{box}/egress-check",
                        params={"host": host or target, "port": int(port)})
     _emit(r, as_json, lambda r: out.print_json(json.dumps(r, default=str)))
+    # 0: it would pass; 6: it would wait for a person; 5: it would be refused
+    raise typer.Exit({"allow": 0, "ask": EXIT_NEEDS_PERSON}.get(str(r.get("verdict")),
+                                                              Refused.exit_code))
 
 
 @guest_app.command("build")
@@ -460,6 +614,44 @@ def mcp(socket_path: Annotated[Path | None, typer.Option(
     from tkbox.mcp import serve_stdio
 
     serve_stdio(str(socket_path) if socket_path else None)
+
+
+@app.command()
+def report(
+    bundle: Annotated[Path, typer.Argument(help="the .tkb bundle", show_default=False)],
+    trust: Annotated[Path, typer.Option("--trust", help="the .trust.json trust file",
+                                        show_default=False)],
+    output: Annotated[Path, typer.Option("-o", "--output", help="the HTML page to write",
+                                         show_default=False)],
+) -> None:
+    """Verify a bundle, then write it as one self-contained HTML page: VERIFIED or FAILED at
+    the top, then the run as a timeline. Exits 4 (the page still written) when it fails."""
+    from tkbox.record.export import write_atomic
+    from tkbox.report import build_report, render_html
+    from tkbox.verify.cli import MAX_READ
+
+    data: list[bytes] = []
+    for path, what in ((bundle, "bundle"), (trust, "trust file")):
+        try:
+            with path.open("rb") as f:
+                chunk = f.read(MAX_READ + 1)
+        except OSError as exc:
+            raise UserError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+        if len(chunk) > MAX_READ:
+            raise UserError(f"the {what} {path} is larger than {MAX_READ} bytes")
+        data.append(chunk)
+    if not output.parent.is_dir():
+        raise UserError(f"directory {output.parent} does not exist")
+    outcome = build_report(data[0], data[1])
+    write_atomic(output, render_html(outcome, bundle.name).encode())
+    if outcome.error is not None:
+        e = outcome.error
+        err.print(f"Integrity: FAILED. {e.where + ': ' if e.where else ''}{e.what} ({e.code}); "
+                  f"wrote {output}", markup=False, highlight=False)
+        raise typer.Exit(e.exit_code)
+    assert outcome.timeline is not None
+    out.print(f"Integrity: VERIFIED. {outcome.timeline.report.records} records; wrote {output}",
+              markup=False, highlight=False)
 
 
 @app.command()

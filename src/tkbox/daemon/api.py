@@ -44,7 +44,7 @@ log = logging.getLogger("tkbox.daemon")
 
 
 class RunBody(BaseModel):
-    name: str = Field(max_length=63)
+    name: str = Field(default="", max_length=63)  # "": the daemon picks one
     image: str = Field(default="tkbox/default", max_length=512)
     workspace: str = Field(max_length=4096)
     allow: list[str] = Field(default_factory=list, max_length=256)
@@ -57,6 +57,25 @@ class RunBody(BaseModel):
     secrets: list[str] = Field(default_factory=list, max_length=32)
     secret_values: dict[str, str] = Field(default_factory=dict, max_length=32)
     inspect: str = Field(default="", max_length=16)
+    model_hosts: list[str] = Field(default_factory=list, max_length=64)
+    timeout_s: int | None = Field(default=None, ge=1)
+
+
+class CopyInBody(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    data_b64: str = Field(max_length=90 * 1024 * 1024)
+    mode: int = Field(default=0o644, ge=0, le=0o777)
+    host_path: str = Field(default="", max_length=4096)
+
+
+class CopyOutBody(BaseModel):
+    path: str = Field(min_length=1, max_length=4096)
+    host_path: str = Field(min_length=1, max_length=4096)
+
+
+class TtyBody(BaseModel):
+    rows: int = Field(ge=1, le=1000)
+    cols: int = Field(ge=1, le=1000)
 
 
 class ExecBody(BaseModel):
@@ -64,6 +83,11 @@ class ExecBody(BaseModel):
     cwd: str | None = Field(default=None, max_length=4096)
     env: dict[str, str] = Field(default_factory=dict)
     stdin_b64: str | None = None
+    tty: TtyBody | None = None
+
+
+class InputBody(BaseModel):
+    data_b64: str = Field(max_length=64 * 1024)
 
 
 class SignalBody(BaseModel):
@@ -148,7 +172,8 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
         except ValueError:
             raise UserError("stdin_b64 is not valid base64") from None
         events = cast(AsyncGenerator[dict[str, Any], None],
-                      manager.exec(name, body.argv, body.cwd, body.env, stdin))
+                      manager.exec(name, body.argv, body.cwd, body.env, stdin,
+                                   body.tty.model_dump() if body.tty else None))
         # Raise refusals before the stream starts, so they get a proper status.
         first = await events.__anext__()
 
@@ -163,6 +188,49 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
                 await events.aclose()
 
         return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/boxes/{name}/cp-in")
+    async def cp_in(name: str, body: CopyInBody) -> dict[str, Any]:
+        try:
+            data = base64.b64decode(body.data_b64, validate=True)
+        except ValueError:
+            raise UserError("data_b64 is not valid base64") from None
+        return await manager.copy_in(name, body.path, data, body.mode, body.host_path)
+
+    @app.post("/v1/boxes/{name}/cp-out")
+    async def cp_out(name: str, body: CopyOutBody) -> dict[str, Any]:
+        data, path = await manager.copy_out(name, body.path, body.host_path)
+        return {"path": path, "size": len(data), "data_b64": base64.b64encode(data).decode()}
+
+    @app.get("/v1/boxes/{name}/logs")
+    async def logs(name: str, follow: bool = False) -> StreamingResponse:
+        box = manager.get(name)  # UserError (404) before the stream starts
+        journals = manager.journals
+        if journals is None:
+            raise UserError("this daemon keeps no journal (it runs --unrecorded)")
+
+        def done() -> bool:
+            return box.state not in ("creating", "running", "held", "stopping")
+
+        async def stream() -> AsyncIterator[bytes]:
+            async for entry in journals.follow(box.run_id, follow=follow, done=done):
+                yield _line(entry)
+
+        return StreamingResponse(stream(), media_type="application/x-ndjson")
+
+    @app.post("/v1/boxes/{name}/exec/{exec_id}/input")
+    async def input_(name: str, exec_id: str, body: InputBody) -> dict[str, Any]:
+        try:
+            data = base64.b64decode(body.data_b64, validate=True)
+        except ValueError:
+            raise UserError("data_b64 is not valid base64") from None
+        await manager.exec_input(name, exec_id, data)
+        return {"ok": True}
+
+    @app.post("/v1/boxes/{name}/exec/{exec_id}/resize")
+    async def resize(name: str, exec_id: str, body: TtyBody) -> dict[str, Any]:
+        await manager.exec_resize(name, exec_id, body.rows, body.cols)
+        return {"ok": True}
 
     @app.post("/v1/boxes/{name}/exec/{exec_id}/signal")
     async def signal_(name: str, exec_id: str, body: SignalBody) -> dict[str, Any]:

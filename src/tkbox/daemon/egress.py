@@ -15,17 +15,22 @@ from tkbox.doors.network import (
     SystemResolver,
     describe_presets,
 )
-from tkbox.doors.network.allowlist import Allowlist
-from tkbox.doors.network.presets import MODEL_PRESETS, preset_entries
+from tkbox.doors.network.limits import ConnectionPool, connections_for, raise_nofile
 from tkbox.doors.secrets import SecretsDoor
+from tkbox.doors.secrets.hosts import read_hosts
 from tkbox.errors import SignerUnavailable, TkboxError
 from tkbox.record.client import SignerClient
 
 log = logging.getLogger("tkbox.daemon")
 
 
-async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> OperatorConfig:
-    """Give `manager` a network door per box, sharing one approval board."""
+async def install(manager: BoxManager, opts: Options, signer: SignerClient | None = None
+                  ) -> OperatorConfig:
+    """Give `manager` a network door per box, sharing one approval board.
+
+    Doors record through `manager.signer` (the per-run record budget), whatever
+    `signer` is passed (kept for callers of the old signature)."""
+    signer = manager.signer
     op = OperatorConfig.from_flags(opts.egress_block, opts.egress_permit, opts.egress_hosts)
     # Presets read the clients' own definitions (npm may take seconds): warm them here,
     # off the event loop, not inside the first box's create.
@@ -34,18 +39,19 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
     board = ApprovalBoard(signer, clock, wait_seconds=opts.approval_wait)
     resolver = SystemResolver()
     loop = asyncio.get_running_loop()
+    nofile = raise_nofile()  # at start: one box's tunnels must not take every descriptor
+    cap = opts.max_connections or connections_for(nofile)
+    pool = ConnectionPool(cap)
+    log.info("egress: at most %d connections daemon-wide; tunnels idle %gs, total %gs",
+             cap, opts.tunnel_idle, opts.tunnel_total)
 
     def factory(box: Box) -> EgressDoor:
         def lost(exc: TkboxError) -> None:
             # A connection record that cannot be kept stops the box (fail closed).
             loop.create_task(manager.contain(box, f"an egress record could not be kept ({exc})"))
 
-        # Binding a secret to a host allows that host on 443 (docs/secrets.md).
-        bound = sorted({h for s in box.secrets for h in s.spec.hosts})
-        allow = list(box.s["allow"]) + [f"{h}:443" for h in bound]
-        names = {e.host.name for e in Allowlist(allow).entries if e.host.literal is None}
-        models = {h for p in MODEL_PRESETS for h in (preset_entries(p) or ())} & names
-        inspect = names if box.s.get("inspect") == "all" else set()
+        hosts = read_hosts(box.s["allow"], box.secrets, str(box.s.get("inspect", "")),
+                           box.s.get("model_hosts", ()))
 
         async def record(kind: str, body: dict[str, Any]) -> None:
             if box.s.get("unrecorded"):
@@ -56,11 +62,13 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient) -> O
                 lost(exc)
 
         mitm = None
-        if bound or inspect or models:
-            mitm = SecretsDoor(box.name, box.secrets, inspect_hosts=inspect, model_hosts=models,
-                               ca_pems=opts.ca_certs, record=record)
-        return EgressDoor(box.run_id, signer, allow, op, resolver, board, clock,
-                          box=box.name, on_record_lost=lost, mitm=mitm)
+        if hosts.any:
+            mitm = SecretsDoor(box.name, box.secrets, inspect_hosts=hosts.inspect,
+                               model_hosts=hosts.models, ca_pems=opts.ca_certs, record=record)
+        return EgressDoor(box.run_id, signer, hosts.allow, op, resolver, board, clock,
+                          box=box.name, on_record_lost=lost, pool=pool,
+                          tunnel_idle=opts.tunnel_idle, tunnel_total=opts.tunnel_total,
+                          mitm=mitm)
 
     manager.door_factory = factory
     manager.approvals = board

@@ -1,9 +1,12 @@
 """The host's side of the agent RPC (port 1024). Every guest byte is hostile.
 
 Each answer frame is checked against the closed set of events its op may
-produce, with types and sizes bounded; anything else is a `GuestError` naming
-the box, and the connection is dropped. A guest that stops answering hits a
-timeout, never a hang of the daemon.
+produce (`SCHEMAS`): every key named, every type and size bounded, an unknown
+key refused; anything else is a `GuestError` naming the box, and the
+connection is dropped. Frames are decoded with `GUEST_FRAMES` limits and paid
+for from the box's work budget before the next read. A guest that stops
+answering hits a timeout, never a hang of the daemon; the diff at stop also
+has an overall deadline, so a guest trickling its patch cannot hold `stop`.
 """
 
 from __future__ import annotations
@@ -16,11 +19,72 @@ from typing import Any, BinaryIO
 
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
-from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_RPC, PortError, Ports
 from tkbox.protocol.streams import StreamClosed
 
 OutputSink = Callable[[int, bytes], Awaitable[None]]
+
+
+def _int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and -(2**63) <= v < 2**64
+
+
+def _num(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _text(v: Any) -> bool:
+    return isinstance(v, str) and len(v) <= 4096
+
+
+def _bin(v: Any) -> bool:
+    return isinstance(v, bytes)
+
+
+def _map(v: Any) -> bool:
+    return isinstance(v, dict)
+
+
+#: op -> event -> (required keys, optional keys), each key with its type check.
+#: `error` (`message`) may answer any op. Nothing else is accepted.
+Schema = dict[str, tuple[dict[str, Callable[[Any], bool]], dict[str, Callable[[Any], bool]]]]
+_ERROR: Schema = {"error": ({}, {"message": _text})}
+SCHEMAS: dict[str, Schema] = {
+    "ping": {"ok": ({}, {"uptime": _num}), **_ERROR},
+    "exec": {"started": ({}, {"pid": _int}),
+             "out": ({"fd": _int, "data": _bin}, {}),
+             "exit": ({"status": _int}, {"signal": _int, "error": _text}), **_ERROR},
+    "diff": {"data": ({"data": _bin}, {}), "end": ({}, {"stats": _map}), **_ERROR},
+    "shutdown": {"ok": ({}, {}), **_ERROR},
+    "read": {"data": ({"data": _bin}, {}), "end": ({"size": _int}, {}), **_ERROR},
+    "write": {"ok": ({"size": _int}, {}), **_ERROR},
+}
+
+
+_FRAME_NAMES = {"out": "output frame", "data": "patch frame", "exit": "exit status"}
+
+
+def check_answer(op: str, msg: dict[str, Any]) -> str | None:
+    """Why `msg` is not a valid answer to `op` (None if it is). Names keys, never values."""
+    raw = msg.get("ev")
+    ev = raw if isinstance(raw, str) else ""
+    schema = SCHEMAS[op].get(ev)
+    if schema is None:
+        return f"an unexpected event {_str(raw, 40)!r} in answer to {op}"
+    required, optional = schema
+    for key, value in msg.items():
+        if key == "ev":
+            continue
+        test = required.get(key) or optional.get(key)
+        if test is None:
+            return f"an unknown key {_str(key, 40)!r} in a {ev} answer to {op}"
+        if not test(value):
+            return f"a malformed {_FRAME_NAMES.get(ev, ev + ' answer')} ({key!r}) to {op}"
+    missing = sorted(k for k in required if k not in msg)
+    if missing:
+        return f"a {ev} answer to {op} without {', '.join(missing)}"
+    return None
 
 
 @dataclass(frozen=True)
@@ -70,14 +134,15 @@ class GuestClient:
     def _bad(self, what: str) -> GuestError:
         return GuestError(f"box {self.box}: the guest sent {what}; the request was dropped")
 
-    async def _open(self) -> FramedStream:
+    async def _open(self, *, reserved: bool = False) -> FramedStream:
         try:
-            stream = await self.ports.connect(PORT_RPC)
+            stream = await self.ports.connect(PORT_RPC, reserved=reserved)
         except PortError as exc:
             raise GuestError(f"box {self.box}: cannot reach the guest agent ({exc})") from None
-        return FramedStream(stream)
+        return FramedStream(stream, limits=GUEST_FRAMES, budget=self.ports.budget)
 
-    async def _recv(self, fs: FramedStream, timeout: float | None) -> dict[str, Any]:
+    async def _recv(self, fs: FramedStream, timeout: float | None,
+                    op: str = "") -> dict[str, Any]:
         try:
             msg = await asyncio.wait_for(fs.receive(), timeout)
         except TimeoutError:
@@ -89,6 +154,10 @@ class GuestClient:
             msg = None
         if msg is None:
             raise GuestError(f"box {self.box}: the guest closed the connection mid-answer")
+        if op:
+            why = check_answer(op, msg)
+            if why is not None:
+                raise self._bad(why)
         ev = msg.get("ev")
         if ev == "error":
             raise GuestError(f"box {self.box}: guest agent error: {_str(msg.get('message'), 300)}")
@@ -98,7 +167,7 @@ class GuestClient:
         fs = await self._open()
         try:
             await fs.send({"op": "ping"})
-            msg = await self._recv(fs, timeout)
+            msg = await self._recv(fs, timeout, "ping")
             if msg.get("ev") != "ok":
                 raise self._bad("an unexpected answer to ping")
             return seconds(msg.get("uptime")) or 0.0
@@ -106,13 +175,19 @@ class GuestClient:
             await fs.aclose()
 
     async def exec(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
-                   output: OutputSink, signals: asyncio.Queue[int]) -> ExecResult:
+                   output: OutputSink, signals: asyncio.Queue[Any],
+                   tty: dict[str, int] | None = None) -> ExecResult:
+        """Run one command. `signals` carries signal numbers and, for a terminal (`tty`:
+        its rows and cols), `{"op": "stdin", "data"}` and `{"op": "resize", ...}` too."""
         fs = await self._open()
         sender: asyncio.Task[None] | None = None
         try:
-            await fs.send({"op": "exec", "argv": argv, "cwd": cwd, "env": env,
-                           "stdin": stdin is not None})
-            first = await self._recv(fs, self.timeout)
+            req: dict[str, Any] = {"op": "exec", "argv": argv, "cwd": cwd, "env": env,
+                                   "stdin": stdin is not None or tty is not None}
+            if tty is not None:
+                req["tty"] = {"rows": tty["rows"], "cols": tty["cols"]}
+            await fs.send(req)
+            first = await self._recv(fs, self.timeout, "exec")
             if first.get("ev") == "exit":
                 return self._exit(first)
             if first.get("ev") != "started":
@@ -124,12 +199,13 @@ class GuestClient:
                         await fs.send({"op": "stdin", "data": stdin[i:i + rpc.CHUNK]})
                     await fs.send({"op": "stdin_eof"})
                 while True:
-                    sig = await signals.get()
-                    await fs.send({"op": "signal", "sig": sig})
+                    item = await signals.get()
+                    await fs.send(item if isinstance(item, dict) else {"op": "signal",
+                                                                       "sig": item})
 
             sender = asyncio.ensure_future(send_side())
             while True:
-                msg = await self._recv(fs, None)
+                msg = await self._recv(fs, None, "exec")
                 ev = msg.get("ev")
                 if ev == "out":
                     fd, data = msg.get("fd"), msg.get("data")
@@ -154,14 +230,34 @@ class GuestClient:
         return ExecResult(status, sig, _str(msg.get("error"), 500))
 
     async def diff(self, sink: BinaryIO, *, kill: bool, max_bytes: int = rpc.MAX_PATCH,
-                   timeout: float = 300.0) -> dict[str, Any]:
-        """Stream the workspace patch into `sink`; bounded by `max_bytes`."""
-        fs = await self._open()
+                   timeout: float = 300.0, deadline: float | None = None) -> dict[str, Any]:
+        """Stream the workspace patch into `sink`; bounded by `max_bytes`.
+
+        `timeout` bounds each wait for a frame; `deadline` (a `loop.time()`)
+        bounds the whole transfer, so a guest sending one byte a second still
+        ends in time. The stream is a reserved one: a guest holding every
+        stream it may open cannot keep the host from asking.
+        """
+        loop = asyncio.get_running_loop()
+        fs = await self._open(reserved=True)
         total = 0
         try:
             await fs.send({"op": "diff", "kill": kill})
             while True:
-                msg = await self._recv(fs, timeout)
+                late = GuestError(f"box {self.box}: the guest did not finish sending its "
+                                  f"patch in time ({total} bytes came); it was not saved")
+                wait = timeout
+                if deadline is not None:
+                    wait = deadline - loop.time()
+                    if wait <= 0:
+                        raise late
+                    wait = min(wait, timeout)
+                try:
+                    msg = await self._recv(fs, wait, "diff")
+                except GuestError:
+                    if deadline is not None and loop.time() >= deadline:
+                        raise late from None
+                    raise
                 ev = msg.get("ev")
                 if ev == "data":
                     data = msg.get("data")
@@ -179,10 +275,51 @@ class GuestClient:
         finally:
             await fs.aclose()
 
-    async def shutdown(self, timeout: float = 10.0) -> None:
+    async def read_file(self, path: str, sink: BinaryIO, *, max_bytes: int = rpc.MAX_FILE,
+                        timeout: float = 120.0) -> int:
+        """Stream one file of the box into `sink`; bounded by `max_bytes`. Its size."""
+        fs = await self._open()
+        total = 0
+        try:
+            await fs.send({"op": "read", "path": path})
+            while True:
+                msg = await self._recv(fs, timeout, "read")
+                ev = msg.get("ev")
+                if ev == "data":
+                    data = msg.get("data")
+                    if not isinstance(data, bytes):
+                        raise self._bad("a malformed file frame")
+                    total += len(data)
+                    if total > max_bytes:
+                        raise GuestError(f"box {self.box}: {path} is larger than {max_bytes} "
+                                         "bytes; nothing was copied")
+                    sink.write(data)
+                elif ev == "end":
+                    return total
+                else:
+                    raise self._bad("an unexpected event during read")
+        finally:
+            await fs.aclose()
+
+    async def write_file(self, path: str, data: bytes, *, mode: int = 0o644,
+                         timeout: float = 120.0) -> None:
+        """Write one file into the box (parents made); the guest acknowledges its size."""
         fs = await self._open()
         try:
+            await fs.send({"op": "write", "path": path, "mode": mode & 0o777})
+            for i in range(0, len(data), rpc.CHUNK):
+                await fs.send({"ev": "data", "data": data[i:i + rpc.CHUNK]})
+            await fs.send({"ev": "end"})
+            msg = await self._recv(fs, timeout, "write")
+            if msg.get("ev") != "ok" or msg.get("size") != len(data):
+                raise self._bad("a wrong acknowledgement of a write")
+        finally:
+            await fs.aclose()
+
+    async def shutdown(self, timeout: float = 10.0) -> None:
+        fs = await self._open(reserved=True)
+        try:
             await fs.send({"op": "shutdown"})
-            await self._recv(fs, timeout)
+            await self._recv(fs, timeout, "shutdown")
         finally:
             await fs.aclose()

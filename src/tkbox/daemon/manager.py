@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -42,17 +43,25 @@ from tkbox.errors import (
     TkboxError,
     UserError,
 )
-from tkbox.protocol.framing import FramedStream, FrameError
+from tkbox.guest import rpc
+from tkbox.image.runconfig import RunUser, image_env, user_of
+from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
+from tkbox.record.journal import Journals
 from tkbox.vm.base import VM, Disk, Launcher, VMSpec
 
 log = logging.getLogger("tkbox.daemon")
 
 NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 BOOT_TIMEOUT = float(os.environ.get("TKBOX_BOOT_TIMEOUT", "180"))
+#: seconds the guest has, from the start of `tkbox stop`, to send its whole patch
+STOP_DEADLINE = float(os.environ.get("TKBOX_STOP_DEADLINE", "120"))
 PROXY_URL = "http://127.0.0.1:3128"
+#: the longest --timeout a box may have (a week)
+MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
 @dataclass
@@ -65,6 +74,11 @@ class Options:
     egress_hosts: str | None = None
     ca_certs: list[str] = field(default_factory=list)  # PEM texts
     approval_wait: int = 120  # seconds a connection waits for a person
+    run_records: int = RUN_RECORDS  # records a run may hold before its box is stopped
+    run_bytes: int = RUN_BYTES  # estimated bundle bytes likewise
+    tunnel_idle: float = 300.0  # seconds a tunnel may carry nothing either way
+    tunnel_total: float = 4 * 3600.0  # seconds a tunnel may stay open at all
+    max_connections: int = 0  # egress connections daemon-wide; 0: from RLIMIT_NOFILE
 
 
 @dataclass
@@ -82,6 +96,8 @@ class BoxSpec:
     secrets: list[str] = field(default_factory=list)
     secret_values: dict[str, str] = field(default_factory=dict, repr=False)
     inspect: str = ""
+    model_hosts: list[str] = field(default_factory=list)  # recorded as model calls
+    timeout_s: int | None = None  # the box stops by itself after this long (recorded)
 
 
 class Box:
@@ -99,6 +115,7 @@ class Box:
         self.ready: asyncio.Future[dict[str, Any]] | None = None
         self.boot_served = False
         self.secrets: list[Any] = []  # tkbox.doors.secrets.Secret: daemon memory only
+        self.input_guards: dict[str, prestart.InputGuard] = {}  # per terminal command
 
     @property
     def name(self) -> str:
@@ -131,6 +148,12 @@ class Box:
     def public(self) -> dict[str, Any]:
         out = {k: v for k, v in self.s.items() if k not in ("env_values",)}
         out["display_name"] = self.name + (" [UNRECORDED]" if self.s.get("unrecorded") else "")
+        ports = self.vm.ports if self.vm is not None else None
+        budget = getattr(ports, "budget", None)
+        if budget is not None:
+            # How much the guest was slowed by its work budget and output/input bounds.
+            out["guest_throttled_s"] = round(budget.throttled, 3)
+            out["guest_reads_paused"] = int(getattr(ports, "paused_reads", 0))
         return out
 
 
@@ -140,10 +163,16 @@ class BoxManager:
                  home: Path | None = None, door_factory: Any = None,
                  approvals: Any = None) -> None:
         self.launcher = launcher
-        self.signer = signer
+        # Every record goes through the per-run budget, so every run stays exportable.
+        unbounded = options.unrecorded  # nothing is recorded, so there is nothing to bound
+        self.signer = BudgetedSigner(signer,
+                                     max_records=2**62 if unbounded else options.run_records,
+                                     max_bytes=2**62 if unbounded else options.run_bytes,
+                                     on_exhausted=self._budget_exhausted)
         self.opts = options
         self.images = images
         self.guest_build = guest_build  # () -> GuestBuild (cached)
+        self.journals: Journals | None = None  # `tkbox logs` (set by the server)
         self.accel_reason = accel_reason
         self.root = paths.private_dir((home or paths.home()) / "boxes")
         self.vms_root = paths.private_dir(paths.vms(home))
@@ -224,6 +253,23 @@ class BoxManager:
             self._gap(box, {"reason": f"event {kind} not recorded: {exc}", "event": kind})
             await self.contain(box, f"an event could not be recorded ({exc})")
 
+    def _budget_exhausted(self, run_id: str, why: str) -> None:
+        """A run reached its record budget: stop its box, and say so in the run."""
+        box = next((b for b in self.boxes.values() if b.s.get("run_id") == run_id), None)
+        if box is None:
+            return
+
+        async def stop_it() -> None:
+            records, size = self.signer.usage(run_id)
+            await self.record(box, "tkbox.containment", {
+                "reason": why[:500], "budget": "records", "records": records,
+                "estimated_bundle_bytes": size})
+            await self.contain(box, why)
+
+        t = asyncio.ensure_future(stop_it())
+        self._tasks.add(t)
+        t.add_done_callback(self._tasks.discard)
+
     async def contain(self, box: Box, why: str) -> None:
         """Stop a box at once because the record cannot be kept."""
         log.warning("box %s stopped: %s", box.name, why)
@@ -282,6 +328,10 @@ class BoxManager:
     # ---- create ------------------------------------------------------------------
 
     async def create(self, spec: BoxSpec) -> Box:
+        if not spec.name:
+            spec.name = self._fresh_name()
+        if spec.timeout_s is not None and not 1 <= spec.timeout_s <= MAX_TIMEOUT_S:
+            raise UserError(f"--timeout must be 1 s to {MAX_TIMEOUT_S // 3600} h")
         if not NAME_RE.match(spec.name):
             raise UserError(f"box name {spec.name!r} is not valid: use lowercase letters, "
                             "digits, '.', '_' and '-', starting with a letter or digit")
@@ -302,6 +352,7 @@ class BoxManager:
                                    f"--env {k}")
         await asyncio.to_thread(prestart.check_workspace, loaded, ws)
         image = await self.images.resolve(spec.image)  # UserError if unknown
+        run_user = await asyncio.to_thread(_image_user, image)
         build = await asyncio.to_thread(self.guest_build)
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
         staging = self.root / f".creating-{run_id}"
@@ -315,25 +366,32 @@ class BoxManager:
             "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
             "guest_build": build.digest[:16],
             "secrets": [s.spec.describe() for s in loaded], "inspect": spec.inspect or "bound",
+            "model_hosts": list(spec.model_hosts),
+            "image_config": _image_config_facts(image, run_user),
+            "timeout_s": spec.timeout_s,
         })
         box.secrets = loaded
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
                  "workspace": box.s["workspace"], "allowlist": list(spec.allow),
-                 "limits": box.s["limits"], "env_names": sorted(spec.env),
+                 "limits": {**box.s["limits"], "timeout_s": spec.timeout_s},
+                 "env_names": sorted(spec.env),
                  "operator": {**(self.operator_facts or {
                      "egress_block": self.opts.egress_block,
                      "egress_permit": self.opts.egress_permit,
                      "egress_hosts": self.opts.egress_hosts}),
                      "extra_ca_certs": len(self.opts.ca_certs)},
                  "guest": {"kernel": build.kernel_version, "initramfs": build.digest},
-                 "secrets": box.s["secrets"], "inspect": box.s["inspect"]}
+                 "secrets": box.s["secrets"], "inspect": box.s["inspect"],
+                 "model_hosts": box.s["model_hosts"],
+                 "image_config": box.s["image_config"]}
         try:
             if self.door_factory is not None:
                 box.door = self.door_factory(box)  # a bad --allow entry is refused here
             if not self.opts.unrecorded:
                 await self.signer.open_run(run_id, facts)
-            stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs")
+            owner = (run_user.uid, run_user.gid) if run_user else (0, 0)
+            stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs", owner)
             box.s["workspace_copy"] = stats
             await asyncio.to_thread(build_upper, staging / "upper.ext4", spec.disk_mib)
             box.save()
@@ -348,7 +406,9 @@ class BoxManager:
             raise
         self.boxes[spec.name] = box
         try:
-            await self._boot(box, spec, image, build)
+            await self._boot(box, spec, image, build, run_user)
+            if spec.timeout_s is not None:
+                box.spawn(self._expire(box, spec.timeout_s))
         except BaseException as exc:
             box.s["error"] = str(exc) if isinstance(exc, TkboxError) else \
                 f"{exc.__class__.__name__}: {exc}"
@@ -361,11 +421,44 @@ class BoxManager:
             raise
         return box
 
-    def _boot_config(self, box: Box, spec: BoxSpec) -> dict[str, Any]:
+    def _fresh_name(self) -> str:
+        """A name for a box run without --name: short, unused, printed by `tkbox run`."""
+        while True:
+            name = f"box-{secrets.token_hex(3)}"
+            if name not in self.boxes and not (self.root / name).exists():
+                return name
+
+    async def _expire(self, box: Box, after_s: int) -> None:
+        """`--timeout`: the box stops by itself, like `tkbox stop`, and the record says why.
+
+        Counted from when the box was ready; a box already stopping or stopped is left be.
+        """
+        await asyncio.sleep(after_s)
+        if box.state not in ("running", "held"):
+            return
+        log.warning("box %s reached its --timeout of %d s; stopping it", box.name, after_s)
+        await self.record(box, "tkbox.timeout", {"after_s": after_s})
+        box.s["error"] = f"stopped: it reached its --timeout of {after_s} s"
+        try:
+            await self.stop(box.name)
+        except TkboxError as exc:
+            log.warning("stopping %s at its timeout failed: %s", box.name, exc)
+
+    def _boot_config(self, box: Box, spec: BoxSpec, image: Any = None,
+                     run_user: RunUser | None = None) -> dict[str, Any]:
+        # Lowest first: tkbox's defaults, the image's Env, the doors' variables, --env
+        # (tkbox.image.runconfig says why).
         env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": "/root", "LANG": "C.UTF-8", "TERM": "dumb",
-               "HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
-               "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""}
+               "HOME": run_user.home if run_user else "/root", "LANG": "C.UTF-8",
+               "TERM": "dumb",
+               # Bytecode caches are files nobody commits; without this, running the
+               # tests in the box put __pycache__/*.pyc into the patch and the checkout.
+               "PYTHONDONTWRITEBYTECODE": "1"}
+        config = getattr(image, "config", None)
+        if config is not None:
+            env.update(image_env(config.env))
+        env.update({"HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
+                    "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""})
         pems = list(self.opts.ca_certs)
         if box.door is not None and getattr(box.door, "ca_pem", None):
             pems.insert(0, box.door.ca_pem)
@@ -378,11 +471,19 @@ class BoxManager:
         for sec in box.secrets:
             env[sec.name] = sec.placeholder.decode("ascii")
         host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
-        return {"v": 1, "time": time.time(), "hostname": host[:63], "env": env,
-                "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
-                "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
+        # seed: host randomness the guest credits to its kernel and reseeds from
+        # before anything else (a box restored from a template needs its own).
+        cfg = {"v": 1, "time": time.time(), "seed": os.urandom(64), "hostname": host[:63],
+               "env": env,
+               "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
+               "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
+        if run_user is not None:
+            cfg["user"] = {"uid": run_user.uid, "gid": run_user.gid,
+                           "groups": list(run_user.groups)}
+        return cfg
 
-    async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any) -> None:
+    async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any,
+                    run_user: RunUser | None = None) -> None:
         vm_dir = self.vms_root / box.run_id
         vm_spec = VMSpec(
             name=box.name, kernel=build.kernel, initramfs=build.initramfs, workdir=vm_dir,
@@ -392,11 +493,12 @@ class BoxManager:
             memory_mib=spec.memory_mib, vcpus=spec.vcpus)
         loop = asyncio.get_running_loop()
         box.ready = loop.create_future()
-        config = self._boot_config(box, spec)
+        config = self._boot_config(box, spec, image, run_user)
         t0 = time.monotonic()
         vm = await self.launcher.start(vm_spec)
         box.vm = vm
         box.s["accel"] = vm.accel
+        box.s["start"] = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
         vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
         vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
@@ -413,6 +515,7 @@ class BoxManager:
         up = seconds(msg.get("uptime"))  # guest-supplied: checked, never trusted
         await self.record(box, "tkbox.box.ready", {
             "boot_ms": int(box.s["boot_seconds"] * 1000), "accel": vm.accel,
+            "start": vm.start_kind, "start_reason": vm.start_reason[:300],
             "guest_uptime_ms": int(up * 1000) if up is not None else None})
 
     async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
@@ -420,12 +523,15 @@ class BoxManager:
         if box.boot_served:
             return  # served once: later streams are closed unanswered
         box.boot_served = True
-        fs = FramedStream(stream)
+        fs = FramedStream(stream, limits=GUEST_FRAMES, budget=stream_budget(box))
         try:
             await fs.send(config)
             msg = await asyncio.wait_for(fs.receive(), BOOT_TIMEOUT)
         except (FrameError, StreamClosed, EOFError, TimeoutError) as exc:
             msg = {"ev": "error", "message": f"boot stream broke: {exc.__class__.__name__}"}
+        if isinstance(msg, dict) and not _boot_answer_ok(msg):
+            msg = {"ev": "error", "message": "the boot answer is not {ev: ready, uptime} or "
+                                             "{ev: error, message} (unknown keys are refused)"}
         if box.ready is None or box.ready.done():
             return
         if not isinstance(msg, dict) or msg.get("ev") != "ready":
@@ -458,7 +564,12 @@ class BoxManager:
             box.s["error"] = f"the VM ended unexpectedly (status {code})"
             box.move("vm_died")
             await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
-        box.save()
+        if box.door is not None and box.state not in ("stopping", "stopped"):
+            # The door's open connections end, and its last refusal summary is recorded.
+            with contextlib.suppress(Exception):
+                await box.door.close()
+        if box.dir.is_dir():  # `rm --force` may have removed it while the VM ended
+            box.save()
 
     async def _watch_transport(self, box: Box, vm: VM) -> None:
         """A guest that breaks the transport (a protocol violation) loses its VM."""
@@ -475,8 +586,14 @@ class BoxManager:
     # ---- exec -------------------------------------------------------------------
 
     async def exec(self, name: str, argv: list[str], cwd: str | None, env: dict[str, str] | None,
-                   stdin: bytes | None) -> AsyncIterator[dict[str, Any]]:
-        """Run one command; yields events: started, out, exit (or error)."""
+                   stdin: bytes | None,
+                   tty: dict[str, int] | None = None) -> AsyncIterator[dict[str, Any]]:
+        """Run one command; yields events: started, out, exit (or error).
+
+        With `tty` (rows, cols) the command gets a terminal; its keystrokes arrive by
+        `exec_input` and size changes by `exec_resize`. The decision records that it was
+        a terminal; the keystrokes themselves are not in the record (docs/limits.md).
+        """
         box = self.get(name)
         if box.state != "running" or box.guest is None:
             raise UserError(f"cannot exec in box {name}: it is {box.state}; "
@@ -499,8 +616,11 @@ class BoxManager:
         decision_id = None
         if not box.s.get("unrecorded"):
             try:
+                context = req.context()
+                if tty is not None:
+                    context["tty"] = True
                 verdict = await self.signer.decide(box.run_id, "Bash", req.resource(),
-                                                   req.context())
+                                                   context)
             except SignerUnavailable as exc:
                 raise Refused(f"refused: the signer did not answer, so no command may run "
                               f"({exc}); start it with 'tkbox signer serve'") from None
@@ -508,7 +628,7 @@ class BoxManager:
                 raise Refused(f"refused by the signer: {verdict.reason}")
             decision_id = verdict.decision_id
         exec_id = secrets.token_hex(4)
-        signals: asyncio.Queue[int] = asyncio.Queue(maxsize=16)
+        signals: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
         box.execs[exec_id] = signals
         out_q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
         counts = {1: 0, 2: 0}
@@ -521,7 +641,8 @@ class BoxManager:
             assert box.guest is not None
             try:
                 return await box.guest.exec(list(req.argv), cwd=req.cwd, env=req.env,
-                                            stdin=stdin, output=output, signals=signals)
+                                            stdin=stdin, output=output, signals=signals,
+                                            tty=tty)
             finally:
                 await out_q.put(None)
 
@@ -544,6 +665,7 @@ class BoxManager:
                 yield {"ev": "error", "message": error or "the command did not finish"}
         finally:
             box.execs.pop(exec_id, None)
+            box.input_guards.pop(exec_id, None)
             if not task.done():
                 # The client went away (Ctrl-C): stop the command in the guest.
                 with contextlib.suppress(asyncio.QueueFull):
@@ -562,6 +684,32 @@ class BoxManager:
                 except TkboxError as exc:
                     self._gap(box, {"reason": f"completion not recorded: {exc}"})
                     await self.contain(box, f"a completion could not be recorded ({exc})")
+
+    def _exec_queue(self, name: str, exec_id: str) -> asyncio.Queue[Any]:
+        q = self.get(name).execs.get(exec_id)
+        if q is None:
+            raise UserError(f"no running command {exec_id} in box {name}")
+        return q
+
+    async def exec_input(self, name: str, exec_id: str, data: bytes) -> None:
+        """Keystrokes for a command that has a terminal (bounded by the API's body)."""
+        box = self.get(name)
+        self._exec_queue(name, exec_id)
+        guard = box.input_guards.setdefault(exec_id, prestart.InputGuard(box.secrets))
+        try:
+            data = guard.feed(data)  # no secret's value is typed into the box
+        except Refused as exc:
+            await self.record(box, "tkbox.command.refused", {"reason": str(exc)[:500]})
+            raise
+        if not data:
+            return
+        await asyncio.wait_for(self._exec_queue(name, exec_id).put(
+            {"op": "stdin", "data": data}), 10)
+
+    async def exec_resize(self, name: str, exec_id: str, rows: int, cols: int) -> None:
+        with contextlib.suppress(asyncio.QueueFull):
+            self._exec_queue(name, exec_id).put_nowait({"op": "resize", "rows": rows,
+                                                        "cols": cols})
 
     async def signal(self, name: str, exec_id: str, sig: int) -> None:
         box = self.get(name)
@@ -594,9 +742,14 @@ class BoxManager:
                     await vm.resume()  # a held box must run to give its patch
             patch_path = box.dir / "patch.diff"
             tmp = box.dir / ".patch.diff.tmp"
+            # The whole diff has one deadline (a guest trickling its patch cannot hold
+            # `stop`), and travels on a reserved stream (a guest holding every stream
+            # cannot keep the host from asking for it).
+            deadline = asyncio.get_running_loop().time() + STOP_DEADLINE
             try:
                 with open(tmp, "wb") as f:
-                    stats = await guest.diff(f, kill=True)
+                    stats = await guest.diff(f, kill=True, deadline=deadline,
+                                             timeout=min(300.0, STOP_DEADLINE))
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, patch_path)
@@ -606,6 +759,9 @@ class BoxManager:
                 await vm.kill()
                 box.move("stop_failed")
                 await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
+                # The run has lost the box's changes: that is a gap in what it shows.
+                self._gap(box, {"reason": "patch lost at stop", "error": str(exc)[:500]})
+                await self.flush_gaps()
                 raise
             data = patch_path.read_bytes()
             box.s["patch"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
@@ -632,6 +788,89 @@ class BoxManager:
                             f"{lifecycle.HINTS.get(box.state, '')}")
         return p.read_bytes()
 
+    # ---- cp -----------------------------------------------------------------------
+
+    def _running(self, name: str, verb: str) -> tuple[Box, GuestClient]:
+        box = self.get(name)
+        if box.state != "running" or box.guest is None:
+            raise UserError(f"cannot {verb} box {name}: it is {box.state}; files cross only "
+                            f"while a box runs. {lifecycle.HINTS.get(box.state, '')}")
+        return box, box.guest
+
+    async def _decide_copy(self, box: Box, direction: str, box_path: str, data: bytes,
+                           mode: int, host_path: str) -> str | None:
+        """One `Write` decision for a copy across the boundary (None when unrecorded)."""
+        if box.s.get("unrecorded"):
+            return None
+        resource = {"path": box_path, "sha256": hashlib.sha256(data).hexdigest(),
+                    "mode": f"{0o100000 | (mode & 0o777):o}"}
+        context = {"copy": direction, "host_path": host_path[:4096], "size": len(data)}
+        try:
+            verdict = await self.signer.decide(box.run_id, "Write", resource, context)
+        except SignerUnavailable as exc:
+            raise Refused(f"refused: the signer did not answer, so nothing crosses ({exc}); "
+                          "start it with 'tkbox signer serve'") from None
+        if not verdict.allowed:
+            raise Refused(f"refused by the signer: {verdict.reason}")
+        return verdict.decision_id
+
+    async def _complete_copy(self, box: Box, decision_id: str | None, ok: bool,
+                             error: str = "") -> None:
+        if decision_id is None:
+            return
+        try:
+            await self.signer.complete(box.run_id, decision_id,
+                                       {"written": ok, "error": error[:300]})
+        except TkboxError as exc:
+            self._gap(box, {"reason": f"completion not recorded: {exc}"})
+            await self.contain(box, f"a completion could not be recorded ({exc})")
+
+    async def copy_in(self, name: str, box_path: str, data: bytes, mode: int,
+                      host_path: str) -> dict[str, Any]:
+        """`tkbox cp LOCAL BOX:PATH`: a crossing into the box, decided and recorded."""
+        box, guest = self._running(name, "copy into")
+        path = box_path_of(box_path)
+        if len(data) > rpc.MAX_FILE:
+            raise UserError(f"{host_path} is larger than {rpc.MAX_FILE} bytes; copy it into the "
+                            "workspace before the box starts instead")
+        try:
+            # The path first: the second message names it.
+            prestart.refuse_values(box.secrets, path.encode("utf-8", "surrogateescape"),
+                                   "the path copied to")
+            prestart.refuse_values(box.secrets, data, f"the file copied to {path[:200]}")
+        except Refused as exc:
+            await self.record(box, "tkbox.command.refused", {"reason": str(exc)[:500]})
+            raise
+        decision = await self._decide_copy(box, "in", path, data, mode, host_path)
+        try:
+            await guest.write_file(path, data, mode=mode)
+        except TkboxError as exc:
+            await self._complete_copy(box, decision, False, str(exc))
+            raise
+        await self._complete_copy(box, decision, True)
+        return {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+    async def copy_out(self, name: str, box_path: str, host_path: str) -> tuple[bytes, str]:
+        """`tkbox cp BOX:PATH LOCAL`: the file is read whole, then decided and recorded
+        (path, size, hash, where it goes) before a byte of it leaves the daemon.
+
+        Code changes still return only through `tkbox apply`: a destination inside the
+        box's own checkout is refused.
+        """
+        box, guest = self._running(name, "copy out of")
+        path = box_path_of(box_path)
+        ws = os.path.realpath(box.s["workspace"])
+        dest = os.path.realpath(host_path)
+        if dest == ws or dest.startswith(ws.rstrip("/") + "/"):
+            raise UserError(f"{host_path} is inside the box's checkout; changes to it return "
+                            f"only through 'tkbox stop {name}' and 'tkbox apply {name}'")
+        buf = io.BytesIO()
+        await guest.read_file(path, buf)
+        data = buf.getvalue()
+        decision = await self._decide_copy(box, "out", path, data, 0o644, dest)
+        await self._complete_copy(box, decision, True)
+        return data, path
+
     # ---- apply --------------------------------------------------------------------
 
     async def apply(self, name: str, checkout: str | None, allow_sensitive: bool,
@@ -642,7 +881,7 @@ class BoxManager:
         if box.state != "stopped":
             raise UserError(f"cannot apply box {name}: it is {box.state}; apply works only on "
                             "a stopped box before export")
-        data = self.patch(name)
+        data = await asyncio.to_thread(self.patch, name)  # up to the patch limit: off the loop
         target = Path(checkout or box.s["workspace"]).expanduser()
         if not target.is_dir():
             raise UserError(f"checkout {target} does not exist or is not a directory")
@@ -652,6 +891,7 @@ class BoxManager:
                                    allow_sensitive=allow_sensitive, dry_run=dry_run)
         result: dict[str, Any] = report.to_json()
         if not dry_run:
+            await self.record(box, "tkbox.apply", _apply_record(result))
             box.s.setdefault("applied", []).append({"checkout": str(target), "time": time.time()})
             box.save()
         return result
@@ -695,6 +935,16 @@ class BoxManager:
         del self.boxes[name]
 
 
+def stream_budget(box: Box) -> Any:
+    return box.vm.ports.budget if box.vm is not None else None
+
+
+def _boot_answer_ok(msg: dict[str, Any]) -> bool:
+    """The guest's one answer on port 1026: `ready` (uptime) or `error` (message), nothing else."""
+    allowed = {"ready": {"uptime"}, "error": {"message"}}.get(msg.get("ev"))  # type: ignore[arg-type]
+    return allowed is not None and set(msg) - {"ev"} <= allowed
+
+
 async def _refuse_http(stream: ByteStream, reason: str) -> None:
     body = (reason + "\n").encode()
     head = (f"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}"
@@ -704,3 +954,56 @@ async def _refuse_http(stream: ByteStream, reason: str) -> None:
         await stream.send_all(head + body)
     with contextlib.suppress(Exception):
         await stream.aclose()
+
+
+#: files listed by name in a `tkbox.apply` record; beyond, only counted
+MAX_APPLY_LISTED = 200
+
+
+def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
+    """What an apply did, for the record: counts, and the files not written by name.
+
+    Written files are in the record already (one `Write` decision each); the ones
+    held back never reached the signer, so this is where a reader learns of them.
+    Paths come from the guest's patch: each is cut to 256 characters, and at most
+    `MAX_APPLY_LISTED` are named.
+    """
+    def listed(status: str) -> list[dict[str, str]]:
+        return [{"path": str(f["path"])[:256], "reason": str(f.get("reason", ""))[:200]}
+                for f in result["files"] if f["status"] == status][:MAX_APPLY_LISTED]
+
+    return {"patch_sha256": result["patch_sha256"], "counts": dict(result["counts"]),
+            "allow_sensitive": bool(result["allow_sensitive"]),
+            "held_back": listed("held back"), "refused": listed("refused")}
+
+
+def _image_user(image: Any) -> RunUser | None:
+    """The user the image names, resolved against its own root disk (None: root)."""
+    config = getattr(image, "config", None)
+    rootfs = getattr(image, "rootfs", None)
+    if config is None or not config.user or rootfs is None:
+        return None
+    return user_of(Path(rootfs), config.user)
+
+
+def _image_config_facts(image: Any, run_user: RunUser | None) -> dict[str, Any]:
+    """What of the image's config the box applied, for its run's open record."""
+    config = getattr(image, "config", None)
+    if config is None:
+        return {}
+    return {"env_names": sorted(image_env(config.env)), "user": config.user[:256],
+            "run_as": run_user.to_json() if run_user else None,
+            "working_dir": config.working_dir[:4096]}
+
+
+def box_path_of(path: str) -> str:
+    """A path in the box as given to `tkbox cp`: absolute, or relative to /workspace;
+    normalised, at most 4,096 bytes, no NUL."""
+    if not path or "\x00" in path or len(path.encode()) > 4096:
+        raise UserError(f"{path[:80]!r} is not a path in the box; give /abs/path or a path "
+                        "relative to /workspace")
+    full = path if path.startswith("/") else f"/workspace/{path}"
+    norm = os.path.normpath(full)
+    if norm == "/":
+        raise UserError("give a file in the box, not its root directory")
+    return norm

@@ -15,6 +15,7 @@ import os
 import signal
 import socket
 import sys
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -24,17 +25,45 @@ from tkbox import __version__, paths
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
 from tkbox.errors import HostError, SignerUnavailable, UserError
-from tkbox.record.client import FakeSigner, SignerClient
+from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
 
 log = logging.getLogger("tkbox.daemon")
 
 
-class UnrecordedSigner(FakeSigner):
-    """`--unrecorded`: allows everything and keeps nothing durable.
+class UnrecordedSigner(SignerClient):
+    """`--unrecorded`: allows everything and keeps nothing at all.
 
     Only for debugging tkbox itself; every box started this way says so in
-    its name (`[UNRECORDED]`), its hostname and the daemon's output.
+    its name (`[UNRECORDED]`), its hostname and the daemon's output. It holds
+    no runs: a door asking it about any run gets an allowed verdict and every
+    record is dropped (an in-memory fake with no open run refused every
+    crossing, so boxes were contained at their first connection).
     """
+
+    async def ping(self) -> JSON:
+        return {"key": "unrecorded", "isolation": "none"}
+
+    async def open_run(self, run_id: str, facts: JSON) -> None:
+        return None
+
+    async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
+        return Verdict(True, "allowed: --unrecorded (no signer decides or records)", "unrecorded")
+
+    async def complete(self, run_id: str, decision_id: str, outcome: JSON) -> None:
+        return None
+
+    async def event(self, run_id: str, kind: str, body: JSON) -> None:
+        return None
+
+    async def close_run(self, run_id: str) -> None:
+        return None
+
+    async def export(self, run_id: str) -> Export:
+        raise UserError("nothing was recorded under --unrecorded, so there is nothing to export")
+
+    async def pushes(self) -> AsyncIterator[Push]:
+        await asyncio.Event().wait()  # never pushes
+        yield Push("hold", "")  # pragma: no cover - unreachable
 
 
 def _bind(path: Path) -> socket.socket:
@@ -69,7 +98,7 @@ class _Server(uvicorn.Server):
 
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
-                signer_socket: Path | None = None) -> None:
+                signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
     from tkbox.image.initramfs import build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.store import ImageStore
@@ -86,6 +115,10 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         print("tkbox: WARNING: --unrecorded: nothing is decided or recorded by a signer. "
               "Use only to debug tkbox itself; every box says [UNRECORDED].", file=sys.stderr)
         signer = UnrecordedSigner()
+    elif signer_backend.startswith("tracekit"):
+        from tkbox.record.tracekit import client_for
+
+        signer, who = await client_for(signer_backend, signer_socket)
     else:
         from tkbox.record.unix import UnixSignerClient
 
@@ -99,6 +132,10 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
                 "--dev && tkbox signer serve &' (or pass --unrecorded to debug tkbox)") from None
         log.info("signer: %s", who)
 
+    from tkbox.record.journal import JournalingSigner, Journals
+
+    journals = Journals(paths.home() / "journal")
+    signer = JournalingSigner(signer, journals)  # `tkbox logs`: what the signer acknowledged
     cache: dict[str, Any] = {}
 
     def guest_build() -> Any:
@@ -109,13 +146,17 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     images = ImageStore(paths.images())
     manager = BoxManager(launcher=QemuLauncher(accel), signer=signer, options=opts,
                          images=images, guest_build=guest_build, accel_reason=accel.reason)
+    manager.journals = journals
     from tkbox.daemon import egress
 
     await egress.install(manager, opts, signer)
     await manager.load()
     info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
-            "network_door": True}
+            "network_door": True,
+            "signer": {"backend": "none"} if opts.unrecorded else
+            {"backend": "tracekit" if signer_backend.startswith("tracekit") else "tkbox",
+             "key": str(who.get("key", "")), "isolation": str(who.get("isolation", ""))}}
     app = make_app(manager, info)
     path = socket_path or paths.daemon_socket()
     sock = _bind(path)
@@ -151,11 +192,12 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
 
 def main(opts: Options, socket_path: Path | None = None,
-         signer_socket: Path | None = None) -> None:
+         signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
     logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
                         format="tkbox: %(levelname)s %(message)s")
     try:
-        asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket))
+        asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket,
+                          signer_backend=signer_backend))
     except (HostError, UserError, SignerUnavailable) as exc:
         print(f"tkbox: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -1,10 +1,14 @@
 """The workspace disks: a read-only copy of the checkout, and an empty upper disk.
 
 The lower disk is a squashfs made from a tar stream of the checkout, leaving
-out credential files (ignored by git or not), `.git/hooks`, sockets and
-devices, and rewriting `.git/config` without credentials (userinfo in remote
-URLs, credential helpers, extra headers, includes of host files). The upper
-disk is a sparse ext4 file the guest mounts as the overlay's upper layer.
+out credential files (ignored by git or not), the `hooks` directory of every
+repository (the checkout's, submodules', nested clones'), sockets and
+devices. Every git configuration file under a `.git` directory (`config`,
+`config.worktree`, `modules/*/config`, `worktrees/*/config*`, nested
+repositories') is read with git itself and rewritten without every section
+that carries a credential (`credential_reason`); a file git cannot read is
+left out, and so is every file a config includes. The upper disk is a sparse
+ext4 file the guest mounts as the overlay's upper layer.
 """
 
 from __future__ import annotations
@@ -17,10 +21,14 @@ import shutil
 import stat
 import subprocess
 import tarfile
+import tempfile
 import threading
+from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from tkbox.errors import HostError, UserError
+from tkbox.gitconfig import Entry, parse_list, render, same
 
 #: names of credential files, matched against each path component's name
 CREDENTIAL_NAMES = (
@@ -55,50 +63,186 @@ def is_credential(rel: str, is_dir: bool) -> bool:
     return False
 
 
-_URL_USERINFO = re.compile(r"^(\s*[A-Za-z][\w+.-]*://)[^/@\s]*@", re.ASCII)
-_DROP_KEYS = {"extraheader", "helper", "askpass", "sshcommand", "password", "token",
-              "cookiefile", "proxyauthmethod"}
+# userinfo in a URL (`scheme://user[:pass]@`), or `user:pass@host` in scp form
+_USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@|(?:^|[\s\"'=])[^\s/@:]+:[^\s/@]+@",
+                       re.ASCII)
+# well-known token shapes and authorization schemes, in any value
+_TOKEN = re.compile(r"gh[opusr]_[A-Za-z0-9]{20}|github_pat_|glpat-|xox[abprs]-|"
+                    r"(?i:\b(?:authorization|bearer|basic)\b)", re.ASCII)
+# parts of a variable name that hold or fetch a credential
+_CREDENTIAL_NAME = ("pass", "token", "secret", "cookie", "credential", "extraheader", "helper",
+                    "askpass", "sshcommand", "sslkey", "sslcert", "auth", "apikey", "api-key",
+                    "accesskey", "privatekey", "private-key")
+#: sections dropped whole: they hold or fetch credentials, or pull in host files
+CREDENTIAL_SECTIONS = ("credential", "include", "includeif")
 
 
-def sanitize_git_config(text: str) -> str:
-    """`.git/config` without anything that can hold or fetch a credential."""
-    out: list[str] = []
-    section = ""
-    for line in text.splitlines():
-        s = line.strip()
-        if s.startswith("["):
-            section = s.lower()
-            if section.startswith(("[credential", "[include", "[includeif", "[http")) \
-                    and "extraheader" not in section:
-                # whole sections that only configure credentials or include host files
-                if section.startswith(("[credential", "[include")):
-                    section = "#drop"
+def credential_reason(group: Sequence[Entry]) -> str | None:
+    """Why one section (all its entries) carries a credential, or None.
+
+    A section is dropped whole, never edited, when: it is `credential.*` or an
+    include; its subsection, or any value, holds URL userinfo (`url."https://
+    user:TOKEN@host/".insteadOf`, a remote's `url`, quoted or not: git has
+    already unquoted it); any variable's name is credential-like
+    (`http.*.extraHeader`, `credential.helper`, `sendemail.smtpPass`, a
+    `*token*`); or any value has a token's or an authorization scheme's shape.
+    """
+    first = group[0]
+    if first.section in CREDENTIAL_SECTIONS:
+        return f"{first.section} section"
+    if first.subsection is not None and _USERINFO.search(first.subsection):
+        return "URL userinfo in the section name"
+    for e in group:
+        if any(part in e.name for part in _CREDENTIAL_NAME):
+            return f"credential-like variable {e.name!r}"
+        if e.value is not None and _USERINFO.search(e.value):
+            return f"URL userinfo in {e.name!r}"
+        if e.value is not None and _TOKEN.search(e.value):
+            return f"a token or authorization in {e.name!r}"
+    return None
+
+
+def sanitize_entries(entries: Sequence[Entry]) -> tuple[list[Entry], int]:
+    """The entries of every section that carries no credential, and how many sections went.
+
+    A section is all the entries with the same section and subsection,
+    wherever they appear in the file (git merges them too).
+    """
+    groups: dict[tuple[str, str | None], list[Entry]] = {}
+    for e in entries:
+        groups.setdefault(e.group, []).append(e)
+    dropped = {g for g, es in groups.items() if credential_reason(es) is not None}
+    return [e for e in entries if e.group not in dropped], len(dropped)
+
+
+def _git_env(home: str) -> dict[str, str]:
+    return {"PATH": os.environ.get("PATH", os.defpath), "HOME": home, "XDG_CONFIG_HOME": home,
+            "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null", "LC_ALL": "C"}
+
+
+def _git_list(git: str, path: Path, home: str) -> list[Entry] | None:
+    """The file's entries as git reads them (includes not followed); None if git cannot."""
+    try:
+        proc = subprocess.run([git, "config", "--file", str(path), "--no-includes", "--list",
+                               "--null"], capture_output=True, env=_git_env(home), cwd=home,
+                              check=False, timeout=60)
+    except (OSError, subprocess.SubprocessError) as e:
+        raise HostError(f"cannot read the git configuration {path} with git: {e}") from None
+    if proc.returncode != 0:
+        return None
+    return parse_list(proc.stdout)
+
+
+class GitConfigCleaner:
+    """Rewrites git config files without credentials, reading them with git itself.
+
+    `clean(path)` returns the new bytes (None: git cannot read the file, so
+    it is left out of the copy) and the number of sections dropped. The
+    result is read back with git and must list exactly the kept entries.
+    """
+
+    def __init__(self) -> None:
+        git = shutil.which("git")
+        if git is None:
+            raise HostError("git is not installed; tkbox needs it to copy a checkout's "
+                            "git configuration without credentials")
+        self.git = git
+        self.home = tempfile.mkdtemp(prefix="tkbox-gitcfg-")
+
+    def close(self) -> None:
+        shutil.rmtree(self.home, ignore_errors=True)
+
+    def __enter__(self) -> GitConfigCleaner:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def clean(self, path: Path) -> CleanedConfig:
+        entries = _git_list(self.git, path, self.home)
+        if entries is None:
+            return CleanedConfig(None, 0, ())
+        includes = []
+        for e in entries:
+            if e.section in ("include", "includeif") and e.name == "path" and e.value:
+                # git-config(1): a relative include is relative to the including file
+                target = Path(os.path.expanduser(e.value))
+                includes.append(Path(os.path.normpath(path.parent / target)))
+        kept, dropped = sanitize_entries(entries)
+        data = render(kept)
+        check = Path(self.home) / "check.config"
+        check.write_bytes(data)
+        back = _git_list(self.git, check, self.home)
+        if back is None or not same(back, kept):
+            raise HostError(f"cannot copy {path}: git reads the configuration tkbox wrote "
+                            "without credentials differently; report this as a tkbox bug")
+        return CleanedConfig(data, dropped, tuple(includes))
+
+
+@dataclass(frozen=True)
+class CleanedConfig:
+    data: bytes | None  # None: git cannot read the file; it is left out
+    dropped_sections: int
+    includes: tuple[Path, ...]  # files it includes (left out of the copy too)
+
+
+def is_git_config(rel: str) -> bool:
+    """A configuration file of some repository under `.git` (submodules, worktrees too)."""
+    parts = rel.split("/")
+    name = parts[-1]
+    return ".git" in parts[:-1] and (name == "config" or name.startswith("config."))
+
+
+def _is_git_dir(dirpath: str, dirnames: Sequence[str], filenames: Sequence[str]) -> bool:
+    return "HEAD" in filenames and ("objects" in dirnames or "commondir" in filenames)
+
+
+def _git_configs(root: Path,
+                 stats: dict[str, int]) -> tuple[dict[str, bytes | None], set[str]]:
+    """Pass 1: every git config under a `.git`, cleaned; the paths they include.
+
+    Git is needed only when there is a config to read (a checkout that is
+    not a repository is copied without it).
+    """
+    cleaned: dict[str, bytes | None] = {}
+    includes: set[str] = set()
+    cleaner: GitConfigCleaner | None = None
+    try:
+        for dirpath, _dirnames, filenames in os.walk(root, followlinks=False):
+            d = Path(dirpath)
+            rel_dir = d.relative_to(root).as_posix()
+            for name in filenames:
+                rel = name if rel_dir == "." else f"{rel_dir}/{name}"
+                if not is_git_config(rel):
                     continue
-            out.append(line)
-            continue
-        if section == "#drop":
-            continue
-        key, eq, value = s.partition("=")
-        k = key.strip().lower()
-        if eq and k in _DROP_KEYS:
-            continue
-        if eq and k in ("url", "pushurl", "insteadof", "pushinsteadof"):
-            indent = line[: len(line) - len(line.lstrip())]
-            clean = _URL_USERINFO.sub(r"\1", value.strip())
-            line = f"{indent}{key.strip()} = {clean}"
-        out.append(line)
-    return "\n".join(out) + "\n"
+                p = d / name
+                if not stat.S_ISREG(p.lstat().st_mode):
+                    cleaned[rel] = None  # a linked config could lead to a file copied as is
+                    continue
+                cleaner = cleaner or GitConfigCleaner()
+                c = cleaner.clean(p)
+                cleaned[rel] = c.data
+                stats["git_config_sections_dropped"] += c.dropped_sections
+                for inc in c.includes:
+                    includes.add(str(inc))
+                    includes.add(os.path.realpath(inc))
+    finally:
+        if cleaner is not None:
+            cleaner.close()
+    return cleaned, includes
 
 
-def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
-    stats = {"files": 0, "skipped_credentials": 0, "bytes": 0}
+def _tar_checkout(root: Path, out: io.RawIOBase,
+                  owner: tuple[int, int] = (0, 0)) -> dict[str, int]:
+    stats = {"files": 0, "skipped_credentials": 0, "bytes": 0, "git_config_sections_dropped": 0}
+    configs, includes = _git_configs(root, stats)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         def add(path: Path, rel: str) -> None:
             st = path.lstat()
             info = tarfile.TarInfo(rel)
             info.mode = stat.S_IMODE(st.st_mode)
             info.mtime = int(st.st_mtime)
-            info.uid = info.gid = 0
+            info.uid, info.gid = owner  # the box's user (the image's User), else root
             if stat.S_ISDIR(st.st_mode):
                 info.type = tarfile.DIRTYPE
                 tar.addfile(info)
@@ -107,9 +251,8 @@ def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
                 info.linkname = os.readlink(path)
                 tar.addfile(info)
             elif stat.S_ISREG(st.st_mode):
-                data: bytes | None = None
-                if rel == ".git/config":
-                    data = sanitize_git_config(path.read_text(errors="replace")).encode()
+                data = configs.get(rel)
+                if data is not None:
                     info.size = len(data)
                     tar.addfile(info, io.BytesIO(data))
                 else:
@@ -122,6 +265,7 @@ def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
         for dirpath, dirnames, filenames in os.walk(root, followlinks=False):
             d = Path(dirpath)
             rel_dir = d.relative_to(root).as_posix()
+            git_dir = _is_git_dir(dirpath, dirnames, filenames)
             keep_dirs = []
             for name in sorted(dirnames):
                 rel = name if rel_dir == "." else f"{rel_dir}/{name}"
@@ -129,7 +273,7 @@ def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
                 if p.is_symlink():
                     filenames.append(name)  # a symlink to a directory is copied as a link
                     continue
-                if is_credential(rel, True):
+                if is_credential(rel, True) or (git_dir and name == "hooks"):
                     stats["skipped_credentials"] += 1
                     continue
                 add(p, rel)
@@ -141,15 +285,20 @@ def _tar_checkout(root: Path, out: io.RawIOBase) -> dict[str, int]:
                 st = p.lstat()
                 if not (stat.S_ISREG(st.st_mode) or stat.S_ISLNK(st.st_mode)):
                     continue  # sockets, fifos, devices
-                if is_credential(rel, False):
+                included = bool(includes) and (str(p) in includes
+                                               or os.path.realpath(p) in includes)
+                if is_credential(rel, False) or included \
+                        or (rel in configs and configs[rel] is None):
                     stats["skipped_credentials"] += 1
                     continue
                 add(p, rel)
     return stats
 
 
-def build_lower(checkout: Path, target: Path) -> dict[str, int]:
-    """Squashfs of the filtered checkout at `target` (via tar2sqfs)."""
+def build_lower(checkout: Path, target: Path,
+                owner: tuple[int, int] = (0, 0)) -> dict[str, int]:
+    """Squashfs of the filtered checkout at `target` (via tar2sqfs), every file owned by
+    `owner` (uid, gid): the user the box's commands run as, so they can change it."""
     if not checkout.is_dir():
         raise UserError(f"workspace {checkout} is not a directory; pass an existing "
                         "directory with --workspace")
@@ -165,7 +314,7 @@ def build_lower(checkout: Path, target: Path) -> dict[str, int]:
         reader = threading.Thread(target=lambda: err.append(stderr.read()))
         reader.start()
         try:
-            stats = _tar_checkout(checkout, proc.stdin)  # type: ignore[arg-type]
+            stats = _tar_checkout(checkout, proc.stdin, owner)  # type: ignore[arg-type]
             proc.stdin.close()
         except OSError as exc:
             proc.kill()

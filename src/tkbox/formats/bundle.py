@@ -34,8 +34,9 @@ from dataclasses import dataclass
 from tkbox.formats import _strict, canonjson
 from tkbox.formats import policy as policy_mod
 from tkbox.formats.errors import FormatError
+from tkbox.formats.merkle import HASH_SIZE
 from tkbox.formats.proof import HEADER as PROOF_HEADER
-from tkbox.formats.proof import Entry, Lines, read_entry
+from tkbox.formats.proof import MAX_PATH, Entry, Lines, read_entry
 from tkbox.formats.record import MAX_RECORD, valid_run_id
 
 MAGIC = "tkbox-bundle/v1"
@@ -84,8 +85,9 @@ def parse(data: bytes) -> Bundle:
                             lines.where(), maximum=MAX_RECORDS)
     if count == 0:
         raise lines.fail("a run has at least its open and close records")
-    entries: list[Entry] = []
-    for j in range(count):
+    fast = _read_entries_fast(lines, count)
+    entries: list[Entry] = fast if fast is not None else []
+    for j in range(len(entries), count):
         nxt = lines.peek()
         if nxt != PROOF_HEADER:
             if nxt is None:
@@ -112,6 +114,53 @@ def parse(data: bytes) -> Bundle:
     if len(checkpoint) > MAX_CHECKPOINT:
         raise lines.fail(f"the checkpoint is larger than {MAX_CHECKPOINT} bytes")
     return Bundle(run, tuple(entries), checkpoint)
+
+
+def _read_entries_fast(lines: Lines, count: int) -> list[Entry] | None:
+    """All `count` entries at once, from the text up to the blank line; None if
+    anything is not exactly as `read_entry` accepts it, and then the line-by-line
+    reader runs and names the fault. Same acceptance, fewer steps per line."""
+    data, start = lines.data, lines.pos
+    end = data.find(b"\n\n", start - 1)
+    if end < start:
+        return None
+    try:
+        rows = data[start : end + 1].decode("utf-8").split("\n")[:-1]
+    except UnicodeDecodeError:
+        return None
+    hashes = lines.hashes
+    known = hashes.get
+    entries: list[Entry] = []
+    i, n = 0, len(rows)
+    max_extra_text = (MAX_RECORD + 2) // 3 * 4
+    try:
+        for _ in range(count):
+            if i + 2 >= n or rows[i] != PROOF_HEADER:
+                return None
+            extra, index = rows[i + 1], rows[i + 2]
+            if not extra.startswith("extra ") or len(extra) - 6 > max_extra_text or \
+                    not index.startswith("index "):
+                return None
+            raw = _strict.b64(extra[6:], "bundle.malformed", "")
+            idx = _strict.decimal(index[6:], "bundle.malformed", "")
+            i += 3
+            path: list[bytes] = []
+            while i < n and (line := rows[i]) != PROOF_HEADER:
+                h = known(line)
+                if h is None:
+                    h = hashes[line] = _strict.b64(line, "bundle.malformed", "",
+                                                   length=HASH_SIZE)
+                path.append(h)
+                if len(path) > MAX_PATH:
+                    return None
+                i += 1
+            entries.append(Entry(idx, tuple(path), raw))
+    except FormatError:
+        return None
+    if i != n:
+        return None
+    lines.pos, lines.line = end + 1, lines.line + n
+    return entries
 
 
 # --- the trust file -------------------------------------------------------

@@ -18,6 +18,7 @@ reads: no duplicate names, no whitespace, no escapes that are not needed.
 
 from __future__ import annotations
 
+import contextlib
 import json
 from typing import Any
 
@@ -87,12 +88,47 @@ def _value(v: Any, out: list[str], depth: int) -> None:
         raise _fail(f"{type(v).__name__} is not a JSON value")
 
 
+# The fast path: for values `_plain` accepts, the standard library's C encoder
+# writes exactly what `_value` writes (same string escaping, see above; integers
+# in plain decimal; members sorted by code point, which is the UTF-16 code unit
+# order of §3.2.3 for names without characters beyond U+FFFF).
+_encode_plain = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort_keys=True,
+                                 check_circular=False, allow_nan=False).encode
+
+
+def _plain(v: Any, depth: int) -> bool:
+    """Only exact dicts, lists, tuples, strs, ints in range, bools and None, object
+    names without astral characters, nested at most MAX_DEPTH: anything else (or
+    anything wrong) goes the slow way, which encodes it or says what is wrong."""
+    if depth > MAX_DEPTH:
+        return False
+    t = type(v)
+    if t is str or t is bool or v is None:
+        return True
+    if t is int:
+        return bool(-MAX_SAFE_INT <= v <= MAX_SAFE_INT)
+    if t is dict:
+        for k, x in v.items():
+            if type(k) is not str or (not k.isascii() and max(k) > "\uffff"):
+                return False
+            if not _plain(x, depth + 1):
+                return False
+        return True
+    if t is list or t is tuple:
+        return all(_plain(x, depth + 1) for x in v)
+    return False
+
+
 def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical bytes of `value`. Raises CanonicalJSONError."""
-    out: list[str] = []
-    _value(value, out, 0)
+    if _plain(value, 0):
+        text = _encode_plain(value)
+    else:
+        out: list[str] = []
+        _value(value, out, 0)
+        text = "".join(out)
     try:
-        return "".join(out).encode("utf-8")
+        return text.encode("utf-8")
     except UnicodeEncodeError:
         raise _fail("a string holds a lone UTF-16 surrogate") from None
 
@@ -114,10 +150,20 @@ def _no_constant(s: str) -> Any:
     raise _fail(f"{s} is not JSON")
 
 
+_decode_plain = json.JSONDecoder(parse_float=_no_float, parse_constant=_no_constant).decode
+
+
 def loads(data: bytes, *, max_size: int = 1 << 20, where: str = "") -> Any:
     """Parse canonical JSON; anything not canonical raises CanonicalJSONError."""
     if len(data) > max_size:
         raise _fail(f"{len(data)} bytes, more than the {max_size} allowed", where)
+    # Fast path: parse with the C decoder alone and check that the value prints
+    # back as exactly these bytes. A duplicate member collapses and so cannot
+    # print back the same; any difference goes the slow way, which says what it is.
+    with contextlib.suppress(ValueError, RecursionError, CanonicalJSONError):
+        value = _decode_plain(data.decode("utf-8"))
+        if dumps(value) == data:
+            return value
     try:
         text = data.decode("utf-8")
         value = json.loads(

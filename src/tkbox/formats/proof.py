@@ -32,6 +32,9 @@ class Lines:
         self.line = 0  # number of the last line read
         self.name = name
         self.code = code
+        self._peeked: tuple[int, int, str] | None = None  # (pos, end, text) of the next line
+        # Audit-path lines already decoded: the proofs of one bundle share most nodes.
+        self.hashes: dict[str, bytes] = {}
 
     def where(self, line: int | None = None) -> str:
         return f"{self.name} line {self.line if line is None else line}"
@@ -39,22 +42,36 @@ class Lines:
     def fail(self, what: str, line: int | None = None, code: str | None = None) -> FormatError:
         return FormatError(code or self.code, self.where(line), what)
 
+    def _text(self, end: int) -> str:
+        raw = self.data[self.pos : end]
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError:  # the error names the line; built only when needed
+            return _strict.utf8(raw, self.code, self.where(self.line + 1))
+
     def peek(self) -> str | None:
         """The next line without consuming it; None at the end of the data."""
+        if self._peeked is not None and self._peeked[0] == self.pos:
+            return self._peeked[2]
         end = self.data.find(b"\n", self.pos)
         if end < 0:
             return None
-        return _strict.utf8(self.data[self.pos : end], self.code, self.where(self.line + 1))
+        text = self._text(end)
+        self._peeked = (self.pos, end, text)
+        return text
 
     def next(self, what: str) -> str:
-        end = self.data.find(b"\n", self.pos)
-        if end < 0:
-            raise FormatError(
-                f"{self.code.split('.')[0]}.truncated", self.where(self.line + 1),
-                f"the data ends where {what} should be",
-            )
+        if self._peeked is not None and self._peeked[0] == self.pos:
+            _, end, text = self._peeked
+        else:
+            end = self.data.find(b"\n", self.pos)
+            if end < 0:
+                raise FormatError(
+                    f"{self.code.split('.')[0]}.truncated", self.where(self.line + 1),
+                    f"the data ends where {what} should be",
+                )
+            text = self._text(end)
         self.line += 1
-        text = _strict.utf8(self.data[self.pos : end], self.code, self.where())
         self.pos = end + 1
         return text
 
@@ -106,7 +123,12 @@ def read_entry(lines: Lines, *, max_extra: int = MAX_EXTRA) -> Entry:
             break
         if len(path) == MAX_PATH:
             raise lines.fail(f"an audit path has at most {MAX_PATH} hashes", lines.line + 1)
-        path.append(_strict.b64(lines.next("a hash"), lines.code, lines.where(), length=HASH_SIZE))
+        line = lines.next("a hash")
+        h = lines.hashes.get(line)
+        if h is None:
+            h = lines.hashes[line] = _strict.b64(line, lines.code, lines.where(),
+                                                 length=HASH_SIZE)
+        path.append(h)
     return Entry(index, tuple(path), extra)
 
 

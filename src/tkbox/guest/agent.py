@@ -1,11 +1,22 @@
 """The guest agent: PID 1 inside the VM.
 
 Boot: mount proc/sys/dev, load the kernel modules in order, find the mux port,
-read the boot config on port 1026 (once), mount the root image read-only under
+read the boot config on port 1026 (once), reseed the kernel's random generator
+from the host's randomness in it, mount the root image read-only under
 a tmpfs overlay and `/workspace` as an overlay of the lower and upper disks,
 set the clock from the host's, bring up `lo`, start the egress forwarder on
 127.0.0.1:3128, then serve RPC on port 1024 (`tkbox.guest.rpc`). As PID 1 it
 reaps every orphan.
+
+Template boot (`tkbox.template=1` on the kernel command line, see
+`tkbox.vm.template`): the agent loads every module but `virtio_blk`, so no
+disk is probed or read, writes `PARKED` on the mux port and blocks until the
+host writes `WAKE`. The host saves the VM there once; each box is restored from
+that state and woken, then the agent loads `virtio_blk` (the disks are probed
+fresh, at the box's own sizes) and boots on as above. The boot config's
+`seed` (host randomness) is credited to the kernel and the generator reseeded
+before anything else, so boxes restored from one template share no random state
+from that point on; a template boot without a seed refuses to start.
 
 Trust: this code runs in the VM and is not trusted by the host. It trusts the
 host completely (the host built this initramfs). Standard library, `msgpack`,
@@ -26,13 +37,15 @@ import struct
 import subprocess
 import sys
 import tempfile
+import termios
 import time
 from pathlib import Path
 from typing import Any
 
 from tkbox.guest import rpc
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
-from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
 
@@ -43,6 +56,12 @@ WSDISK = RUN / "wsdisk"
 UPPER = WSDISK / "upper"
 MUX_PORT_NAME = "tkbox.mux"
 PROXY_ADDR = ("127.0.0.1", 3128)
+TEMPLATE_FLAG = "tkbox.template=1"
+#: Template handshake on the raw mux port, before the mux starts (tkbox.vm.template).
+PARKED, WAKE = b"tkbox-parked\n", b"W"
+BLOCK_MODULE = "virtio_blk"
+RNDADDENTROPY, RNDRESEEDCRNG = 0x40085203, 0x5207  # linux/random.h
+MIN_SEED = 32
 
 
 def log(msg: str) -> None:
@@ -76,7 +95,9 @@ def early_mounts() -> None:
     mount("tmpfs", "/run", "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755")
 
 
-def load_modules(directory: Path = Path("/tkbox/modules")) -> None:
+def load_modules(directory: Path = Path("/tkbox/modules"),
+                 want: Any = lambda name: True) -> None:
+    """Load the modules named in `order` (those `want(modname)` accepts), in order."""
     order = directory / "order"
     if not order.exists():
         return
@@ -90,6 +111,8 @@ def load_modules(directory: Path = Path("/tkbox/modules")) -> None:
             params.setdefault(mod.replace("-", "_"), []).append(rest)
     for name in order.read_text().split():
         modname = name.split("-", 1)[-1].removesuffix(".ko").replace("-", "_")
+        if not want(modname):
+            continue
         args = " ".join(params.get(modname, [])).encode()
         fd = os.open(directory / name, os.O_RDONLY | os.O_CLOEXEC)
         try:
@@ -140,6 +163,53 @@ def find_disk(serial: str) -> str:
     dev: str = wait_for(look, f"the {serial} disk")
     wait_for(lambda: os.path.exists(dev), dev)
     return dev
+
+
+def template_boot() -> bool:
+    with contextlib.suppress(OSError):
+        return TEMPLATE_FLAG in Path("/proc/cmdline").read_text().split()
+    return False
+
+
+def park(fd: int) -> None:
+    """Tell the host this guest is ready to be saved, then block until woken.
+
+    The port reads as EOF while no host is connected (between the template's
+    save and a box's restore), so EOF is waited out, not taken as an end.
+    """
+    os.write(fd, PARKED)
+    while True:
+        b = os.read(fd, 1)
+        if b == WAKE:
+            return
+        if not b:
+            time.sleep(0.005)
+        # anything else is not ours to read before the mux: wait for the wake byte
+
+
+def reseed(seed: object, required: bool) -> None:
+    """Credit the host's randomness to the kernel's pool and reseed the generator now.
+
+    A box restored from a template shares the template's generator state until
+    this runs; nothing in the guest draws randomness before it.
+    """
+    if not isinstance(seed, bytes) or len(seed) < MIN_SEED:
+        if required:
+            raise RuntimeError("the boot config has no entropy seed; a box restored from "
+                               "a template cannot start without one")
+        return
+    try:
+        fd = os.open("/dev/urandom", os.O_WRONLY | os.O_CLOEXEC)
+        try:
+            # struct rand_pool_info { int entropy_count; int buf_size; __u32 buf[]; }
+            fcntl.ioctl(fd, RNDADDENTROPY, struct.pack("ii", len(seed) * 8, len(seed)) + seed)
+            fcntl.ioctl(fd, RNDRESEEDCRNG)
+        finally:
+            os.close(fd)
+    except OSError as exc:
+        if required:  # a restored guest must not run on the template's generator state
+            raise RuntimeError(f"cannot reseed the kernel's generator: {exc}") from None
+        log(f"reseed: {exc} (cold boot: the kernel's own entropy stands)")
 
 
 def lo_up() -> None:
@@ -289,9 +359,85 @@ class Reaper:
                 fut.set_result(status)
 
 
-def _preexec(root: str, cwd: str) -> Any:
+def _id_ok(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and 0 < v < 2**32 - 1
+
+
+def run_user(cfg: dict[str, Any]) -> tuple[int, int, list[int]] | None:
+    """The uid, gid and groups commands run as (the image's User), if the host gave one."""
+    u = cfg.get("user")
+    if not isinstance(u, dict):
+        return None
+    uid, gid, groups = u.get("uid"), u.get("gid"), u.get("groups") or []
+    if not (isinstance(uid, int) and _id_ok(uid)) or not isinstance(gid, int) \
+            or not (_id_ok(gid) or gid == 0) or not isinstance(groups, list):
+        return None
+    return uid, gid, [int(g) for g in groups[:64] if _id_ok(g) or g == 0]
+
+
+def prepare_user(cfg: dict[str, Any]) -> None:
+    """Give the image's user its workspace and its home (the rest of the image is as the
+    image made it)."""
+    user = run_user(cfg)
+    if user is None:
+        return
+    uid, gid, _ = user
+    os.chown(ROOT / "workspace", uid, gid)
+    home = str(cfg.get("env", {}).get("HOME", ""))
+    if home.startswith("/") and ".." not in home.split("/"):
+        h = ROOT / home.lstrip("/")
+        if not h.exists():
+            h.mkdir(parents=True, mode=0o755)
+            os.chown(h, uid, gid)
+
+
+def _winsize(tty: Any) -> bytes | None:
+    """The TIOCSWINSZ argument for a {rows, cols} the host sent, if it is sane."""
+    if not isinstance(tty, dict):
+        return None
+    rows, cols = tty.get("rows"), tty.get("cols")
+    if not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 1000
+               for v in (rows, cols)):
+        return None
+    return struct.pack("HHHH", rows, cols, 0, 0)
+
+
+#: <asm-generic/ioctls.h>: _IOR('T', 0x30, unsigned int) and _IOW('T', 0x31, int)
+TIOCGPTN, TIOCSPTLCK = 0x80045430, 0x40045431
+
+
+def open_pty(root: str) -> tuple[int, int]:
+    """A pty pair from the devpts the box's commands see (`ROOT/dev/pts`).
+
+    `os.openpty()` would open the agent's own `/dev/ptmx`, which has no devpts
+    instance behind it here (it is mounted only inside the box's root): ENODEV.
+    """
+    master = os.open(f"{root}/dev/pts/ptmx", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    try:
+        fcntl.ioctl(master, TIOCSPTLCK, struct.pack("i", 0))  # unlock the slave
+        (n,) = struct.unpack("I", fcntl.ioctl(master, TIOCGPTN, b"\0" * 4))
+        slave = os.open(f"{root}/dev/pts/{n}", os.O_RDWR | os.O_NOCTTY | os.O_CLOEXEC)
+    except BaseException:
+        os.close(master)
+        raise
+    return master, slave
+
+
+def _preexec(root: str, cwd: str, user: tuple[int, int, list[int]] | None = None,
+             tty: bool = False) -> Any:
     def fn() -> None:
+        if tty:
+            # setsid() ran already (start_new_session): take fd 0, the pty, as the
+            # session's controlling terminal, so ^C and ^Z reach the foreground job.
+            fcntl.ioctl(0, termios.TIOCSCTTY, 0)
         os.chroot(root)
+        if user is not None:
+            # After chroot (which needs root), before chdir: the directory is entered
+            # with the user's own rights.
+            uid, gid, groups = user
+            os.setgroups(groups)
+            os.setgid(gid)
+            os.setuid(uid)
         os.chdir(cwd)
     return fn
 
@@ -303,6 +449,7 @@ class Agent:
         self.reaper = reaper
         self.env = {str(k): str(v) for k, v in cfg.get("env", {}).items()}
         self.root = str(cfg.get("root", ROOT))
+        self.user = run_user(cfg)
         self.started = time.monotonic()
         self.shutting_down = asyncio.Event()
 
@@ -375,13 +522,31 @@ class Agent:
         env = dict(self.env)
         env.update({str(k): str(v) for k, v in (req.get("env") or {}).items()})
         want_stdin = bool(req.get("stdin"))
+        winsize = _winsize(req.get("tty"))
+        master = -1
         try:
-            proc = subprocess.Popen(  # noqa: S603 - the host decided this command
-                argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
-                stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
-                preexec_fn=_preexec(self.root, cwd), close_fds=True,  # noqa: PLW1509
-            )
+            if winsize is not None:
+                # A terminal: one pty for stdin, stdout and stderr, sized as the host's.
+                master, slave = open_pty(self.root)
+                fcntl.ioctl(slave, termios.TIOCSWINSZ, winsize)
+                try:
+                    proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                        argv, env=env, stdin=slave, stdout=slave, stderr=slave,
+                        start_new_session=True, close_fds=True,
+                        preexec_fn=_preexec(self.root, cwd, self.user, tty=True),  # noqa: PLW1509
+                    )
+                finally:
+                    os.close(slave)
+            else:
+                proc = subprocess.Popen(  # noqa: S603 - the host decided this command
+                    argv, env=env, stdin=subprocess.PIPE if want_stdin else subprocess.DEVNULL,
+                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,
+                    preexec_fn=_preexec(self.root, cwd, self.user),  # noqa: PLW1509
+                    close_fds=True,
+                )
         except (OSError, subprocess.SubprocessError) as exc:
+            if master >= 0:
+                os.close(master)
             await fs.send({"ev": "exit", "status": 127, "signal": 0,
                            "error": f"cannot start {argv[0]!r}: {exc}"})
             return
@@ -391,12 +556,14 @@ class Agent:
         lock = asyncio.Lock()
 
         async def pump(fd: int, pipe: Any) -> None:
-            raw = pipe.fileno()
+            raw = pipe if isinstance(pipe, int) else pipe.fileno()
             os.set_blocking(raw, False)
             while True:
                 try:
                     data = os.read(raw, rpc.CHUNK)
-                except BlockingIOError:
+                except OSError as exc:
+                    if not isinstance(exc, BlockingIOError):
+                        return  # EIO: the terminal's last user is gone
                     fut: asyncio.Future[None] = loop.create_future()
                     def ready(f: asyncio.Future[None] = fut) -> None:
                         if not f.done():
@@ -424,6 +591,21 @@ class Agent:
                         os.killpg(proc.pid, signal.SIGKILL)
                     return
                 kind = msg.get("op")
+                if master >= 0:
+                    # A terminal: keystrokes (^C, ^D included) go to the pty as they are;
+                    # the line discipline turns them into signals and end-of-file.
+                    data = msg.get("data")
+                    if kind == "stdin" and isinstance(data, bytes):
+                        with contextlib.suppress(OSError):
+                            await loop.run_in_executor(None, os.write, master, data)
+                    elif kind == "resize" and (ws := _winsize(msg)) is not None:
+                        with contextlib.suppress(OSError):
+                            fcntl.ioctl(master, termios.TIOCSWINSZ, ws)
+                    elif kind == "signal" and isinstance(msg.get("sig"), int) \
+                            and 0 < msg["sig"] < 65:
+                        with contextlib.suppress(ProcessLookupError):
+                            os.killpg(proc.pid, msg["sig"])
+                    continue
                 if kind == "stdin" and stdin is not None:
                     data = msg.get("data", b"")
                     if isinstance(data, bytes):
@@ -440,8 +622,9 @@ class Agent:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(proc.pid, sig)
 
-        pumps = [asyncio.ensure_future(pump(1, proc.stdout)),
-                 asyncio.ensure_future(pump(2, proc.stderr))]
+        pumps = ([asyncio.ensure_future(pump(1, master))] if master >= 0 else
+                 [asyncio.ensure_future(pump(1, proc.stdout)),
+                  asyncio.ensure_future(pump(2, proc.stderr))])
         feeder = asyncio.ensure_future(feed())
         try:
             status = await exited
@@ -462,6 +645,9 @@ class Agent:
                 if pipe is not None:
                     with contextlib.suppress(OSError):
                         pipe.close()
+            if master >= 0:
+                with contextlib.suppress(OSError):
+                    os.close(master)
 
     def _path(self, req: dict[str, Any]) -> Path:
         path = req.get("path")
@@ -497,7 +683,9 @@ class Agent:
                     size += len(data)
                     f.write(data)
         if isinstance(mode, int):
-            os.chmod(path, mode & 0o7777)
+            os.chmod(path, mode & 0o777)
+        if self.user is not None:
+            os.chown(path, self.user[0], self.user[1])  # the box's user may change it
         await fs.send({"ev": "ok", "size": size})
 
     async def op_diff(self, fs: FramedStream, req: dict[str, Any]) -> None:
@@ -536,23 +724,31 @@ def power_off() -> None:
     os._exit(0)
 
 
-async def amain(dev: str) -> None:
+async def amain(fd: int, templated: bool) -> None:
     loop = asyncio.get_running_loop()
     reaper = Reaper()
     reaper.install(loop)
-    fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC | os.O_NONBLOCK)
     link = FdStream(fd)
-    ports = MuxPorts(link, initiator=False)
+    # the guest opens one stream per proxied connection: as many as the host accepts
+    ports = MuxPorts(link, initiator=False, max_own=MAX_STREAMS,
+                     budget=Budget.unlimited())
     mux_task = asyncio.ensure_future(ports.run())
     boot = FramedStream(await ports.connect(PORT_BOOT))
     cfg = await boot.receive()
     if not isinstance(cfg, dict):
         raise RuntimeError("no boot config from the host")
+    try:
+        reseed(cfg.get("seed"), required=templated)
+    except Exception as exc:
+        with contextlib.suppress(Exception):
+            await boot.send({"ev": "error", "message": f"{exc.__class__.__name__}: {exc}"})
+        raise
     if isinstance(cfg.get("time"), (int, float)):
         with contextlib.suppress(OSError):
             time.clock_settime(time.CLOCK_REALTIME, float(cfg["time"]))
     try:
         setup_disks(cfg)
+        prepare_user(cfg)
         install_ca(cfg)
         write_etc(cfg)
         lo_up()
@@ -577,9 +773,14 @@ async def amain(dev: str) -> None:
 def main() -> None:
     try:
         early_mounts()
-        load_modules()
+        templated = template_boot()
+        load_modules(want=(lambda m: m != BLOCK_MODULE) if templated else (lambda m: True))
         dev = find_mux_port()
-        asyncio.run(amain(dev))
+        fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
+        if templated:
+            park(fd)
+            load_modules(want=lambda m: m == BLOCK_MODULE)
+        asyncio.run(amain(fd, templated))
     except BaseException as exc:  # noqa: BLE001 - PID 1 must never just die
         log(f"fatal: {exc.__class__.__name__}: {exc}")
     finally:

@@ -4,10 +4,19 @@ The mirror is the host's own: its APT sources files are handed to mmdebstrap
 as they are (mmdebstrap pastes an existing file into the chroot's sources),
 so tkbox names no mirror of its own and works wherever the host's `apt` does.
 The suite is the host's `VERSION_CODENAME`.
+
+The build is reproducible: given the same package versions and the same APT
+sources, two machines make the same bytes, so `tkbox/default` has the same
+digest on both. mmdebstrap is bit-for-bit reproducible when `SOURCE_DATE_EPOCH`
+is set (file times clamped, logs and caches removed); tkbox sets it to
+`REPRODUCIBLE_EPOCH` unless the environment gives one, and drops the two files
+mmdebstrap copies from the host (`/etc/resolv.conf`, `/etc/hostname`): a box has
+no DNS, and its agent sets the host name.
 """
 
 from __future__ import annotations
 
+import os
 import shutil
 import subprocess
 from collections.abc import Callable
@@ -17,6 +26,8 @@ from tkbox.errors import HostError
 
 DEFAULT_PACKAGES = ("python3", "python3-pip", "python3-venv", "curl", "git", "ca-certificates")
 APT_DIR = Path("/etc/apt")
+#: file times in the default image (2024-01-01T00:00:00Z), unless SOURCE_DATE_EPOCH is set
+REPRODUCIBLE_EPOCH = 1704067200
 OS_RELEASE = Path("/etc/os-release")
 
 
@@ -70,6 +81,8 @@ def mmdebstrap_command(dest: Path, *, packages: tuple[str, ...] = DEFAULT_PACKAG
     return [
         exe, "--variant=apt", "--format=tar", "--include=" + ",".join(packages),
         "--aptopt=Acquire::Retries \"3\"",
+        # host files that would make two machines' images differ (see the docstring)
+        '--customize-hook=rm -f "$1/etc/resolv.conf" "$1/etc/hostname"',
         suite or host_codename(), str(dest), *map(str, srcs),
     ]
 
@@ -78,8 +91,11 @@ def build_rootfs(dest: Path, *, log: Callable[[str], None] | None = None,
                  packages: tuple[str, ...] = DEFAULT_PACKAGES) -> None:
     """Write the default image's root filesystem as an uncompressed tar to `dest`."""
     cmd = mmdebstrap_command(dest, packages=packages)
+    env = dict(os.environ)
+    env.setdefault("SOURCE_DATE_EPOCH", str(REPRODUCIBLE_EPOCH))
     proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, text=True, errors="replace", close_fds=True)
+                            stderr=subprocess.PIPE, text=True, errors="replace", close_fds=True,
+                            env=env)
     assert proc.stderr is not None
     tail: list[str] = []
     for line in proc.stderr:

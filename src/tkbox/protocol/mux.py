@@ -24,8 +24,28 @@ The host opens odd ids, the guest even ones, so ids never collide. Each
 stream starts with `WINDOW` bytes of credit in each direction: a peer that
 sends more than it was granted, or a frame that breaks these rules, is a
 protocol violation and ends the whole mux (`MuxError`). A flood on one stream
-can fill only that stream's window, so it cannot starve another stream or grow
-memory past `max_streams × WINDOW`.
+can fill only that stream's window, so it cannot starve another stream.
+
+Bounds against a hostile peer (each side applies them to the other):
+
+- **Streams, counted apart.** The peer may have `max_streams` streams it
+  opened; we may have `max_own` streams we opened, of which `RESERVED_OWN`
+  are kept for `connect(..., reserved=True)`. A peer that opens every stream
+  it may still cannot stop the host asking for the diff at stop.
+- **Output.** Frames the peer makes us send without credit (RESET for a
+  refused OPEN, ACCEPT, CREDIT) are counted; while more than
+  `MAX_QUEUED_CONTROL` bytes of them wait to be written (the peer does not
+  read its end), the peer is no longer read. DATA is bounded by each
+  stream's credit and, over all streams, by `MAX_QUEUED_OUT`: a writer waits
+  before queuing more while that much is still unwritten.
+- **Input.** Bytes received but not yet read by their stream's owner are
+  counted across streams; above `MAX_BUFFERED_IN` the peer is no longer read.
+- **Work.** Every frame parsed costs one unit of the transport's `Budget`,
+  plus one per `BYTES_PER_UNIT` bytes of payload (copying bytes is work too),
+  and every OPEN `OPEN_COST` units (a stream costs the host a task, buffers
+  and an answer, whether it is served or refused): abuse that breaks no rule is
+  read more slowly instead of taking the event loop from other boxes. At
+  most `SLICE_FRAMES` frames are parsed between two yields to the loop.
 
 `MuxCore` is sans-IO; `MuxPorts` is the asyncio shell implementing `Ports`.
 Standard library only: the guest agent imports this module.
@@ -39,14 +59,23 @@ import enum
 import struct
 from dataclasses import dataclass
 
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.ports import Handler, PortError, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
 
 HEADER = struct.Struct(">BII")
 MAX_PAYLOAD = 64 * 1024
 WINDOW = 256 * 1024
-MAX_STREAMS = 1100
+MAX_STREAMS = 1024  # streams the peer may have open at once
+MAX_OWN = 128  # streams we may have open at once, RESERVED_OWN of them kept back
+RESERVED_OWN = 2  # for the host's own use at stop (diff, shutdown)
 MAX_REASON = 512
+MAX_QUEUED_CONTROL = 64 * 1024  # bytes of uncredited frames owed to a peer that does not read
+MAX_BUFFERED_IN = 16 << 20  # bytes received and not yet read, over all streams
+MAX_QUEUED_OUT = 4 << 20  # bytes queued or being written to the peer, over all streams
+SLICE_FRAMES = 256  # frames parsed between two yields to the event loop
+OPEN_COST = 200  # budget units an OPEN costs the peer (at the default rate: 100 a second)
+BYTES_PER_UNIT = 4096  # payload bytes that cost one budget unit (~80 MB/s at the default rate)
 
 
 class MuxError(Exception):
@@ -112,32 +141,63 @@ class _State:
     accepted: bool = False
 
 
+def _reason(payload: bytes) -> str:
+    """A RESET's reason from the peer: bounded, printable ASCII only (it reaches messages)."""
+    return "".join(c if " " <= c <= "~" else "?"
+                   for c in payload[:MAX_REASON].decode("ascii", "replace"))
+
+
 class MuxCore:
     """Sans-IO mux state: feed received bytes, collect bytes to send."""
 
-    def __init__(self, *, initiator: bool, window: int = WINDOW, max_streams: int = MAX_STREAMS):
+    def __init__(self, *, initiator: bool, window: int = WINDOW, max_streams: int = MAX_STREAMS,
+                 max_own: int = MAX_OWN, reserved: int = RESERVED_OWN):
         self._parity = 1 if initiator else 0
         self._next_id = 1 if initiator else 2
         self._window = window
         self._max_streams = max_streams
+        self._max_own = max_own
+        self._reserved = min(reserved, max_own)
         self._streams: dict[int, _State] = {}
+        self._own = 0  # streams in _streams that we opened
         self._inbuf = bytearray()
         self._out = bytearray()
+        self.control_pending = 0  # bytes of non-DATA frames in _out
+        self.work_in = 0  # budget units of what was parsed, for the owner's budget
+        self.refused_opens = 0  # OPENs from the peer we refused
         self.closed = False
 
     # -- outgoing ---------------------------------------------------------
 
     def _frame(self, t: T, sid: int, payload: bytes = b"") -> None:
         self._out += HEADER.pack(t, sid, len(payload)) + payload
+        if t is not T.DATA:
+            self.control_pending += HEADER.size + len(payload)
+
+    @property
+    def pending_output(self) -> int:
+        return len(self._out)
 
     def data_to_send(self) -> bytes:
         out = bytes(self._out)
         self._out.clear()
+        self.control_pending = 0
         return out
 
-    def open(self, port: int) -> int:
-        if len(self._streams) >= self._max_streams:
-            raise PortError(f"too many open streams ({self._max_streams})")
+    def _mine(self, sid: int) -> bool:
+        return sid % 2 == self._parity
+
+    def _forget(self, sid: int) -> _State | None:
+        st = self._streams.pop(sid, None)
+        if st is not None and self._mine(sid):
+            self._own -= 1
+        return st
+
+    def open(self, port: int, *, reserved: bool = False) -> int:
+        """Open a stream to `port`; `reserved` may use the last `RESERVED_OWN` slots."""
+        limit = self._max_own if reserved else self._max_own - self._reserved
+        if self._own >= limit:
+            raise PortError(f"too many open streams ({self._own} of {limit})")
         if not 0 <= port < 1 << 32:
             raise PortError(f"bad port {port}")
         sid = self._next_id
@@ -145,6 +205,7 @@ class MuxCore:
         if self._next_id >= 1 << 32:
             raise PortError("stream ids exhausted")
         self._streams[sid] = _State(self._window, self._window)
+        self._own += 1
         self._frame(T.OPEN, sid, struct.pack(">I", port))
         return sid
 
@@ -188,18 +249,20 @@ class MuxCore:
         self._maybe_forget(sid)
 
     def reset(self, sid: int, reason: str = "") -> None:
-        if self._streams.pop(sid, None) is None:
+        if self._forget(sid) is None:
             return
         self._frame(T.RESET, sid, reason.encode("utf-8", "replace")[:MAX_REASON])
 
     def reject(self, sid: int, reason: str) -> None:
         """Refuse an incoming OPEN (no listener, too many streams)."""
+        self.refused_opens += 1
+        self._forget(sid)
         self._frame(T.RESET, sid, reason.encode("utf-8", "replace")[:MAX_REASON])
 
     def _maybe_forget(self, sid: int) -> None:
         st = self._streams.get(sid)
         if st is not None and st.sent_eof and st.got_eof:
-            del self._streams[sid]
+            self._forget(sid)
 
     def is_open(self, sid: int) -> bool:
         return sid in self._streams
@@ -208,14 +271,27 @@ class MuxCore:
     def stream_count(self) -> int:
         return len(self._streams)
 
+    @property
+    def own_stream_count(self) -> int:
+        return self._own
+
     # -- incoming ---------------------------------------------------------
 
-    def receive_data(self, data: bytes) -> list[Event]:
+    def has_frame(self) -> bool:
+        """A whole frame is buffered (call `receive_data(b"")` to parse it)."""
+        if len(self._inbuf) < HEADER.size:
+            return False
+        n: int = HEADER.unpack_from(self._inbuf)[2]
+        return n > MAX_PAYLOAD or len(self._inbuf) >= HEADER.size + n
+
+    def receive_data(self, data: bytes, max_frames: int | None = None) -> list[Event]:
+        """Buffer `data`; parse whole frames (at most `max_frames`) into events."""
         if self.closed:
             raise MuxError("mux is closed")
         self._inbuf += data
         events: list[Event] = []
-        while len(self._inbuf) >= HEADER.size:
+        parsed = 0
+        while len(self._inbuf) >= HEADER.size and (max_frames is None or parsed < max_frames):
             t, sid, n = HEADER.unpack_from(self._inbuf)
             if n > MAX_PAYLOAD:
                 raise MuxError(f"mux frame of {n} bytes exceeds {MAX_PAYLOAD}")
@@ -223,6 +299,8 @@ class MuxCore:
                 break
             payload = bytes(self._inbuf[HEADER.size : HEADER.size + n])
             del self._inbuf[: HEADER.size + n]
+            parsed += 1
+            self.work_in += 1 + n // BYTES_PER_UNIT + (OPEN_COST if t == T.OPEN else 0)
             ev = self._handle(t, sid, payload)
             if ev is not None:
                 events.append(ev)
@@ -236,12 +314,12 @@ class MuxCore:
         if kind is T.OPEN:
             if len(payload) != 4:
                 raise MuxError("OPEN frame payload must be 4 bytes")
-            if sid % 2 == self._parity or sid == 0:
+            if self._mine(sid) or sid == 0:
                 raise MuxError(f"peer opened stream {sid} with our parity")
             if sid in self._streams:
                 raise MuxError(f"peer reopened stream {sid}")
             (port,) = struct.unpack(">I", payload)
-            if len(self._streams) >= self._max_streams:
+            if len(self._streams) - self._own >= self._max_streams:
                 self.reject(sid, f"too many open streams ({self._max_streams})")
                 return None
             self._streams[sid] = _State(self._window, self._window)
@@ -249,17 +327,17 @@ class MuxCore:
         st = self._streams.get(sid)
         if kind is T.RESET:
             if st is None:
-                if sid % 2 == self._parity:
+                if self._mine(sid):
                     # The answer to one of our OPENs may be a reset we already forgot.
-                    return Reset(sid, payload[:MAX_REASON].decode("utf-8", "replace"))
+                    return Reset(sid, _reason(payload))
                 return None
-            del self._streams[sid]
-            return Reset(sid, payload[:MAX_REASON].decode("utf-8", "replace"))
+            self._forget(sid)
+            return Reset(sid, _reason(payload))
         if st is None:
             # A frame for a stream we already reset or finished: in flight, ignore.
             return None
         if kind is T.ACCEPT:
-            if payload or sid % 2 != self._parity or st.accepted:
+            if payload or not self._mine(sid) or st.accepted:
                 raise MuxError(f"unexpected ACCEPT for stream {sid}")
             st.accepted = True
             return Accepted(sid)
@@ -309,6 +387,7 @@ class MuxStream(ByteStream):
     # called by MuxPorts
     def _on_data(self, data: bytes) -> None:
         self._buf += data
+        self._mux._buffered += len(data)
         self._readable.set()
 
     def _on_eof(self) -> None:
@@ -331,6 +410,8 @@ class MuxStream(ByteStream):
         data = bytes(self._buf[:max_bytes])
         del self._buf[:max_bytes]
         if data:
+            self._mux._buffered -= len(data)
+            self._mux._room.set()
             self._mux._core.consumed(self.sid, len(data))
             self._mux._kick()
         return data
@@ -342,6 +423,10 @@ class MuxStream(ByteStream):
                 raise StreamClosed(self._reset or "stream is closed")
             if self._mux.dead is not None:
                 raise StreamClosed(self._mux.dead)
+            if self._mux._output_full():
+                # A peer that does not read: queue nothing more until the writer gets through.
+                await self._mux._drained()
+                continue
             n = self._mux._core.send(self.sid, bytes(view[:MAX_PAYLOAD * 4]))
             if n:
                 view = view[n:]
@@ -368,6 +453,10 @@ class MuxStream(ByteStream):
                 core.reset(self.sid, "closed")
             self._mux._kick()
         self._mux._streams.pop(self.sid, None)
+        if self._buf:  # unread bytes no longer count against the mux
+            self._mux._buffered -= len(self._buf)
+            self._buf.clear()
+            self._mux._room.set()
 
 
 class MuxPorts(Ports):
@@ -379,9 +468,21 @@ class MuxPorts(Ports):
     """
 
     def __init__(self, link: ByteStream, *, initiator: bool, window: int = WINDOW,
-                 max_streams: int = MAX_STREAMS, open_timeout: float = 30.0) -> None:
+                 max_streams: int = MAX_STREAMS, max_own: int = MAX_OWN,
+                 open_timeout: float = 30.0, budget: Budget | None = None,
+                 max_queued_control: int = MAX_QUEUED_CONTROL,
+                 max_buffered_in: int = MAX_BUFFERED_IN) -> None:
         self._link = link
-        self._core = MuxCore(initiator=initiator, window=window, max_streams=max_streams)
+        self._core = MuxCore(initiator=initiator, window=window, max_streams=max_streams,
+                             max_own=max_own)
+        self.budget: Budget = budget if budget is not None else Budget()
+        self._max_ctl = max_queued_control
+        self._max_in = max_buffered_in
+        self._buffered = 0  # bytes in every MuxStream's buffer
+        self._ctl_inflight = 0  # control bytes handed to the writer, not yet written
+        self._out_inflight = 0  # bytes handed to the writer, not yet written
+        self._room = asyncio.Event()
+        self.paused_reads = 0  # times the peer was not read because of a bound
         self._streams: dict[int, MuxStream] = {}
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._handlers: dict[int, Handler] = {}
@@ -395,10 +496,10 @@ class MuxPorts(Ports):
 
     # -- Ports ---------------------------------------------------------
 
-    async def connect(self, port: int) -> ByteStream:
+    async def connect(self, port: int, *, reserved: bool = False) -> ByteStream:
         if self.dead is not None:
             raise PortError(f"transport is down: {self.dead}")
-        sid = self._core.open(port)
+        sid = self._core.open(port, reserved=reserved)
         stream = MuxStream(self, sid)
         self._streams[sid] = stream
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
@@ -452,18 +553,42 @@ class MuxPorts(Ports):
                 f.set_exception(PortError(f"transport is down: {why}"))
         self._flushed.set()
         self._wake.set()
+        self._room.set()
+
+    def _output_full(self) -> bool:
+        return self._core.pending_output + self._out_inflight >= MAX_QUEUED_OUT
+
+    def _over_bounds(self) -> bool:
+        ctl = self._core.control_pending + self._ctl_inflight
+        return ctl > self._max_ctl or self._buffered > self._max_in
 
     async def run(self) -> None:
         writer = asyncio.ensure_future(self._writer())
+        core = self._core
         try:
-            while True:
-                data = await self._link.receive(65536)
-                if not data:
-                    self._fail("the other side closed the link")
-                    break
-                for ev in self._core.receive_data(data):
+            while self.dead is None:
+                if not core.has_frame():
+                    data = await self._link.receive(65536)
+                    if not data:
+                        self._fail("the other side closed the link")
+                        break
+                else:
+                    data = b""
+                for ev in core.receive_data(data, SLICE_FRAMES):
                     self._dispatch(ev)
                 self._kick()
+                cost, core.work_in = core.work_in, 0
+                wait = self.budget.spend(cost)
+                if self._over_bounds():
+                    # Owed output piles up, or nobody reads what came in: stop reading
+                    # this peer until the writer or the streams' owners catch up.
+                    self.paused_reads += 1
+                    while self._over_bounds() and self.dead is None:
+                        self._room.clear()
+                        await self._room.wait()
+                # Always yield between slices: a read from a busy link returns without
+                # suspending, so without this one guest could hold the loop for its burst.
+                await asyncio.sleep(wait)
         except MuxError as exc:
             self._fail(f"protocol violation: {exc}")
         finally:
@@ -476,13 +601,17 @@ class MuxPorts(Ports):
         while self.dead is None:
             await self._wake.wait()
             self._wake.clear()
+            self._ctl_inflight = self._core.control_pending
             out = self._core.data_to_send()
+            self._out_inflight = len(out)
             if out:
                 try:
                     await self._link.send_all(out)
                 except StreamClosed as exc:
                     self._fail(f"link closed: {exc}")
                     return
+            self._ctl_inflight = self._out_inflight = 0
+            self._room.set()
             if not self._wake.is_set():
                 self._flushed.set()
 
@@ -490,7 +619,7 @@ class MuxPorts(Ports):
         if isinstance(ev, Opened):
             handler = self._handlers.get(ev.port)
             if handler is None:
-                self._core.reset(ev.sid, f"no listener on port {ev.port}")
+                self._core.reject(ev.sid, f"no listener on port {ev.port}")
                 return
             self._core.accept(ev.sid)
             stream = MuxStream(self, ev.sid)

@@ -20,6 +20,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.streams import ByteStream
 
 PORT_RPC = 1024
@@ -34,11 +35,21 @@ class PortError(Exception):
 
 
 class Ports(ABC):
-    """Both directions of port streams between one host and one guest."""
+    """Both directions of port streams between one host and one guest.
+
+    `budget`: the work budget the host charges this guest's frames to
+    (`tkbox.protocol.budget`); None where the transport has none.
+    """
+
+    budget: Budget | None = None
 
     @abstractmethod
-    async def connect(self, port: int) -> ByteStream:
-        """Open a stream to `port` on the other side. Raises PortError."""
+    async def connect(self, port: int, *, reserved: bool = False) -> ByteStream:
+        """Open a stream to `port` on the other side. Raises PortError.
+
+        `reserved`: for the host's own use at stop (the diff, shutdown); may
+        use slots the other side and ordinary requests cannot take.
+        """
 
     @abstractmethod
     def serve(self, port: int, handler: Handler) -> None:

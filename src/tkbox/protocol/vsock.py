@@ -24,12 +24,14 @@ line, the canonical decimal form only, nothing else accepted. Bytes that arrive
 in the same read as the `OK` line are already the guest's payload and are
 handed to the stream first.
 
-Bounds: at most `max_streams` open streams per `Ports` object (Firecracker
-itself allows 1023 per VM); a stream accepted beyond that is closed at once.
+Bounds: at most `max_streams` streams the other side opened, per `Ports`
+object (Firecracker itself allows 1023 per VM); a stream accepted beyond that
+is closed at once. Streams we open are counted apart (at most `MAX_OWN`), so
+a guest holding every stream it may open cannot stop the host's requests.
 
 Hand-written: Python has no library for Firecracker's hybrid vsock
 convention; its byte-level behaviour is summarised in
-`shared/testdata/firecracker/VSOCK-NOTES.md` and `docs/firecracker.md`.
+`tests/testdata/firecracker/VSOCK-NOTES.md` and `docs/firecracker.md`.
 
 Standard library only: the guest agent imports this module.
 """
@@ -49,6 +51,7 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from tkbox.protocol.budget import Budget
 from tkbox.protocol.ports import Handler, PortError, Ports
 from tkbox.protocol.streams import AsyncioStream, ByteStream
 
@@ -68,6 +71,8 @@ HANDSHAKE_TIMEOUT = 5.0
 CONNECT_TIMEOUT = 5.0
 #: Open streams per Ports object; Firecracker allows 1023 vsock connections per VM.
 MAX_STREAMS = 1024
+#: Streams this side opens, counted apart from the other side's.
+MAX_OWN = 128
 #: accept() errors that pass (out of descriptors or memory): wait, then accept again.
 _TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: `sun_path` is 108 bytes on Linux, one of which is the terminating NUL.
@@ -190,6 +195,9 @@ class _SocketPorts(Ports):
     def __init__(self, max_streams: int) -> None:
         self._max_streams = max_streams
         self._streams: set[_PortStream] = set()
+        self._own: set[_PortStream] = set()  # the streams we opened
+        self._max_own = min(max_streams, MAX_OWN)
+        self.budget = Budget()
         self._tasks: set[asyncio.Task[None]] = set()
         self._serving: set[int] = set()
         self._pending: set[socket.socket] = set()  # accepted, not yet adopted
@@ -210,12 +218,13 @@ class _SocketPorts(Ports):
 
     # Ports ------------------------------------------------------------------
 
-    async def connect(self, port: int) -> ByteStream:
+    async def connect(self, port: int, *, reserved: bool = False) -> ByteStream:
         check_port(port)
         self._check_open()
-        if self._open_count() >= self._max_streams:
+        self._own &= self._streams
+        if len(self._own) >= self._max_own:
             raise PortError(
-                f"too many open port streams ({self._max_streams}); close some and retry"
+                f"too many open port streams ({self._max_own}); close some and retry"
             )
         sock, prefix = await self._open(port)
         try:
@@ -223,6 +232,7 @@ class _SocketPorts(Ports):
         except BaseException:
             sock.close()
             raise
+        self._own.add(stream)
         if self._closed:  # aclose ran while we were connecting
             await stream.aclose()
             raise PortError("the port transport is closed")
@@ -250,7 +260,9 @@ class _SocketPorts(Ports):
     # shared helpers -----------------------------------------------------------
 
     def _open_count(self) -> int:
-        return len(self._streams) + len(self._pending)
+        """Streams the other side opened (adopted or still being adopted)."""
+        self._own &= self._streams
+        return len(self._streams) - len(self._own) + len(self._pending)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -214,7 +214,7 @@ class FakeSigner(SignerClient):
             self._queue = asyncio.Queue()
         self._queue.put_nowait(p)
 
-    async def pushes(self) -> AsyncIterator[Push]:  # type: ignore[override,unused-ignore]
+    async def pushes(self) -> AsyncIterator[Push]:
         if self._queue is None:
             self._queue = asyncio.Queue()
         while True:

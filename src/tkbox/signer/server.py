@@ -76,9 +76,24 @@ class Conn:
     subscribed: bool = False
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
 
+    _out: list[bytes] = field(default_factory=list)
+    _flush_soon: bool = False
+
     def send(self, obj: dict[str, Any]) -> None:
-        if not self.writer.is_closing():
-            self.writer.write(wire.encode(obj))
+        """Queue one answer; the answers of one turn of the loop go in one write
+        (32 requests in flight answered by one group commit: one syscall, not 32)."""
+        if self.writer.is_closing():
+            return
+        self._out.append(wire.encode(obj))
+        if not self._flush_soon:
+            self._flush_soon = True
+            asyncio.get_running_loop().call_soon(self.flush)
+
+    def flush(self) -> None:
+        self._flush_soon = False
+        out, self._out = self._out, []
+        if out and not self.writer.is_closing():
+            self.writer.write(b"".join(out))
 
 
 class Signer:
@@ -184,6 +199,7 @@ class Signer:
             self.conns.discard(conn)
             for t in list(conn.tasks):
                 await asyncio.wait({t})
+            conn.flush()
             writer.close()
 
     def _dispatch(self, conn: Conn, frame: dict[str, Any], slots: asyncio.Semaphore) -> None:
@@ -227,6 +243,7 @@ class Signer:
                     conn.send({"id": rid, "ok": True, "result": res})
                     for i, part in enumerate(parts):
                         conn.send({"id": rid, "part": i, "data": base64.b64encode(part).decode()})
+                        conn.flush()
                         await conn.writer.drain()
                 else:
                     conn.send({"id": rid, "ok": True, "result": res})

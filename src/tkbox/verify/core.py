@@ -149,6 +149,8 @@ def verify_bundle(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
 
     # 5. the records: each in the signed log, then the run's chain
     recs: list[record.Record] = []
+    # One checker for all the proofs: the nodes they share are hashed once.
+    inclusion = merkle.InclusionChecker(cp.size, cp.root)
     for j, entry in enumerate(b.entries):
         where = f"record {j}"
         assert entry.extra is not None
@@ -156,8 +158,7 @@ def verify_bundle(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
             raise _fail("record.inclusion", where,
                         f"leaf index {entry.index} is beyond the checkpoint's {cp.size} leaves")
         try:
-            merkle.verify_inclusion(entry.index, cp.size, merkle.leaf_hash(entry.extra),
-                                    entry.path, cp.root)
+            inclusion.check(entry.index, merkle.leaf_hash(entry.extra), entry.path)
         except FormatError as exc:
             raise _fail("record.inclusion", f"{where} (leaf {entry.index})",
                         f"not in the signed log: {exc.what}") from None

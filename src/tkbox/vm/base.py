@@ -41,9 +41,16 @@ class VMSpec:
 
 
 class VM(ABC):
-    """A running VM. `ports` reaches the guest agent."""
+    """A running VM. `ports` reaches the guest agent.
+
+    `start_kind` says how it started ("cold": a full boot; "template": restored
+    from a booted template, see `tkbox.vm.template`) and `start_reason` why,
+    in words for a person.
+    """
 
     ports: Ports
+    start_kind: str = "cold"
+    start_reason: str = ""
 
     @abstractmethod
     async def pause(self) -> None: ...

@@ -12,7 +12,8 @@ import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable
 
-from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.budget import Budget
+from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.streams import memory_stream_pair
 from tkbox.vm.base import VM, Launcher, VMSpec
 
@@ -24,7 +25,8 @@ class FakeVM(VM):
         a, b = memory_stream_pair()
         self.spec = spec
         self.ports = MuxPorts(a, initiator=True)
-        self.guest_ports = MuxPorts(b, initiator=False)
+        self.guest_ports = MuxPorts(b, initiator=False, max_own=MAX_STREAMS,
+                                    budget=Budget.unlimited())  # as the agent
         self.paused = False
         self._tasks = [asyncio.ensure_future(self.ports.run()),
                        asyncio.ensure_future(self.guest_ports.run())]

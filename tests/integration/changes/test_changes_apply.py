@@ -209,8 +209,9 @@ def test_symlink_created_by_the_patch_then_written_through_is_refused(tmp_path: 
     assert read_tree(co) == {"sub/keep": file(b"k\n")}
 
 
-def test_ignored_file_is_refused_and_the_rest_applies(tmp_path: Path) -> None:
-    """A change to a file git ignores would not show in `git status`: never written."""
+def test_ignored_file_is_set_apart_and_the_rest_applies(tmp_path: Path) -> None:
+    """A change to a file git ignores would not show in `git status`: never written, set
+    apart (listed, not a failure: build output and caches are what people ignore)."""
     lower = {".gitignore": file(b"*.log\nbuild/\n"), "src.py": file(b"1\n")}
     final = dict(lower, **{"src.py": file(b"2\n"), "debug.log": file(b"x\n"),
                            "build/out.js": file(b"evil()\n")})
@@ -218,7 +219,8 @@ def test_ignored_file_is_refused_and_the_rest_applies(tmp_path: Path) -> None:
     co = checkout(tmp_path, lower)
     report = apply(patch, co)
     status = {f.path: f.status for f in report.files}
-    assert status == {"src.py": "applied", "debug.log": "refused", "build/out.js": "refused"}
+    assert status == {"src.py": "applied", "debug.log": "set apart",
+                      "build/out.js": "set apart"}
     assert read_tree(co) == dict(lower, **{"src.py": file(b"2\n")})
 
 

@@ -7,9 +7,11 @@ import os
 import struct
 from typing import Any
 
+import msgpack
+
 from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
-from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
 from tkbox.protocol.streams import ByteStream
 from tkbox.vm.base import VMSpec
 
@@ -99,6 +101,14 @@ def hostile(kind: str) -> Any:
             for _ in range(200):  # 40 MB of output: must stream, not pile up
                 await stream.send_all(chunk)
             await fs.send({"ev": "exit", "status": 0, "signal": 0})
+        elif kind == "nested":
+            # 1 MiB of tiny containers: half a second of the loop to build, if decoded
+            await fs.send({"ev": "started", "pid": 2})
+            body = msgpack.packb({"ev": "out", "fd": 1, "data": [[[]] * 15] * 60000})
+            await stream.send_all(struct.pack(">I", len(body)) + body)
+        elif kind == "unknown-key":
+            await fs.send({"ev": "started", "pid": 2})
+            await fs.send({"ev": "out", "fd": 1, "data": b"x", "smuggled": b"y" * 1000})
         elif kind == "wrong-events":
             await fs.send({"ev": "started", "pid": 2})
             await fs.send({"ev": "out", "fd": 7, "data": "not bytes"})
@@ -134,7 +144,140 @@ async def link_flooder(ports: MuxPorts, spec: VMSpec) -> None:
     ports.serve(PORT_RPC, lambda s: asyncio.sleep(0))
     sid = 1000  # an unused guest-side id; frames forged straight onto the link
     link = ports._link
+    # The attacker owns its link: stop its own mux writing, so no frame of ours is cut
+    # into the forged ones when the host reads slowly (under its work budget).
+    ports._fail("the guest forges frames itself")
+    await asyncio.sleep(0.05)
     await link.send_all(HEADER.pack(T.OPEN, sid, 4) + struct.pack(">I", 1025))
     for _ in range(64):
         await link.send_all(HEADER.pack(T.DATA, sid, 65536) + b"Z" * 65536)
+    # If the host already closed that stream (it refuses egress while the box boots),
+    # data past the credit is for a stream it forgot, which is no violation: end with a
+    # frame that is one in any state.
+    await link.send_all(HEADER.pack(99, sid, 0))
     await asyncio.Event().wait()
+
+
+# --- guests that attack the host's resources (issue 10) -----------------------------
+
+
+def trickler(interval: float = 0.05) -> Any:
+    """Answers `diff` with its patch one byte a frame, slowly, for ever."""
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        try:
+            await polite_rpc_trickle(stream)
+        except SystemExit:
+            done.set()
+
+    async def polite_rpc_trickle(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is not None and req.get("op") == "diff":
+            for i in range(10**9):
+                await fs.send({"ev": "data", "data": PATCH[i % len(PATCH):][:1]})
+                await asyncio.sleep(interval)
+        elif req is not None:
+            await _answer(fs, req)
+
+    async def agent(ports: MuxPorts, spec: VMSpec) -> None:
+        await boot(ports)
+        ports.serve(PORT_RPC, rpc)
+        await done.wait()
+
+    return agent
+
+
+async def _answer(fs: FramedStream, req: dict[str, Any]) -> None:
+    op = req.get("op")
+    if op == "exec":
+        await fs.send({"ev": "started", "pid": 2})
+        await fs.send({"ev": "exit", "status": 0, "signal": 0})
+    elif op == "diff":
+        await fs.send({"ev": "data", "data": PATCH})
+        await fs.send({"ev": "end", "stats": {}})
+    elif op == "shutdown":
+        await fs.send({"ev": "ok"})
+        raise SystemExit
+    elif op == "ping":
+        await fs.send({"ev": "ok", "uptime": 1.0})
+
+
+def answering(extra: Any) -> Any:
+    """A polite agent that also runs `extra(ports)` once booted (the attack)."""
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is None:
+            return
+        try:
+            await _answer(fs, req)
+        except SystemExit:
+            done.set()
+
+    async def agent(ports: MuxPorts, spec: VMSpec) -> None:
+        await boot(ports)
+        ports.serve(PORT_RPC, rpc)
+        attack = asyncio.ensure_future(extra(ports))
+        try:
+            await done.wait()
+        finally:
+            attack.cancel()
+
+    return agent
+
+
+async def hog_streams(ports: MuxPorts) -> None:
+    """Open every egress stream the mux lets the guest have, and hold them all."""
+    await asyncio.sleep(0.5)  # the box is running (before, its egress streams are refused)
+    held = []
+    while True:
+        try:
+            held.append(await ports.connect(PORT_EGRESS))
+        except Exception:  # noqa: BLE001 - the limit (or a refusal) ends the grab
+            break
+    ports.hogged = len(held)  # type: ignore[attr-defined]
+    await asyncio.Event().wait()
+
+
+async def flood_refusals(ports: MuxPorts) -> None:
+    """One bad request after another, each quoting 8 KB of guest bytes in h11's message."""
+    line = b"GET\tx " + b"a" * 8000 + b" HTTP/1.1\r\n\r\n"
+    while True:
+        try:
+            s = await ports.connect(PORT_EGRESS)
+        except Exception:  # noqa: BLE001 - the transport is gone: the box was stopped
+            return
+        try:
+            await s.send_all(line)
+            while await s.receive():
+                pass
+        except Exception:  # noqa: BLE001, S110 - a cut stream: open the next one
+            pass
+        await s.aclose()
+
+
+def stop_reading(ports: MuxPorts) -> None:
+    """The guest stops reading its port: the host's frames to it pile up on the link."""
+
+    async def never(max_bytes: int = 65536) -> bytes:
+        await asyncio.Event().wait()
+        return b""
+
+    ports._link.receive = never  # type: ignore[method-assign]
+
+
+async def open_flood_without_reading(ports: MuxPorts) -> None:
+    """OPENs to a port nobody serves, forged on the link, while never reading it."""
+    await asyncio.sleep(0.3)
+    stop_reading(ports)
+    ports._fail("the guest forges frames itself")  # its own writer must not interleave
+    link = ports._link
+    sid = 1_000_000
+    while True:
+        await link.send_all(b"".join(HEADER.pack(T.OPEN, sid + 2 * i, 4) + struct.pack(">I", 4242)
+                                     for i in range(1000)))
+        sid += 2000

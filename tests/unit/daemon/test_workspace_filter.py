@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.daemon.workspace import _tar_checkout, is_credential, sanitize_git_config
+from tkbox.daemon.workspace import _tar_checkout, is_credential
 
 
 @pytest.mark.parametrize("path", [
@@ -32,31 +32,6 @@ def test_ordinary_files_are_copied(path: str) -> None:
     assert not is_credential(path, False)
 
 
-def test_git_config_loses_userinfo_helpers_headers_and_includes() -> None:
-    cfg = """[core]
-\tbare = false
-[remote "origin"]
-\turl = https://alice:s3cret@github.invalid/org/repo.git
-\tfetch = +refs/heads/*:refs/remotes/origin/*
-[credential]
-\thelper = store
-[credential "https://github.invalid"]
-\tusername = alice
-[http "https://github.invalid/"]
-\textraheader = AUTHORIZATION: basic c2VjcmV0
-[include]
-\tpath = /home/alice/.gitconfig-secrets
-[user]
-\tname = Alice
-"""
-    out = sanitize_git_config(cfg)
-    for secret in ("s3cret", "alice:", "helper", "extraheader", "c2VjcmV0", "gitconfig-secrets"):
-        assert secret not in out
-    assert "url = https://github.invalid/org/repo.git" in out
-    assert "fetch = +refs/heads/*:refs/remotes/origin/*" in out
-    assert "name = Alice" in out
-
-
 def test_tar_of_checkout_skips_credentials_specials_and_keeps_links(tmp_path: Path) -> None:
     import os
 
@@ -78,5 +53,6 @@ def test_tar_of_checkout_skips_credentials_specials_and_keeps_links(tmp_path: Pa
         config = tar.extractfile(names[".git/config"]).read().decode()  # type: ignore[union-attr]
     assert set(names) == {"src", "src/a.py", "link", ".git", ".git/config"}
     assert names["link"].issym() and names["link"].linkname == "/etc/passwd"
-    assert "u:p" not in config and "https://h.invalid/r" in config
+    assert "u:p" not in config and "h.invalid" not in config  # the whole remote section went
     assert stats["skipped_credentials"] == 3  # .env, .ssh, .git/hooks
+    assert stats["git_config_sections_dropped"] == 1

@@ -1,16 +1,28 @@
 """The trust boundaries, as imports: the verifier is small enough to read, and the
-signer shares no code with the daemon or the doors it judges."""
+signer shares no code with the daemon or the doors it judges.
+
+Each check runs the import in a fresh interpreter and looks only at the modules that
+the import itself added to `sys.modules`: whatever the interpreter loaded before it
+(a `sitecustomize`, a `.pth` hook, the site machinery) is the machine's, not ours,
+and must neither fail nor pass these tests.
+"""
 
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+from pathlib import Path
 
 
-def _modules(stmt: str) -> set[str]:
-    code = f"{stmt}\nimport sys, json\nprint(json.dumps(sorted(sys.modules)))"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+def _added_by(stmt: str, env: dict[str, str] | None = None) -> set[str]:
+    """The modules that executing `stmt` loads, beyond what was loaded before it."""
+    code = ("import sys, json\nbefore = set(sys.modules)\n"
+            f"{stmt}\n"
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, env=env)
     return set(json.loads(out.stdout))
 
 
@@ -18,19 +30,41 @@ STDLIB = set(sys.stdlib_module_names)
 
 
 def _third_party(mods: set[str]) -> set[str]:
-    return {m.split(".")[0] for m in mods} - STDLIB - {"tkbox", "_cffi_backend"} - {
-        m for m in mods if m.startswith("_")}
+    """Top-level distributions among `mods`: not ours, not the standard library."""
+    tops = {m.split(".")[0] for m in mods}
+    return {t for t in tops if t not in STDLIB and t != "tkbox" and not t.startswith("_")}
 
 
 def test_the_verifier_imports_only_the_formats() -> None:
-    mods = _modules("from tkbox.verify import verify_bundle")
+    mods = _added_by("from tkbox.verify import verify_bundle")
     ours = {m for m in mods if m.startswith("tkbox")}
     allowed = {"tkbox", "tkbox.errors", "tkbox.verify", "tkbox.verify.core"}
     assert {m for m in ours if not m.startswith("tkbox.formats")} == allowed
-    assert _third_party(mods) <= {"cryptography"}
+    assert _third_party(mods) <= {"cryptography", "cffi"}
 
 
 def test_the_signer_imports_neither_the_daemon_nor_the_doors() -> None:
-    mods = _modules("import tkbox.signer.server, tkbox.signer.cli, tkbox.signer.witness")
+    mods = _added_by("import tkbox.signer.server, tkbox.signer.cli, tkbox.signer.witness")
     assert not {m for m in mods if m.startswith(("tkbox.daemon", "tkbox.doors", "tkbox.vm",
                                                  "tkbox.guest", "tkbox.image"))}
+
+
+def test_a_sitecustomize_is_not_charged_to_the_verifier(tmp_path: Path) -> None:
+    """A machine whose sitecustomize loads a third-party package (as some CI images and
+    distributions do) still passes: only what the verifier's import adds is counted."""
+    (tmp_path / "sitecustomize.py").write_text("import yaml, hypothesis, email.parser\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(
+        [str(tmp_path), *filter(None, [os.environ.get("PYTHONPATH")])]))
+    ran = subprocess.run([sys.executable, "-c", "import sys; print('yaml' in sys.modules)"],
+                         capture_output=True, text=True, check=True, env=env).stdout.strip()
+    assert ran == "True"  # the sitecustomize did run first, as on such a machine
+    mods = _added_by("from tkbox.verify import verify_bundle", env)
+    assert not {m for m in mods if m.split(".")[0] in {"yaml", "hypothesis"}}
+    assert _third_party(mods) <= {"cryptography", "cffi"}
+
+
+def test_a_forbidden_import_is_caught() -> None:
+    """The check can fail: an import of the daemon from the verifier's side is seen."""
+    mods = _added_by("from tkbox.verify import verify_bundle\nimport tkbox.daemon.lifecycle")
+    ours = {m for m in mods if m.startswith("tkbox")}
+    assert "tkbox.daemon.lifecycle" in ours

@@ -1,4 +1,4 @@
-"""The C2SP examples (../shared/testdata/c2sp/examples.json) through our parsers,
+"""The C2SP examples (tests/testdata/c2sp/examples.json) through our parsers,
 and the rules of each format that the examples do not show."""
 
 from __future__ import annotations
@@ -12,7 +12,7 @@ import pytest
 from tkbox.formats import FormatError, checkpoint, cosignature, note, policy, proof
 from tkbox.formats import witness as wfmt
 
-C2SP = Path(__file__).resolve().parents[3].parent / "shared" / "testdata" / "c2sp"
+C2SP = Path(__file__).resolve().parents[2] / "testdata" / "c2sp"
 EXAMPLES = {e["id"]: e for e in json.loads((C2SP / "examples.json").read_text())["examples"]}
 
 

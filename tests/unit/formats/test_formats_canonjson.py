@@ -48,3 +48,38 @@ def test_utf16_key_order() -> None:
     value = {"\uffff": 1, "\U0001f600": 2, "a": 3}
     assert canonjson.dumps(value) == rfc8785.dumps(value)
     assert json.loads(canonjson.dumps(value)) == value
+
+
+@settings(max_examples=300, deadline=None)
+@given(_values)
+def test_fast_path_writes_exactly_what_the_reference_encoder_writes(value: object) -> None:
+    """The stdlib C encoder is used only where it gives the same bytes as `_value`."""
+    slow: list[str] = []
+    canonjson._value(value, slow, 0)
+    assert canonjson.dumps(value) == "".join(slow).encode()
+
+
+@pytest.mark.parametrize(("data", "says"), [
+    (b'{"a":1,"a":1}', "duplicate object member"),
+    (b'{"a":1.5}', "is not an integer"),
+    (b'{"b":1,"a":2}', "not in RFC 8785 canonical form"),
+])
+def test_refusals_still_say_what_is_wrong(data: bytes, says: str) -> None:
+    """The fast reader hands anything it cannot print back to the slow one, which names it."""
+    with pytest.raises(FormatError, match=says):
+        canonjson.loads(data, where="here")
+
+
+def test_values_the_fast_path_does_not_take_are_still_refused_or_encoded() -> None:
+    class Sub(str):
+        pass
+
+    assert canonjson.dumps({"a": Sub("x"), "b": (1, True, None)}) == b'{"a":"x","b":[1,true,null]}'
+    for bad in ({1: 2}, [1.0], [1 << 60], {"a": {"b": set()}}, ["\ud800"]):
+        with pytest.raises(FormatError):
+            canonjson.dumps(bad)
+    deep: object = 1
+    for _ in range(canonjson.MAX_DEPTH + 1):
+        deep = [deep]
+    with pytest.raises(FormatError, match="nested deeper"):
+        canonjson.dumps(deep)

@@ -1,6 +1,6 @@
 """RFC 6962 Merkle hashing against the transparency-dev probes, and our own trees.
 
-The probes in ../shared/testdata/merkle/ (transparency-dev/merkle, Apache-2.0)
+The probes in tests/testdata/merkle/ (transparency-dev/merkle, Apache-2.0)
 run on every test run; each says whether it must verify (`wantErr`).
 """
 
@@ -16,7 +16,7 @@ import pytest
 
 from tkbox.formats import FormatError, merkle
 
-TESTDATA = Path(__file__).resolve().parents[3].parent / "shared" / "testdata" / "merkle"
+TESTDATA = Path(__file__).resolve().parents[2] / "testdata" / "merkle"
 
 
 def _probes(kind: str) -> list[Path]:
@@ -180,3 +180,50 @@ def test_single_byte_change_of_any_proof_is_caught() -> None:
         proof[j] = bytes(bad)
         with pytest.raises(FormatError):
             merkle.verify_inclusion(index, 23, tree.leaf(index), proof, root)
+
+
+@pytest.mark.parametrize("path", _probes("inclusion"), ids=lambda p: p.stem)
+def test_inclusion_checker_agrees_with_each_probe(path: Path) -> None:
+    """The shared-node checker gives every probe the same verdict as the one-proof check."""
+    p = json.loads(path.read_text())
+    checker = merkle.InclusionChecker(p["treeSize"], _b(p["root"])) if len(
+        _b(p["root"])) == 32 else None
+    args = (p["leafIdx"], p["treeSize"], _b(p["leafHash"]), [_b(h) for h in p["proof"] or []])
+    try:
+        merkle.verify_inclusion(*args, _b(p["root"]))
+        alone = True
+    except FormatError:
+        alone = False
+    together = checker is not None
+    if checker is not None:
+        try:
+            checker.check(args[0], args[2], args[3])
+        except FormatError:
+            together = False
+    assert alone == together
+
+
+def test_inclusion_checker_shares_nodes_and_still_checks_every_byte() -> None:
+    """Many proofs into one tree: all verify; a flipped bit in any hash of any proof,
+    even one above a node an earlier proof already reached, is caught."""
+    rng = random.Random(7)
+    for size in (1, 2, 3, 7, 64, 100, 257):
+        leaves = [merkle.leaf_hash(bytes([i % 251, i // 251])) for i in range(size)]
+        tree = merkle.Tree(leaves)
+        root = tree.root()
+        first = rng.randrange(size)
+        picked = list(range(first, min(size, first + 40)))
+        checker = merkle.InclusionChecker(size, root)
+        for i in picked:
+            checker.check(i, leaves[i], tree.inclusion_proof(i))
+        for i in picked[1:]:
+            proof = tree.inclusion_proof(i)
+            for k in range(len(proof)):
+                bad = list(proof)
+                bad[k] = bytes([bad[k][0] ^ 1]) + bad[k][1:]
+                fresh = merkle.InclusionChecker(size, root)
+                fresh.check(picked[0], leaves[picked[0]], tree.inclusion_proof(picked[0]))
+                with pytest.raises(FormatError):
+                    fresh.check(i, leaves[i], bad)
+            with pytest.raises(FormatError):
+                checker.check(i, leaves[(i + 1) % size] if size > 1 else b"\0" * 32, proof)

@@ -1,6 +1,6 @@
 """C2SP signed-note against Go's sumdb/note vectors and the C2SP examples.
 
-The vectors (../shared/testdata/c2sp/, see SOURCES.md) run on every test run:
+The vectors (tests/testdata/c2sp/, see SOURCES.md) run on every test run:
 a Python note that differs from Go's by one byte would break every witness and
 every verifier that is not ours.
 """
@@ -15,7 +15,7 @@ import pytest
 from tkbox.formats import note
 from tkbox.formats.note import NoteError, Signature
 
-C2SP = Path(__file__).resolve().parents[3].parent / "shared" / "testdata" / "c2sp"
+C2SP = Path(__file__).resolve().parents[2] / "testdata" / "c2sp"
 GO = json.loads((C2SP / "go-note-vectors.json").read_text())
 EXAMPLES = {e["id"]: e for e in json.loads((C2SP / "examples.json").read_text())["examples"]}
 KEYS = GO["keys"]

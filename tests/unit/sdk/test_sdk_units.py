@@ -56,7 +56,7 @@ def test_run_body_sends_values_only_with_their_references(tmp_path: Path,
     assert b["secrets"] == ["K=env:MYKEY@h.test"] and b["secret_values"] == {
         "K": "v4lue-123456789"}
     b = run_body(name=None, image="i", workspace=tmp_path)
-    assert "secrets" not in b and "secret_values" not in b and b["name"].startswith("box-")
+    assert "secrets" not in b and "secret_values" not in b and b["name"] == ""
 
 
 def test_claude_result_reads_only_known_fields_of_the_last_result_line() -> None:

@@ -65,8 +65,17 @@ def test_value_errors_never_show_the_value(tmp_path: Path) -> None:
         assert fragment in e.value.message
         assert "abc" not in e.value.message
     with pytest.raises(UserError) as e:
-        load(["A=env:A@h.example", "B=env:B@h.example"], env)
+        load(["A=env:A@h.example", "B=env:B@i.example"], env)
     assert "overlap" in e.value.message and "secretvalue" not in e.value.message
+
+
+def test_several_headers_and_no_shared_header() -> None:
+    s = parse_spec("AK=env:K@api.example;header=X-Api-Key, Authorization")
+    assert s.headers == ("x-api-key", "authorization")
+    env = {"A": "valueAAAAAAAA1", "B": "valueBBBBBBBB2"}
+    with pytest.raises(UserError) as e:
+        load(["A=env:A@h.example", "B=env:B@h.example,i.example"], env)
+    assert "both bound to header authorization of h.example" in e.value.message
 
 
 def test_file_value_and_placeholder(tmp_path: Path) -> None:

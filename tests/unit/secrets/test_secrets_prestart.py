@@ -71,3 +71,25 @@ def test_values_sent_for_unknown_names_and_bad_inspect_refused() -> None:
         load_secrets([], {"GH": GH})
     with pytest.raises(UserError):
         load_secrets([], {}, inspect="everything")
+
+
+def test_terminal_input_never_completes_a_value() -> None:
+    """Attack: type the value into a terminal a key at a time."""
+    from tkbox.doors.secrets.prestart import InputGuard
+
+    g = InputGuard(_secrets())
+    sent = b""
+    with pytest.raises(Refused) as e:
+        for ch in ("echo " + GH.upper()).encode():
+            sent += g.feed(bytes([ch]))
+    assert "secret GH" in e.value.reason
+    assert sent == b"echo " + GH.upper().encode()[:3]
+
+
+def test_terminal_input_near_misses_pass_whole() -> None:
+    from tkbox.doors.secrets.prestart import InputGuard
+
+    g = InputGuard(_secrets())
+    typed = ("ls; " + GH[:10] + "X\n").encode()
+    sent = b"".join(g.feed(bytes([c])) for c in typed)
+    assert sent == typed

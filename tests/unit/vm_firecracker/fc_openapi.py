@@ -19,8 +19,8 @@ from typing import Any
 
 import yaml
 
-#: ../shared/testdata/firecracker/ beside the repository (as in CI).
-TESTDATA = Path(__file__).resolve().parents[3].parent / "shared" / "testdata" / "firecracker"
+#: tests/testdata/firecracker/ (copied byte for byte; sources in tests/testdata/SOURCES.md).
+TESTDATA = Path(__file__).resolve().parents[2] / "testdata" / "firecracker"
 MAIN = TESTDATA / "firecracker.yaml"
 RELEASE = TESTDATA / "firecracker-v1.16.1.yaml"
 SPECS = (MAIN, RELEASE)

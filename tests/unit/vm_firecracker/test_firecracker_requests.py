@@ -1,5 +1,5 @@
 """Every request the Firecracker launcher makes, checked against Firecracker's
-OpenAPI description (../shared/testdata/firecracker/: main and v1.16.1).
+OpenAPI description (tests/testdata/firecracker/: main and v1.16.1).
 
 No binary is needed: the requests come from the pure `build_requests`.
 """

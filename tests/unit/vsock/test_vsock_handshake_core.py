@@ -1,6 +1,6 @@
 """The sans-IO core of the hybrid vsock handshake: `CONNECT <port>\\n` / `OK <n>\\n`.
 
-Byte-level behaviour from shared/testdata/firecracker/VSOCK-NOTES.md.
+Byte-level behaviour from tests/testdata/firecracker/VSOCK-NOTES.md.
 """
 
 from __future__ import annotations

@@ -23,31 +23,43 @@ import hashlib
 import os
 import stat
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 from tkbox.doors.changes import sensitive
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.fs import Checkout, Write, write_all
 from tkbox.doors.changes.git import Git
+from tkbox.doors.changes.gitnamed import Named, named_paths
+from tkbox.doors.changes.links import Aliases
 from tkbox.doors.changes.patch import Limits, Patch, git_reading, parse_patch
 from tkbox.doors.changes.paths import folded_parts, under
 from tkbox.doors.changes.plan import FilePlan, Plan, State, build, classify
 from tkbox.doors.changes.report import ApplyReport, FileResult, Status
+from tkbox.doors.changes.scan import checkout_links
 from tkbox.errors import SignerUnavailable, UserError
+from tkbox.gitconfig import Entry
 from tkbox.record.client import SignerClient, Verdict
 
 __all__ = ["apply_patch"]
+
+MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
 
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
                       allow_sensitive: bool = False, dry_run: bool = False,
                       limits: Limits | None = None) -> ApplyReport:
-    """Apply the guest's `patch` to `checkout`, writing only what the signer allows."""
+    """Apply the guest's `patch` to `checkout`, writing only what the signer allows.
+
+    Parsing, reading the checkout and planning are CPU- and memory-bound on
+    hostile input: they run in a worker thread (`asyncio.to_thread`), never
+    on the daemon's event loop, within `Limits`.
+    """
     limits = limits or Limits()
     root = Path(os.path.realpath(checkout))
     if not root.is_dir():
         raise UserError(f"the checkout {str(checkout)!r} is not a directory")
-    parsed = parse_patch(patch, limits)  # (1)
+    parsed = await asyncio.to_thread(parse_patch, patch, limits)  # (1)
     notes: list[str] = []
     if not parsed.sections:
         return ApplyReport(str(root), parsed.sha256, dry_run, allow_sensitive,
@@ -55,13 +67,12 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
     git = Git()
     try:
         await _git_reads_same(git, parsed)  # (3)
+        repo = await _repo_config(git, root, notes)
         with Checkout(root) as co:
-            states = _states(co, parsed, limits)
-            plan = build(parsed, states, max_file_bytes=limits.max_file_bytes)  # (1), (4) ours
-            _refuse_below_checkout_symlinks(plan, states)
-            ignored = await _repo_rules(git, root, parsed, notes)  # (1)
-            classify(plan, ignored=ignored, sensitive=sensitive.sensitive_reason,  # (1), (2)
-                     allow_sensitive=allow_sensitive)
+            plan = await asyncio.to_thread(_plan, co, parsed, limits, root)  # (1), (4) ours
+            ignored = await _ignored(git, root, parsed, repo)  # (1)
+            await asyncio.to_thread(_classify, plan, root, repo, ignored,  # (1), (2)
+                                    allow_sensitive)
             await _git_builds_same(git, plan)  # (4) git's
             if dry_run:
                 return _report(root, plan, dry_run, allow_sensitive, notes, "would apply")
@@ -76,6 +87,105 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
         git.close()
+
+
+def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path) -> Plan:
+    """States, the checkout's symlinks, and the plan on the final tree (blocking)."""
+    states = _states(co, parsed, limits)
+    links = checkout_links(co.fd)
+    plan = build(parsed, states, max_file_bytes=limits.max_file_bytes, links=links,
+                 root=str(root), max_total_bytes=limits.max_total_bytes)
+    _refuse_below_checkout_symlinks(plan, states)
+    return plan
+
+
+@dataclass(frozen=True)
+class RepoConfig:
+    """What the checkout's git configuration says, read once with git itself."""
+
+    top: Path | None  # None: not a git repository
+    entries: tuple[Entry, ...] = ()
+
+    def last(self, key: str) -> str | None:
+        values = [e.value for e in self.entries if e.key == key and e.value is not None]
+        return values[-1] if values else None
+
+
+async def _repo_config(git: Git, root: Path, notes: list[str]) -> RepoConfig:
+    top = await git.toplevel(root)
+    if top is None:
+        notes.append("the checkout is not a git repository: no ignore rules apply")
+        return RepoConfig(None)
+    return RepoConfig(top, tuple(await git.config_list(root)))
+
+
+def _classify(plan: Plan, root: Path, repo: RepoConfig, ignored: set[str],
+              allow_sensitive: bool) -> None:
+    """Refuse the hooks directory; hold back what is sensitive under any of its names."""
+    home = os.path.expanduser("~")
+    named = Named(named_paths(repo.entries, str(root), home)) if repo.top else Named({})
+    hooks = _hooks_prefixes(root, repo, home)
+    reasons: dict[str, str | None] = {}
+    total = 0
+    for f in plan.files:
+        aliases = plan.tree.aliases(f.path)
+        total += len(aliases.names)
+        if total > MAX_TOTAL_ALIASES:
+            raise PatchRefused(f"the patch's files have more than {MAX_TOTAL_ALIASES} names "
+                               "through symlinks; tkbox cannot check them all, so nothing was "
+                               "applied: remove the symlinks that lead to their own directories")
+        for name in aliases.names:
+            if any(under(name, prefix) for prefix in hooks):
+                via = "" if name == f.path else f", reached as {name!r}"
+                raise PatchRefused(f"{f.sections[0].where}: inside the checkout's git hooks "
+                                   f"directory (core.hooksPath{via})")
+        reasons[f.path] = _sensitive(f.path, aliases, named)
+    classify(plan, ignored=ignored, sensitive=lambda p: reasons.get(p),
+             allow_sensitive=allow_sensitive)
+
+
+def _sensitive(path: str, aliases: Aliases, named: Named) -> str | None:
+    for name in aliases.names:
+        why = sensitive.sensitive_reason(name) or named.reason(name)
+        if why is not None:
+            return why if name == path else f"{why}, reached as {name!r} through symlinks"
+    if aliases.truncated:
+        return (f"reachable under more than {len(aliases.names)} names through symlinks; "
+                "tkbox cannot check them all")
+    return None
+
+
+def _hooks_prefixes(root: Path, repo: RepoConfig, home: str) -> list[tuple[str, ...]]:
+    """The hooks directory inside the checkout, as spelled and as the checkout resolves it."""
+    hooks = repo.last("core.hookspath")
+    if not hooks or repo.top is None:
+        return []
+    if hooks.startswith("~/") or hooks == "~":
+        hooks = home + hooks[1:]
+    out = []
+    for target in (os.path.normpath(repo.top / hooks), os.path.realpath(repo.top / hooks)):
+        try:
+            rel = Path(target).relative_to(root)
+        except ValueError:
+            continue
+        if str(rel) != ".":
+            out.append(folded_parts(rel.as_posix()))
+    return out
+
+
+async def _ignored(git: Git, root: Path, parsed: Patch, repo: RepoConfig) -> set[str]:
+    """The paths the checkout's git ignores."""
+    if repo.top is None:
+        return set()
+    excludes = repo.last("core.excludesfile")
+    if excludes is not None and excludes.startswith("~"):
+        excludes = os.path.expanduser(excludes)
+    if excludes is None:
+        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
+        default = Path(xdg) / "git" / "ignore"
+        excludes = str(default) if default.is_file() else None
+    paths = sorted({s.raw_path for s in parsed.sections})
+    return {os.fsdecode(p) for p in await git.ignored(root, paths, excludes)}
 
 
 def _refuse_below_checkout_symlinks(plan: Plan, states: dict[str, State]) -> None:
@@ -94,47 +204,18 @@ def _refuse_below_checkout_symlinks(plan: Plan, states: dict[str, State]) -> Non
             )
 
 
-async def _repo_rules(git: Git, root: Path, parsed: Patch, notes: list[str]) -> set[str]:
-    """Refuse the configured hooks directory; return the ignored paths."""
-    top = await git.toplevel(root)
-    if top is None:
-        notes.append("the checkout is not a git repository: no ignore rules apply")
-        return set()
-    hooks = await git.user_config(root, "core.hooksPath")
-    if hooks:
-        base = Path(top)
-        target = Path(os.path.realpath(base / hooks))
-        try:
-            rel = target.relative_to(root)
-        except ValueError:
-            rel = None
-        if rel is not None and str(rel) != ".":
-            prefix = folded_parts(rel.as_posix())
-            for s in parsed.sections:
-                if under(s.path, prefix):
-                    raise PatchRefused(f"{s.where}: inside the checkout's git hooks directory "
-                                       f"({rel.as_posix()!r}, core.hooksPath)")
-    excludes = await git.user_config(root, "core.excludesFile")
-    if excludes is None:
-        xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
-        default = Path(xdg) / "git" / "ignore"
-        excludes = str(default) if default.is_file() else None
-    paths = sorted({s.raw_path for s in parsed.sections})
-    return {os.fsdecode(p) for p in await git.ignored(root, paths, excludes)}
-
-
 async def _git_reads_same(git: Git, parsed: Patch) -> None:
     """Step 3: git's reading of every section must be ours, byte for byte."""
     repo = git.tmp / "empty"
     await git.init(repo)
     patch_file = git.tmp / "patch.diff"
-    patch_file.write_bytes(parsed.data)
+    await asyncio.to_thread(patch_file.write_bytes, parsed.data)
     r = await git.run(repo, ["apply", "--numstat", "-z", "--summary", str(patch_file)])
     if r.rc != 0 or r.err:
         msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
         raise PatchRefused("git and tkbox read the patch differently: git says "
                            f"{(msg[0] if msg else f'exit status {r.rc}')!r}")
-    ours = git_reading(parsed.sections)
+    ours = await asyncio.to_thread(git_reading, parsed.sections)
     if r.out != ours:
         where = _where(parsed, r.out, ours)
         raise PatchRefused(f"git and tkbox read the patch differently at {where}")
@@ -156,7 +237,16 @@ def _states(co: Checkout, parsed: Patch, limits: Limits) -> dict[str, State]:
     for s in parsed.sections:
         parts = s.path.split("/")
         wanted.update("/".join(parts[:i]) for i in range(1, len(parts)))
-    return {p: co.state(p, limits.max_file_bytes, list_below=p in named) for p in sorted(wanted)}
+    states: dict[str, State] = {}
+    total = 0
+    for p in sorted(wanted):
+        st = co.state(p, limits.max_file_bytes, list_below=p in named)
+        total += len(st.content)
+        if total > limits.max_total_bytes:
+            raise PatchRefused(f"the checkout's files the patch changes add up to more than "
+                               f"{limits.max_total_bytes} bytes; apply it in parts")
+        states[p] = st
+    return states
 
 
 async def _git_builds_same(git: Git, plan: Plan) -> None:
@@ -166,15 +256,23 @@ async def _git_builds_same(git: Git, plan: Plan) -> None:
         return
     scratch = git.tmp / "scratch"
     await git.init(scratch)
-    for f in kept:
-        _populate(scratch, f)
     patch_file = git.tmp / "kept.diff"
-    patch_file.write_bytes(plan.patch.subset(plan.kept_sections()))
+
+    def prepare() -> None:
+        for f in kept:
+            _populate(scratch, f)
+        patch_file.write_bytes(plan.patch.subset(plan.kept_sections()))
+
+    await asyncio.to_thread(prepare)
     r = await git.run(scratch, ["apply", "--whitespace=nowarn", str(patch_file)])
     if r.rc != 0 or r.err:
         msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
         raise PatchRefused("git could not apply the patch to a copy of the checkout: "
                            f"{(msg[0] if msg else f'exit status {r.rc}')!r}")
+    await asyncio.to_thread(_compare, kept, scratch)
+
+
+def _compare(kept: list[FilePlan], scratch: Path) -> None:
     expected = {f.path: f.new for f in kept if f.new.kind != "absent"}
     found = _tree(scratch)
     for path in sorted(set(expected) | set(found)):

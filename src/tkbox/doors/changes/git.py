@@ -11,11 +11,12 @@ template (no sample hooks) and with `info/attributes` unsetting every
 attribute that converts content (`text`, `eol`, `crlf`, `ident`, `filter`,
 `working-tree-encoding`), which outranks any `.gitattributes` in the tree.
 
-Only `git config --get` of `core.hooksPath` and `core.excludesFile` (read
-only; nothing is executed) and `git rev-parse --show-toplevel` see the user's
-own configuration, so that the user's hooks directory is refused and their
-ignore rules apply; `check-ignore` then runs with our switches and the
-user's excludes file passed explicitly.
+Only `git config --list --null --show-origin --includes` (read only;
+nothing is executed) and `git rev-parse --show-toplevel` see the user's own
+configuration, so that the user's hooks directory is refused, the files the
+configuration names are held back (`gitnamed`) and their ignore rules apply;
+`check-ignore` then runs with our switches and the user's excludes file
+passed explicitly.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ from pathlib import Path
 
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.errors import HostError
+from tkbox.gitconfig import ConfigListError, Entry, parse_list
 
 TIMEOUT = 120.0
 _SAFE = [
@@ -126,6 +128,26 @@ class Git:
         if r.rc == 0:
             return os.fsdecode(r.out.rstrip(b"\n"))
         return None
+
+    async def config_list(self, checkout: Path) -> list[Entry]:
+        """Every configuration entry the user's git sees in `checkout`, with its origin.
+
+        `git config --list --null --show-origin --includes`, read only (git
+        runs nothing to list it), with the user's own environment so that
+        global and system files count, as they will when the user runs git.
+        """
+        env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+        env["LC_ALL"] = "C"
+        r = await self.run(checkout, ["config", "--list", "--null", "--show-origin",
+                                      "--includes"], env=env, safe=False)
+        if r.rc != 0:
+            raise PatchRefused("cannot read the checkout's git configuration, so cannot tell "
+                               f"which files it runs: git says {_first(r.err)!r}; fix it "
+                               "and apply again")
+        try:
+            return parse_list(r.out, show_origin=True)
+        except ConfigListError as e:
+            raise PatchRefused(f"cannot read the checkout's git configuration: {e}") from None
 
     async def toplevel(self, checkout: Path) -> Path | None:
         env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}

@@ -68,10 +68,15 @@ class Limits:
     """Every size the parser accepts, checked before reading past it."""
 
     max_patch_bytes: int = 256 << 20
+    # lines are what the parse holds in memory (about 100 bytes of objects
+    # each, whatever their length), so they are bounded apart from bytes
+    max_lines: int = 2_000_000
     max_sections: int = 100_000
     max_hunks: int = 1_000_000  # over the whole patch
     max_file_bytes: int = 64 << 20  # one file's new content (binary literal, text result)
     max_binary_bytes: int = 512 << 20  # all binary literals of the patch, decoded
+    # the checkout's old contents and the patch's new ones, held at once
+    max_total_bytes: int = 1 << 30
 
 
 @dataclass(frozen=True)
@@ -266,6 +271,12 @@ def parse_patch(data: bytes, limits: Limits | None = None) -> Patch:
         )
     if data and not data.endswith(b"\n"):
         raise PatchRefused("the patch does not end with a newline (truncated?)")
+    lines = data.count(b"\n")
+    if lines > limits.max_lines:
+        raise PatchRefused(
+            f"the patch has {lines} lines, more than the limit of {limits.max_lines}; "
+            "apply it in parts or raise the limit"
+        )
     r = _Reader(data)
     sections: list[Section] = []
     budget = _Budget(limits)

@@ -8,8 +8,10 @@ enforces the rules that need both the patch and the checkout:
 - nothing is written, modified or deleted through a symlink, whether the
   symlink is in the checkout or created by the patch, and nothing through a
   path that is (or becomes) a file;
-- a symlink the patch creates points inside the checkout (lexically) and not
-  into `.git`;
+- a symlink the patch creates points inside the checkout and not into
+  `.git`: lexically first (`paths.check_symlink_target`), then resolved
+  against the final tree (`links.FinalTree`), through the checkout's links and
+  the ones the patch creates, as the kernel will resolve it;
 - a directory the patch replaces by a file or symlink holds nothing else;
 - changes are held back or refused together with the changes they depend on
   (a file replacing a directory, and the deletions emptying that directory).
@@ -23,11 +25,12 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.links import LOOP, OUTSIDE, FinalTree
 from tkbox.doors.changes.patch import MODE_EXEC, MODE_FILE, MODE_LINK, Patch, Section, apply_section
-from tkbox.doors.changes.paths import check_symlink_target, folded_parts, under
+from tkbox.doors.changes.paths import check_symlink_target, folded_parts, is_dotgit, under
 
 Kind = Literal["added", "modified", "deleted", "mode", "symlink"]
-Status = Literal["apply", "held back", "refused"]
+Status = Literal["apply", "held back", "refused", "set apart"]
 
 
 @dataclass(frozen=True)
@@ -88,6 +91,7 @@ class FilePlan:
 class Plan:
     patch: Patch
     files: list[FilePlan] = field(default_factory=list)
+    tree: FinalTree = field(default_factory=lambda: FinalTree({}))
 
     def kept(self) -> list[FilePlan]:
         return [f for f in self.files if f.status == "apply"]
@@ -124,14 +128,19 @@ def _kind(old: State, new: State) -> Kind:
     return "modified"
 
 
-def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int) -> Plan:
+def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int,
+          links: Mapping[str, bytes] | None = None, root: str = "",
+          max_total_bytes: int | None = None) -> Plan:
     """Compute every final state exactly; refuse what the rules above forbid.
 
     `states` holds the checkout's state of every path the patch names and of
-    each of their ancestors.
+    each of their ancestors; `links` every symlink of the checkout (path ->
+    target) and `root` its absolute path, for the final tree.
+    `max_total_bytes` bounds the sum of all final contents held at once.
     """
     plan = Plan(patch)
     finals: dict[str, State] = {}
+    total = 0
     for path, sections in group(patch):
         old = states[path]
         if old.blocked_by is not None:
@@ -156,11 +165,21 @@ def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int) -> 
             content = apply_section(s, content, max_file_bytes)
             cur_mode = s.new_mode
         new = final_state(cur_mode, content)
+        total += len(new.content)
+        if max_total_bytes is not None and total > max_total_bytes:
+            raise PatchRefused(f"{sections[0].where}: the patch's files add up to more than "
+                               f"{max_total_bytes} bytes; apply it in parts")
         if new.kind == "link":
             check_symlink_target(path, new.content, sections[-1].where)
         finals[path] = new
         plan.files.append(FilePlan(path, sections, old, new, _kind(old, new)))
 
+    plan.tree = FinalTree.after(
+        links or {}, {p: (st.content if st.kind == "link" else None) for p, st in finals.items()},
+        root)
+    for f in plan.files:
+        if f.new.kind == "link":
+            _check_final_target(plan.tree, f)
     for f in plan.files:
         where = f.sections[0].where
         for anc in _ancestors(f.path):
@@ -188,13 +207,34 @@ def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int) -> 
     return plan
 
 
+def _check_final_target(tree: FinalTree, f: FilePlan) -> None:
+    """A link the patch makes must lead inside the checkout, and not into `.git`,
+    once every other link (the checkout's, and the patch's own) is followed."""
+    where = f.sections[-1].where
+    shown = f.new.content[:200].decode("utf-8", "backslashreplace")
+    dest = tree.resolve(f.path)
+    if dest == OUTSIDE:
+        raise PatchRefused(f"{where}: symlink {f.path!r} -> {shown!r} refused: through the "
+                           "symlinks of the final tree it leads outside the checkout")
+    if dest == LOOP:
+        return  # the kernel refuses to follow it (ELOOP): it leads nowhere
+    if any(is_dotgit(part) for part in dest.split("/") if part):
+        raise PatchRefused(f"{where}: symlink {f.path!r} -> {shown!r} refused: through the "
+                           "symlinks of the final tree it leads into .git")
+
+
 def classify(plan: Plan, *, ignored: set[str], sensitive: Callable[[str], str | None],
              allow_sensitive: bool) -> None:
-    """Set each file's status: ignored files refused, sensitive ones held back."""
+    """Set each file's status: ignored files set apart, sensitive ones held back.
+
+    A file the checkout's git ignores is never written (`git status` would not show it):
+    it is build output, a cache, a log, the things a person does not commit. It is set
+    apart, listed and not written, without failing the apply (docs/changes.md).
+    """
     for f in plan.files:
         if f.path in ignored:
-            f.status, f.reason = "refused", "ignored by the checkout's git (git status would " \
-                "not show it)"
+            f.status, f.reason = "set apart", "ignored by the checkout's git (git status " \
+                "would not show it): not written"
             continue
         if allow_sensitive:
             continue

@@ -9,10 +9,11 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-Status = Literal["applied", "held back", "refused", "would apply"]
+Status = Literal["applied", "held back", "refused", "would apply", "set apart"]
 
 _STYLE: dict[Status, str] = {
     "applied": "green", "would apply": "cyan", "held back": "yellow", "refused": "red",
+    "set apart": "dim",
 }
 
 

@@ -11,7 +11,11 @@ blindly. The full list, with reasons, is in docs/changes.md.
 
 Rules are matched on folded components (`paths.fold_ntfs`: NFKC, case
 folded, trailing dots and spaces cut), so `.GitHub/Workflows/ci.yml` and
-`.ENVRC` are caught, at any depth (a nested project has its own CI too).
+`.ENVRC` are caught, at any depth (a nested project has its own CI too), and
+a directory rule holds back the name itself whatever its type. The door
+applies these rules to every name the final tree reaches a path by
+(`links.FinalTree.aliases`), and adds the files the checkout's git
+configuration names (`gitnamed`).
 
 Also held back: making a file executable (a new file with mode 100755, or a
 mode change to it), since an executable file is what hooks, CI and `PATH`
@@ -130,13 +134,25 @@ _PAIRS: tuple[tuple[tuple[str, ...], str], ...] = (
 
 
 def sensitive_reason(path: str) -> str | None:
-    """Why `path` is sensitive, or None. `path` has passed `check_path`."""
+    """Why `path` is sensitive, or None. `path` has passed `check_path`.
+
+    A directory rule matches the path itself as well as what is below it,
+    and so does a path that ends on the start of a rule: `.vscode`,
+    `.github` and `.github/workflows` are held back whatever they are (a
+    file, or a symlink to an ordinary directory, which tools then read as
+    `.vscode` or `.github/workflows`), while `.github/ISSUE_TEMPLATE/x.md`
+    is not.
+    """
     parts = folded_parts(path)
-    dirs = parts[:-1]
     for prefix, why in _DIRS:
         n = len(prefix)
-        if any(dirs[i : i + n] == prefix for i in range(len(dirs) - n + 1)):
+        if any(parts[i : i + n] == prefix for i in range(len(parts) - n + 1)):
             return why
+        if any(parts[len(parts) - k :] == prefix[:k] for k in range(1, n)):
+            return f"{why}: a name on the way there"
+    for pair, why in _PAIRS:
+        if any(parts[len(parts) - k :] == pair[:k] for k in range(1, len(pair))):
+            return f"{why}: a name on the way there"
     name = parts[-1]
     for pattern, why in _NAMES:
         if fnmatchcase(name, pattern):

@@ -24,8 +24,12 @@ For each connection, in order:
 
 Memory per connection is bounded: reads of at most `chunk` bytes, each sent
 (with the stream's own flow control) before the next is read, and the
-inspector's bounded buffers. `close()` (box stop) cuts every tunnel at once
-and refuses new connections.
+inspector's bounded buffers. Connections are bounded per box and, through a
+shared `limits.ConnectionPool`, daemon-wide with a fair share per box; a
+tunnel ends after `tunnel_idle` s without a byte and `tunnel_total` s in all.
+Records carry `records.excerpt`s of guest bytes only, and refusals past the
+first few a minute are summarised (`records.RefusalLog`). `close()` (box
+stop) cuts every tunnel at once and refuses new connections.
 """
 
 from __future__ import annotations
@@ -44,8 +48,10 @@ from tkbox.doors.network.allowlist import Allowlist
 from tkbox.doors.network.approvals import ApprovalBoard
 from tkbox.doors.network.clock import Clock
 from tkbox.doors.network.config import OperatorConfig
+from tkbox.doors.network.limits import TUNNEL_IDLE, TUNNEL_TOTAL, ConnectionPool
 from tkbox.doors.network.names import HostNameError, parse_host
 from tkbox.doors.network.policy import EgressPolicy, Explanation
+from tkbox.doors.network.records import RefusalLog, excerpt
 from tkbox.doors.network.request import (
     HOP_BY_HOP,
     BadRequest,
@@ -120,6 +126,9 @@ class EgressDoor:
         dial_timeout: float = DIAL_TIMEOUT,
         chunk: int = CHUNK,
         on_record_lost: Callable[[TkboxError], None] | None = None,
+        pool: ConnectionPool | None = None,
+        tunnel_idle: float = TUNNEL_IDLE,
+        tunnel_total: float = TUNNEL_TOTAL,
         mitm: Any = None,
     ) -> None:
         self.run_id = run_id
@@ -136,6 +145,9 @@ class EgressDoor:
         self.dial_timeout = dial_timeout
         self.chunk = chunk
         self.on_record_lost = on_record_lost
+        self.pool = pool
+        self.tunnel_idle = tunnel_idle
+        self.tunnel_total = tunnel_total
         # The secrets door (tkbox.doors.secrets.SecretsDoor): tunnels to the hosts it
         # `wants` are read by it instead of spliced, after every check above.
         self.mitm = mitm
@@ -147,6 +159,7 @@ class EgressDoor:
             AddressPolicy(operator.block, operator.permit, own),
         )
         self._conns: set[_Conn] = set()
+        self._refusals = RefusalLog()
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -182,29 +195,41 @@ class EgressDoor:
 
     async def close(self) -> None:
         """Stop: refuse new connections, cut open ones at once, end approvals."""
+        already = self._closed
         self._closed = True
         for c in list(self._conns):
             c.cut.set()
         await self.board.stop_box(self.box)
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._idle.wait(), 10.0)
+        if not already:
+            await self._record_summary(self._refusals.flush(self.clock.monotonic()))
 
     # --- one connection -------------------------------------------------------
 
     async def handle(self, stream: ByteStream) -> None:
         """Serve one proxy connection; never raises (except cancellation)."""
-        if self._closed or len(self._conns) >= self.max_connections:
-            reason = (
-                f"refused: box {self.box} is stopping; egress is closed"
-                if self._closed
-                else f"refused: box {self.box} has {self.max_connections} connections open "
-                "(the limit); close some and retry"
-            )
+        reason = None
+        if self._closed:
+            reason = f"refused: box {self.box} is stopping; egress is closed"
+        elif len(self._conns) >= self.max_connections:
+            reason = (f"refused: box {self.box} has {self.max_connections} connections open "
+                      "(the limit); close some and retry")
+        elif self.pool is not None:
+            reason = self.pool.acquire(self.box)
+        if reason is not None:
             with contextlib.suppress(Exception):
                 await self._refuse(stream, _Refusal(503, reason, "limit"), None)
             with contextlib.suppress(Exception):
                 await stream.aclose()
             return
+        try:
+            await self._handle(stream)
+        finally:
+            if self.pool is not None:
+                self.pool.release(self.box)
+
+    async def _handle(self, stream: ByteStream) -> None:
         conn = _Conn()
         self._conns.add(conn)
         self._idle.clear()
@@ -277,13 +302,15 @@ class EgressDoor:
                 ) from None
             except BadRequest as exc:
                 raise _Refusal(exc.status, exc.message, "request") from None
-            if req.kind == "http" and self.mitm is not None:
-                # Plain http is read anyway: a secret's value or placeholder in its head
-                # is a leak (the secrets door records it).
+            if self.mitm is not None:
+                # A secret's value or placeholder in the proxy request (its target host; for
+                # plain http also its path and headers) is a leak, recorded by the secrets
+                # door without the host, which may hold the value: nothing here records it.
                 why = await self.mitm.check_plain(req.host.name, req.method, req.path,
                                                   list(req.headers))
                 if why:
-                    raise _Refusal(403, why, "secret")
+                    await self._refuse(stream, _Refusal(403, why, "secret"), None, record=False)
+                    return
             ex, addresses = await self._decide_addresses(conn, req)
             decision_id = await self._decide(req, ex, addresses)
         except _Refusal as r:
@@ -325,6 +352,8 @@ class EgressDoor:
             finally:
                 with contextlib.suppress(Exception):
                     await origin.aclose()
+        if "reason" in outcome:
+            outcome["reason"] = excerpt(outcome["reason"])
         outcome.update(
             bytes_up=conn.up,
             bytes_down=conn.down,
@@ -518,31 +547,64 @@ class EgressDoor:
         req: ProxyRequest,
         parser: RequestHeadParser,
     ) -> dict[str, Any]:
-        """Hand a decided, dialed tunnel to the secrets door (it reads the HTTP inside)."""
+        """Hand a decided, dialed tunnel to the secrets door (it reads the HTTP inside),
+        under the same cut and time limits as a spliced tunnel."""
         await guest.send_all(b"HTTP/1.1 200 Connection established\r\n\r\n")
+        task = asyncio.ensure_future(
+            self.mitm.tunnel(guest, origin, req.host.name, req.port, parser.leftover, conn))
+        cut = asyncio.ensure_future(conn.cut.wait())
+        timer = asyncio.ensure_future(self._watch_time(conn))
         try:
-            result: dict[str, Any] = await self._race(
-                conn,
-                self.mitm.tunnel(guest, origin, req.host.name, req.port, parser.leftover, conn),
-            )
-        except _Cut:
-            return {"ended": "box stopped", "intercepted": True}
-        return result
+            done, _ = await asyncio.wait({task, cut, timer}, return_when=asyncio.FIRST_COMPLETED)
+            if task in done:
+                result: dict[str, Any] = task.result()
+                return result
+            if cut in done:
+                return {"ended": "box stopped", "intercepted": True}
+            return {"ended": timer.result(), "intercepted": True}
+        finally:
+            for t in (task, cut, timer):
+                t.cancel()
+            for t in (task, cut, timer):
+                with contextlib.suppress(BaseException):
+                    await t
+
+    async def _watch_time(self, conn: _Conn) -> str:
+        """Return once the connection has been idle `tunnel_idle` s, or open `tunnel_total` s."""
+        clock = self.clock
+        started = last = clock.monotonic()
+        seen = (conn.up, conn.down)
+        while True:
+            now = clock.monotonic()
+            if (conn.up, conn.down) != seen:
+                seen, last = (conn.up, conn.down), now
+            if now - started >= self.tunnel_total:
+                return (f"time limit: open {self.tunnel_total:g} s "
+                        "(tkbox daemon --tunnel-total)")
+            if now - last >= self.tunnel_idle:
+                return (f"idle timeout: no bytes for {self.tunnel_idle:g} s "
+                        "(tkbox daemon --tunnel-idle)")
+            await clock.sleep(min(last + self.tunnel_idle, started + self.tunnel_total) - now)
 
     async def _run_pair(
         self, conn: _Conn, a: Coroutine[Any, Any, str], b: Coroutine[Any, Any, str]
     ) -> dict[str, Any]:
-        """Run both directions until both end, one fails, or the door cuts."""
+        """Run both directions until both end, one fails, the door cuts, or time is up."""
         tasks = {asyncio.ensure_future(a), asyncio.ensure_future(b)}
         cut = asyncio.ensure_future(conn.cut.wait())
+        timer = asyncio.ensure_future(self._watch_time(conn))
         ends: list[str] = []
         result: dict[str, Any] = {}
         try:
             pending = set(tasks)
             while pending:
-                done, _ = await asyncio.wait(pending | {cut}, return_when=asyncio.FIRST_COMPLETED)
+                done, _ = await asyncio.wait(
+                    pending | {cut, timer}, return_when=asyncio.FIRST_COMPLETED
+                )
                 if cut in done:
                     return {"ended": "box stopped"}
+                if timer in done:
+                    return {"ended": timer.result()}
                 for t in done:
                     pending.discard(t)
                     exc = t.exception()
@@ -557,9 +619,10 @@ class EgressDoor:
             return result
         finally:
             cut.cancel()
+            timer.cancel()
             for t in tasks:
                 t.cancel()
-            for t in tasks:
+            for t in (*tasks, timer):
                 with contextlib.suppress(BaseException):
                     await t
 
@@ -678,13 +741,30 @@ class EgressDoor:
     async def _record_refusal(
         self, stage: str, reason: str, req: ProxyRequest | None, status: int | None = None
     ) -> None:
-        body: dict[str, Any] = {"stage": stage, "reason": reason}
+        """One refusal: its own record while the interval allows, else counted in a summary.
+
+        Every guest-derived string is an `excerpt`: bounded and escaped."""
+        own, due = self._refusals.admit(
+            self.clock.monotonic(), stage, req.host.name if req is not None else None
+        )
+        await self._record_summary(due)
+        if not own:
+            return
+        body: dict[str, Any] = {"stage": stage, "reason": excerpt(reason)}
         if status is not None:
             body["status"] = status
         if req is not None:
-            body.update(host=req.host.name, port=req.port, method=req.method)
+            body.update(host=excerpt(req.host.name), port=req.port, method=excerpt(req.method, 32))
         try:
             await self.signer.event(self.run_id, "tkbox.egress.refused", body)
+        except SignerUnavailable as exc:
+            self._lost(exc)
+
+    async def _record_summary(self, summary: dict[str, Any] | None) -> None:
+        if summary is None:
+            return
+        try:
+            await self.signer.event(self.run_id, "tkbox.egress.refused.summary", summary)
         except SignerUnavailable as exc:
             self._lost(exc)
 

@@ -28,6 +28,7 @@ from typing import Literal
 import h11
 
 from tkbox.doors.network.names import Host, HostNameError, parse_authority
+from tkbox.doors.network.records import excerpt
 from tkbox.errors import GuestError
 
 MAX_HEAD = 16 * 1024  # the whole request head
@@ -207,7 +208,8 @@ class RequestHeadParser:
             event = self.conn.next_event()
         except h11.RemoteProtocolError as exc:
             status = exc.error_status_hint if exc.error_status_hint in _REASONS else 400
-            raise BadRequest(status, f"refused: malformed request ({exc})") from None
+            # h11's message quotes the guest's bytes: keep a bounded, escaped excerpt only
+            raise BadRequest(status, f"refused: malformed request ({excerpt(exc, 120)})") from None
         if not isinstance(event, h11.Request):
             raise BadRequest(400, "refused: malformed request head")
         self.request = self._interpret(event)

@@ -9,9 +9,10 @@ committed to its server, then steps aside:
   ClientHello (reassembled across records and TCP segments, at most
   `MAX_HANDSHAKE` bytes), **held back until checked**: its `server_name` must
   be exactly the tunnel's host (no SNI at all for an IP host), and it must not
-  offer Encrypted ClientHello (`encrypted_client_hello`, 0xfe0d, RFC 9849; or
-  the older draft ESNI 0xffce). Nothing of a refused ClientHello reaches the
-  origin, so a colluding origin cannot read a name smuggled into it.
+  carry any extension of Encrypted ClientHello or of its drafts (`ech_refusal`:
+  every code point draft-ietf-tls-esni ever assigned, and the blocks they were
+  drawn from). Nothing of a refused ClientHello reaches the origin, so a
+  colluding origin cannot read a name smuggled into it.
 - origin → client: the first handshake message must be a ServerHello. If it is
   a HelloRetryRequest (RFC 8446 §4.1.3: a ServerHello whose random is
   SHA-256("HelloRetryRequest")), the client's second ClientHello is held and
@@ -44,8 +45,37 @@ MAX_CIPHERTEXT = (1 << 14) + 2048  # RFC 5246 §6.2.3 (TLS 1.2's bound, the larg
 CT_CCS, CT_ALERT, CT_HANDSHAKE, CT_APPDATA = 20, 21, 22, 23
 HS_CLIENT_HELLO, HS_SERVER_HELLO = 1, 2
 EXT_SERVER_NAME = 0x0000
-EXT_ECH = 0xFE0D
-EXT_ESNI_DRAFT = 0xFFCE
+EXT_ECH = 0xFE0D  # encrypted_client_hello, RFC 9849 (draft-ietf-tls-esni-13 to -25)
+EXT_ESNI_DRAFT = 0xFFCE  # encrypted_server_name, draft-ietf-tls-esni-00 to -05
+EXT_RENEGOTIATION_INFO = 0xFF01  # RFC 5746: the one assigned code point in 0xff00-0xffff
+
+# Every extension code point draft-ietf-tls-esni assigned in its history (read
+# from the draft's own repository, tlswg/draft-ietf-tls-esni, every revision):
+#   0xffce  encrypted_server_name (ESNI, -00 to -05); also echo_nonce/ech_nonce
+#           and an early encrypted_client_hello in the editors' copies of -06
+#   0xff02  encrypted_client_hello (-06 editors' copies; NSS, BoringSSL drafts)
+#   0xff03  ech_nonce; 0xff04, 0xffcd outer_extension(s); 0xff08 an early ECH
+#   0xfe08, 0xfe09, 0xfe0a, 0xfe0b, 0xfe0c  encrypted_client_hello, -07 to -12
+#   0xfe0d  encrypted_client_hello, -13 to -25 and RFC 9849
+#   0xfe00, 0xfd00  (ech_)outer_extensions; 0xda09  ech_is_inner (-09, -10)
+ECH_CODE_POINTS = frozenset([0xFFCE, 0xFF02, 0xFF03, 0xFF04, 0xFF08, 0xFFCD, 0xFE00, 0xFD00,
+                             0xFE08, 0xFE09, 0xFE0A, 0xFE0B, 0xFE0C, 0xFE0D, 0xDA09])
+
+
+def is_ech_code_point(etype: int) -> bool:
+    """Whether an extension type is, or may be, a form of Encrypted ClientHello.
+
+    The general rule, not only the list: every code point the drafts used, and
+    the whole blocks they were drawn from, so the next draft's is refused too:
+    0xfd00-0xfeff (unassigned by IANA except ECH's own) and 0xff00-0xffff
+    (private use; only renegotiation_info, 0xff01, is a public extension).
+    GREASE values (0x?a?a, RFC 8701) lie outside both blocks.
+    """
+    if etype in ECH_CODE_POINTS:
+        return True
+    if 0xFD00 <= etype <= 0xFEFF:
+        return True
+    return 0xFF00 <= etype <= 0xFFFF and etype != EXT_RENEGOTIATION_INFO
 # RFC 8446 §4.1.3: SHA-256("HelloRetryRequest")
 HRR_RANDOM = bytes.fromhex("cf21ad74e59a6111be1d8c021e65b891c2a211167abb8c5e079e09e2c8a8339c")
 
@@ -88,10 +118,27 @@ class ClientHello:
     legacy_version: int
     server_name: str | None  # normalised; None when absent
     extensions: tuple[int, ...]
+    ech_form: str | None = None  # the first ECH-like extension, described; None: none
 
     @property
     def offers_ech(self) -> bool:
-        return EXT_ECH in self.extensions or EXT_ESNI_DRAFT in self.extensions
+        return self.ech_form is not None
+
+
+def _ech_form(etype: int, data: bytes) -> str:
+    """A description of an ECH-like extension for the refusal (no guest bytes).
+
+    RFC 9849 §5: `ECHClientHello` starts with its type, outer(0) or inner(1).
+    """
+    name = f"extension 0x{etype:04x}"
+    if etype in (EXT_ECH, 0xFE08, 0xFE09, 0xFE0A, 0xFE0B, 0xFE0C, 0xFF02, 0xFF08):
+        form = {0: "outer", 1: "inner"}.get(data[0]) if data else None
+        return f"{name} (encrypted_client_hello, {form or 'malformed'} form)"
+    if etype == EXT_ESNI_DRAFT:
+        return f"{name} (encrypted_server_name, draft ESNI)"
+    if etype in ECH_CODE_POINTS:
+        return f"{name} (a draft Encrypted ClientHello extension)"
+    return f"{name} (a code point of the blocks Encrypted ClientHello drafts used)"
 
 
 def parse_client_hello(body: bytes) -> ClientHello:
@@ -115,6 +162,7 @@ def parse_client_hello(body: bytes) -> ClientHello:
         raise TLSRefused("refused: bytes after the ClientHello extensions")
     types: list[int] = []
     name: str | None = None
+    ech: str | None = None
     while ext.left:
         etype = ext.u16()
         data = ext.vec(2)
@@ -123,7 +171,9 @@ def parse_client_hello(body: bytes) -> ClientHello:
         types.append(etype)
         if etype == EXT_SERVER_NAME:
             name = _parse_server_name(data)
-    return ClientHello(version, name, tuple(types))
+        elif ech is None and is_ech_code_point(etype):
+            ech = _ech_form(etype, data)
+    return ClientHello(version, name, tuple(types), ech)
 
 
 def _parse_server_name(data: bytes) -> str:
@@ -318,8 +368,8 @@ class TunnelInspector:
         )
         if hello.offers_ech:
             raise TLSRefused(
-                f"refused: the {which} offers Encrypted ClientHello, which hides the server name; "
-                "turn ECH off in the client"
+                f"refused: the {which} offers Encrypted ClientHello ({hello.ech_form}), which "
+                "hides the server name; turn ECH (and ECH GREASE) off in the client"
             )
         if self.host.literal is not None:
             if hello.server_name is not None:

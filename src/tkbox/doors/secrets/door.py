@@ -39,6 +39,7 @@ import h11
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
+from tkbox.doors.secrets.scan import scan_once
 from tkbox.doors.secrets.spec import Secret
 from tkbox.doors.secrets.tlsstream import TLSError, TLSStream
 from tkbox.errors import GuestError, RemoteError, TkboxError
@@ -117,13 +118,21 @@ class SecretsDoor:
 
     async def check_plain(self, host: str, method: str, target: str,
                           headers: list[tuple[bytes, bytes]]) -> str | None:
-        """A plain http:// request head: the reason it leaks (recorded), or None.
+        """A proxy request's head: the reason it leaks (recorded), or None.
 
-        Nothing is ever swapped into plain http; any secret's value or placeholder
-        anywhere in its head is a leak. (Its body is relayed unscanned: docs/secrets.md.)
+        The target host of a CONNECT or plain request, and for plain http its method,
+        path and headers: nothing is ever swapped there, so any secret's value or
+        placeholder is a leak. A host holding one is never written down (the record
+        says `(withheld)`). Plain http bodies are relayed unscanned (docs/secrets.md).
         """
         if not self.secrets:
             return None
+        hits = scan_once(TunnelRules(host, 80, self.secrets).scan_patterns,
+                         host.encode("utf-8", "surrogateescape"))
+        if hits:
+            leak = SecretLeak(hits[0], "(withheld)", "proxy target host")
+            await self._record("tkbox.secret.leak", leak.record())
+            return leak.reason
         try:
             TunnelRules(host, 80, self.secrets).check_plain(
                 method.encode("ascii", "replace"), target.encode("utf-8", "surrogateescape"),
@@ -251,13 +260,9 @@ class SecretsDoor:
             stats["secret_uses"] += 1
             await self._record("tkbox.secret.use", {"name": u.name, "host": u.host,
                                                     "header": u.header})
-        up = await self._request_body(guest, origin, gconn, oconn, rules)
-        if counts is not None:
-            counts.up += up
+        up = await self._request_body(guest, origin, gconn, oconn, rules, counts)
         status, down, model = await self._response(guest, origin, gconn, oconn, rules, stats,
-                                                    ev.method, host)
-        if counts is not None:
-            counts.down += down
+                                                    ev.method, host, counts)
         if host in self.model_hosts:
             path = ev.target.decode("ascii", "replace")
             body: dict[str, Any] = {
@@ -269,7 +274,7 @@ class SecretsDoor:
             await self._record("tkbox.model.call", body)
 
     async def _request_body(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
-                            oconn: h11.Connection, rules: TunnelRules) -> int:
+                            oconn: h11.Connection, rules: TunnelRules, counts: Any) -> int:
         scanner = rules.body_scanner()
         hold = scanner.hold
         held = b""
@@ -288,6 +293,8 @@ class SecretsDoor:
                     out, held = held[:len(held) - hold], held[len(held) - hold:]
                     await origin.send_all(oconn.send(h11.Data(data=out)) or b"")
                     sent += len(out)
+                    if counts is not None:
+                        counts.up += len(out)
             elif isinstance(ev, h11.EndOfMessage):
                 trailers = [(bytes(n), bytes(v)) for n, v in ev.headers.raw_items()]
                 try:
@@ -299,6 +306,8 @@ class SecretsDoor:
                 if held:
                     await origin.send_all(oconn.send(h11.Data(data=held)) or b"")
                     sent += len(held)
+                    if counts is not None:
+                        counts.up += len(held)
                 await origin.send_all(oconn.send(h11.EndOfMessage(headers=trailers)) or b"")
                 return sent
             else:
@@ -306,7 +315,8 @@ class SecretsDoor:
 
     async def _response(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                         oconn: h11.Connection, rules: TunnelRules, stats: dict[str, Any],
-                        method: bytes, host: str) -> tuple[int | None, int, ModelUsage]:
+                        method: bytes, host: str, counts: Any
+                        ) -> tuple[int | None, int, ModelUsage]:
         model = ModelUsage()
         redactor = rules.redactor()
         status: int | None = None
@@ -334,6 +344,8 @@ class SecretsDoor:
             elif isinstance(ev, h11.Data):
                 data = bytes(ev.data)
                 down += len(data)
+                if counts is not None:
+                    counts.down += len(data)
                 model.feed(data)
                 out = redactor.feed(data)
                 if out:

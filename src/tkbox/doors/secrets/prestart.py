@@ -26,10 +26,10 @@ from pathlib import Path
 from tkbox.daemon.workspace import is_credential
 from tkbox.doors.secrets.scan import LeakScanner, patterns
 from tkbox.doors.secrets.spec import (
-    MIN_VALUE,
+    MAX_SECRETS,
     Secret,
+    check_distinct,
     check_value,
-    overlap,
     parse_spec,
     placeholder,
     read_value,
@@ -52,15 +52,13 @@ def load_secrets(specs: Sequence[str], values: Mapping[str, str],
         if spec.name in names:
             raise UserError(f"--secret {spec.name} is given twice; give each name once")
         names.add(spec.name)
+        if len(out) >= MAX_SECRETS:
+            raise UserError(f"more than {MAX_SECRETS} --secret flags")
         if spec.name in values:
             value = check_value(spec.name, values[spec.name].encode("utf-8", "surrogateescape"))
         else:
             value = read_value(spec)
-        for other in out:
-            if overlap(value, other.value):
-                raise UserError(f"--secret {spec.name} and --secret {other.name} have values "
-                                f"that overlap (one holds {MIN_VALUE} or more bytes of the "
-                                "other); each secret must be distinct")
+        check_distinct(spec, value, out)
         out.append(Secret(spec, value, placeholder(spec.name)))
     extra = set(values) - names
     if extra:
@@ -124,3 +122,43 @@ def check_workspace(secrets: Sequence[Secret], root: Path) -> None:
                                 "only ever see the placeholder)")
             except OSError:
                 continue  # unreadable here means not copied either
+
+
+MIN_HELD_PREFIX = 4
+
+
+class InputGuard:
+    """Keystrokes into a command's terminal, where nothing can wait for a whole body.
+
+    Bytes go on at once, except while the last ones typed could begin a value (at
+    least its first 4 bytes, any case): those wait for the next keystroke to show
+    they do not. A completed value is refused, so at most its first 3 bytes were
+    ever sent. Only the raw form is guarded here (nobody types base64).
+    """
+
+    def __init__(self, secrets: Sequence[Secret]) -> None:
+        self.values = [(s.name, s.value.lower()) for s in secrets]
+        self.longest = max((len(v) for _, v in self.values), default=0)
+        self.sent = b""  # the last bytes already sent (matching may start in them)
+        self.held = b""
+
+    def feed(self, data: bytes) -> bytes:
+        if not self.values:
+            return data
+        buf = self.held + data
+        low = (self.sent + buf).lower()
+        for name, v in self.values:
+            if v in low:
+                self.held = b""
+                raise Refused(f"refused: the terminal input holds the value of secret {name}; "
+                              f"use its placeholder (${name} in the box) instead")
+        hold = 0
+        for _, v in self.values:
+            for k in range(min(len(v) - 1, len(low)), MIN_HELD_PREFIX - 1, -1):
+                if low.endswith(v[:k]):
+                    hold = max(hold, min(k, len(buf)))
+                    break
+        out = buf[:len(buf) - hold]
+        self.held = buf[len(buf) - hold:] if hold else b""
+        self.sent = (self.sent + out)[-self.longest:]
+        return out

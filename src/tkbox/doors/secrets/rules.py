@@ -73,7 +73,8 @@ class TunnelRules:
     def __init__(self, host: str, port: int, secrets: Sequence[Secret]) -> None:
         self.host, self.port = host, port
         self.secrets = list(secrets)
-        self.bound = {s.spec.header.encode(): s for s in self.secrets if host in s.spec.hosts}
+        self.bound = {h.encode(): s for s in self.secrets if host in s.spec.hosts
+                      for h in s.spec.headers}
         self.scan_patterns: list[Pattern] = patterns(
             [(s.name, "value", s.value) for s in self.secrets]
             + [(s.name, "placeholder", s.placeholder) for s in self.secrets])

@@ -2,11 +2,13 @@
 
 Grammar (one flag, repeatable; the same strings in the API's create body)::
 
-    NAME=SOURCE@HOST[,HOST...][;header=HEADER]
+    NAME=SOURCE@HOST[,HOST...][;header=HEADER[,HEADER...]]
     NAME    an environment name: [A-Za-z_][A-Za-z0-9_]{0,63}
     SOURCE  env:VAR | file:PATH   (PATH may not contain '@' or ';')
     HOST    a DNS name (never an IP address: the box CA excludes every IP range)
-    HEADER  an HTTP header name (token); default Authorization
+    HEADER  an HTTP header name (token); default Authorization. Several may be
+            named (`x-api-key,authorization`): clients differ in where they
+            put one credential, and each named header gets the swap
 
 The value:
 
@@ -28,7 +30,7 @@ from __future__ import annotations
 import os
 import re
 import secrets as _random
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -60,7 +62,11 @@ class SecretSpec:
     source: str  # "env" or "file"
     ref: str  # the variable name or the path
     hosts: tuple[str, ...]
-    header: str = "authorization"  # lower case
+    header: str = "authorization"  # lower case; several joined by ","
+
+    @property
+    def headers(self) -> tuple[str, ...]:
+        return tuple(self.header.split(","))
 
     def describe(self) -> dict[str, object]:
         """What may be stored and recorded: never the value."""
@@ -121,13 +127,20 @@ def parse_spec(text: str) -> SecretSpec:
         if key.strip().lower() != "header" or not eq2:
             raise UserError(f"--secret {name}: unknown option {_clip(opts)!r}; the only option "
                             "is ';header=NAME'")
-        val = val.strip()
-        if not TOKEN_RE.fullmatch(val):
-            raise UserError(f"--secret {name}: header {_clip(val)!r} is not an HTTP header name")
-        header = val.lower()
-        if header in FORBIDDEN_HEADERS or header.startswith("proxy-"):
-            raise UserError(f"--secret {name}: header {header} carries framing or routing and "
-                            "cannot hold a secret; name an authentication header")
+        names: list[str] = []
+        for one in val.split(","):
+            one = one.strip()
+            if not TOKEN_RE.fullmatch(one):
+                raise UserError(f"--secret {name}: header {_clip(one)!r} is not an HTTP "
+                                "header name")
+            one = one.lower()
+            if one in FORBIDDEN_HEADERS or one.startswith("proxy-"):
+                raise UserError(f"--secret {name}: header {one} carries framing or routing "
+                                "and cannot hold a secret; name an authentication header")
+            names.append(one)
+        if len(names) > 8:
+            raise UserError(f"--secret {name}: more than 8 headers")
+        header = ",".join(dict.fromkeys(names))
     return SecretSpec(name, kind, ref, tuple(dict.fromkeys(hosts)), header)
 
 
@@ -206,13 +219,23 @@ def load(specs: Iterable[str], environ: Mapping[str, str] | None = None) -> list
         if len(out) >= MAX_SECRETS:
             raise UserError(f"more than {MAX_SECRETS} --secret flags")
         value = read_value(spec, environ)
-        for other in out:
-            if overlap(value, other.value):
-                raise UserError(f"--secret {spec.name} and --secret {other.name} have values "
-                                f"that overlap (one holds {MIN_VALUE} or more bytes of the "
-                                "other); each secret must be distinct")
+        check_distinct(spec, value, out)
         out.append(Secret(spec, value, placeholder(spec.name)))
     return out
+
+
+def check_distinct(spec: SecretSpec, value: bytes, others: Sequence[Secret]) -> None:
+    """No two secrets overlap, nor share a header on a host (which one would go?)."""
+    for other in others:
+        shared = set(spec.hosts) & set(other.spec.hosts)
+        both = set(spec.headers) & set(other.spec.headers)
+        if shared and both:
+            raise UserError(f"--secret {spec.name} and --secret {other.name} are both bound "
+                            f"to header {sorted(both)[0]} of {sorted(shared)[0]}; bind one")
+        if overlap(value, other.value):
+            raise UserError(f"--secret {spec.name} and --secret {other.name} have values "
+                            f"that overlap (one holds {MIN_VALUE} or more bytes of the "
+                            "other); each secret must be distinct")
 
 
 def overlap(a: bytes, b: bytes, n: int = MIN_VALUE) -> bool:

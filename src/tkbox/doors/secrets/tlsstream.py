@@ -77,7 +77,20 @@ class TLSStream(ByteStream):
 
     async def receive(self, max_bytes: int = CHUNK) -> bytes:
         try:
-            return await self._run(lambda: self.obj.read(max_bytes))
+            first = await self._run(lambda: self.obj.read(max_bytes))
+            # SSL_read gives one record (16 KiB) at a time: take what is already here,
+            # so the layers above work on whole chunks, not a quarter of one.
+            parts, n = [first], len(first)
+            while first and n < max_bytes:
+                try:
+                    more = self.obj.read(max_bytes - n)
+                except ssl.SSLError:
+                    break  # wants more bytes, or the peer closed: the next call sees it
+                if not more:
+                    break
+                parts.append(more)
+                n += len(more)
+            return first if len(parts) == 1 else b"".join(parts)
         except TLSError:
             if self._eof:
                 return b""  # a bare EOF: framing decides whether anything was cut short

@@ -1,0 +1,238 @@
+"""Sensitive names, symlinks resolved on the final tree, and files git config names (pure).
+
+Each test is named for the attack it stops. The door decides on every name
+a path is reachable by once the patch is applied (`FinalTree.aliases`), not
+only on how the patch spells it, and on the files the checkout's own git
+configuration runs or includes (`gitnamed`).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tkbox.doors.changes.gitnamed import Named, named_paths
+from tkbox.doors.changes.links import LOOP, OUTSIDE, FinalTree
+from tkbox.doors.changes.sensitive import sensitive_reason
+from tkbox.gitconfig import Entry
+
+ROOT = "/home/u/repo"
+
+
+@pytest.mark.parametrize("path", [".devcontainer", ".vscode", ".github", ".github/workflows",
+                                  ".husky", ".idea", "sub/.vscode", ".VSCode", ".docker",
+                                  ".github/actions", ".circleci", ".gitea", ".ssh"])
+def test_a_sensitive_name_is_held_back_whatever_its_type(path: str) -> None:
+    """Stops a file or a symlink named `.vscode` (to an ordinary directory) passing unheld."""
+    assert sensitive_reason(path) is not None
+
+
+@pytest.mark.parametrize("path", [".github/ISSUE_TEMPLATE/bug.md", "github", ".vscodex",
+                                  "docs/.github.md", "docker"])
+def test_names_near_sensitive_ones_are_not_held_back(path: str) -> None:
+    assert sensitive_reason(path) is None
+
+
+def test_resolution_follows_links_the_patch_creates() -> None:
+    """Stops `a -> b/x` passing a lexical check while `b` (a new link) leads elsewhere."""
+    tree = FinalTree({"b": b"../..", "a": b"b/x"})
+    assert tree.resolve("a") == OUTSIDE
+    assert FinalTree({"l": b".", "a": b"l/../etc"}).resolve("a") == OUTSIDE
+
+
+def test_dotdot_after_a_link_goes_up_from_where_the_link_led() -> None:
+    """Stops a lexical reading of `l/../x` (`x`) when `l -> d1/d2` makes it `d1/x`."""
+    tree = FinalTree({"l": b"d1/d2", "a": b"l/../x"})
+    assert tree.resolve("a") == "d1/x"  # the kernel's answer, not the lexical `x`
+
+
+def test_absolute_targets_inside_the_checkout_are_followed() -> None:
+    tree = FinalTree({".vscode": f"{ROOT}/tools".encode()}, ROOT)
+    assert tree.resolve(".vscode") == "tools"
+    assert FinalTree({"x": b"/etc"}, ROOT).resolve("x") == OUTSIDE
+
+
+def test_loops_are_bounded() -> None:
+    assert FinalTree({"a": b"b", "b": b"a"}).resolve("a") == LOOP
+    assert FinalTree({"a": b"a"}).resolve("a/x") == LOOP
+
+
+def test_a_sensitive_link_makes_its_target_sensitive() -> None:
+    """Stops `.vscode -> tools` then writing tools/tasks.json (read as .vscode/tasks.json)."""
+    names = FinalTree({".vscode": b"tools"}).aliases("tools/tasks.json").names
+    assert ".vscode/tasks.json" in names
+
+
+def test_aliases_follow_chains_of_links() -> None:
+    """Stops `.github -> gh`, `gh/workflows -> wf`, then writing wf/ci.yml."""
+    tree = FinalTree({".github": b"gh", "gh/workflows": b"../wf"})
+    names = tree.aliases("wf/ci.yml").names
+    assert ".github/workflows/ci.yml" in names
+    assert any(sensitive_reason(n) for n in names)
+
+
+def test_a_link_to_the_root_is_bounded() -> None:
+    """Stops a self-referencing link making the alias search endless."""
+    al = FinalTree({"a": b".", "b": b"."}).aliases("x/y", limit=64)
+    assert "a/x/y" in al.names and len(al.names) <= 64
+
+
+def test_a_link_into_the_root_under_a_sensitive_name_makes_everything_sensitive() -> None:
+    """Stops `.vscode -> .` making the root's tasks.json read as .vscode/tasks.json."""
+    names = FinalTree({".vscode": b"."}).aliases("tasks.json").names
+    assert ".vscode/tasks.json" in names
+
+
+_comp = st.sampled_from(["a", "b", "c", "..", "."])
+_target = st.lists(_comp, min_size=1, max_size=5).map(lambda p: "/".join(p).encode())
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "a/b", "c/a"]), _target, max_size=4),
+       st.sampled_from(["a", "b", "c", "a/b", "c/a", "a/b/c"]))
+def test_resolution_never_escapes_unseen(links: dict[str, bytes], path: str) -> None:
+    """Whatever the links, a result is OUTSIDE, LOOP, or a clean path inside the checkout."""
+    r = FinalTree(links).resolve(path)
+    assert r in (OUTSIDE, LOOP) or all(c not in ("", ".", "..") for c in r.split("/")) or r == ""
+
+
+def _e(key: str, value: str | None, origin: str = "file:.git/config") -> Entry:
+    first, last = key.index("."), key.rindex(".")
+    sub = key[first + 1 : last] if last > first else None
+    return Entry(key[:first], sub, key[last + 1 :], value, origin)
+
+
+@pytest.mark.parametrize(("key", "value", "named"), [
+    ("core.fsmonitor", "tools/fsmon.sh", "tools/fsmon.sh"),
+    ("core.fsmonitor", "watch-hook", "watch-hook"),
+    ("core.hookspath", ".githooks", ".githooks"),
+    ("filter.lfs.clean", "./scripts/clean %f", "scripts/clean"),
+    ("filter.x.process", "bin/filter --serve", "bin/filter"),
+    ("diff.bin.textconv", "tools/conv", "tools/conv"),
+    ("diff.bin.command", "tools/difftool", "tools/difftool"),
+    ("merge.ours.driver", "scripts/merge.sh %O %A %B", "scripts/merge.sh"),
+    ("core.sshcommand", "ssh -F ./ssh_config", "ssh_config"),
+    ("core.editor", "./ed.sh", "ed.sh"),
+    ("core.pager", "tools/pager", "tools/pager"),
+    ("alias.up", "!./scripts/up.sh --fast", "scripts/up.sh"),
+    ("alias.co", "!sh -c 'tools/co \"$1\"' -", "tools/co"),
+    ("include.path", "../tools/git.cfg", "tools/git.cfg"),
+    ("includeif.gitdir:/x/.path", "../cfg/more", "cfg/more"),
+    ("credential.helper", "!tools/cred", "tools/cred"),
+    ("gpg.program", "bin/gpg", "bin/gpg"),
+    ("core.askpass", f"{ROOT}/ask.sh", "ask.sh"),
+    ("mytool.runner", "./scripts/run", "scripts/run"),  # a key git does not know
+])
+def test_files_the_git_config_runs_or_includes_are_sensitive(key: str, value: str,
+                                                             named: str) -> None:
+    """Stops a patch changing a program or include the checkout's git config names."""
+    found = Named(named_paths([_e(key, value)], ROOT, "/home/u"))
+    why = found.reason(named)
+    assert why is not None and value not in why
+
+
+def test_an_included_config_inside_the_checkout_is_sensitive() -> None:
+    """Stops changing a config file git includes, which could set core.fsmonitor."""
+    found = Named(named_paths([_e("user.name", "x", f"file:{ROOT}/tools/git.cfg")], ROOT,
+                              "/home/u"))
+    assert found.reason("tools/git.cfg") is not None
+
+
+def test_a_named_directory_names_everything_below_it() -> None:
+    found = Named(named_paths([_e("core.hookspath", "hooks-dir")], ROOT, "/home/u"))
+    assert found.reason("hooks-dir/pre-commit") is not None
+    assert found.reason("hooks-dirx/pre-commit") is None
+
+
+def test_ordinary_values_name_nothing_outside_and_no_plain_words() -> None:
+    entries = [_e("user.name", "Alice"), _e("branch.main.remote", "origin"),
+               _e("core.pager", "/usr/bin/less"), _e("core.hookspath", "/etc/hooks")]
+    assert set(named_paths(entries, ROOT, "/home/u")) == {".git/config"}  # the origin only
+
+
+def test_a_reason_never_shows_a_value_or_a_subsection() -> None:
+    """Stops a credential in a URL subsection or value reaching the report and the record."""
+    e = _e("url.https://u:TOKEN@h/.insteadof", "./x")
+    whys = named_paths([e], ROOT, "/home/u").values()
+    assert whys and all("TOKEN" not in w for w in whys)
+
+
+_names3 = ["a", "b", "c"]
+_all_paths = ["/".join(p) for n in (1, 2, 3) for p in __import__("itertools").product(
+    _names3, repeat=n)]
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "a/b", "b/c", "c/a"]),
+                       st.sampled_from([b".", b"..", b"a", b"b", b"c", b"a/b", b"../c", b"b/.."]),
+                       max_size=3),
+       st.sampled_from(["a", "b", "c", "a/b", "b/c", "c/a", "a/a", "c/c/c"]))
+def test_aliases_are_exactly_the_names_that_reach_the_path(links: dict[str, bytes],
+                                                           path: str) -> None:
+    """Stops a name that reaches a written file going unchecked (and a false alias).
+
+    Brute force over every path of up to three components: each one that
+    resolves where `path` resolves (through a link on its way) must be among
+    `aliases(path)`, and every alias must resolve there.
+    """
+    tree = FinalTree(links)
+    real = tree.resolve(path)
+    if real in (OUTSIDE, LOOP) or real != path:
+        return  # the door asks for aliases of paths it writes: no link on their way
+    al = tree.aliases(path)
+    for name in al.names:
+        assert tree.resolve(name) == real, name
+    if al.truncated:
+        return
+    for other in _all_paths:
+        if tree.resolve(other) == real:
+            assert other in al.names, (other, sorted(al.names))
+
+
+def test_the_checkout_scan_finds_every_link_but_none_in_git(tmp_path: Path) -> None:
+    import os
+
+    from tkbox.doors.changes.scan import checkout_links
+
+    (tmp_path / "a" / "b").mkdir(parents=True)
+    (tmp_path / ".git" / "x").mkdir(parents=True)
+    (tmp_path / ".git" / "x" / "l").symlink_to("y")
+    (tmp_path / "a" / "b" / ".vscode").symlink_to("../../tools")
+    (tmp_path / "top").symlink_to("/etc")
+    (tmp_path / "dirlink").symlink_to("a")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        assert checkout_links(fd) == {"a/b/.vscode": b"../../tools", "top": b"/etc",
+                                      "dirlink": b"a"}
+    finally:
+        os.close(fd)
+
+
+def test_a_checkout_past_the_scan_bound_is_refused(tmp_path: Path) -> None:
+    """Stops a checkout too large to scan hiding a sensitive symlink past the bound."""
+    import os
+
+    from tkbox.doors.changes.errors import PatchRefused
+    from tkbox.doors.changes.scan import checkout_links
+
+    for i in range(5):
+        (tmp_path / f"f{i}").write_text("x")
+    fd = os.open(tmp_path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        with pytest.raises(PatchRefused, match="more than 3 entries"):
+            checkout_links(fd, max_entries=3)
+    finally:
+        os.close(fd)
+
+
+@given(st.dictionaries(st.text(st.sampled_from("ab./"), min_size=1, max_size=6),
+                       st.binary(min_size=1, max_size=12), max_size=5),
+       st.text(st.sampled_from("ab./"), min_size=1, max_size=8))
+def test_any_links_and_path_resolve_without_error(links: dict[str, bytes], path: str) -> None:
+    """A hostile tree of links (any target bytes) yields a result, never an exception."""
+    tree = FinalTree(links, ROOT)
+    r = tree.resolve(path)
+    assert isinstance(r, str)
+    al = tree.aliases(path, limit=64)
+    assert al.names[0] == path and len(al.names) <= 64

@@ -1,0 +1,68 @@
+"""An image's Env and User, read as a container runtime reads them, from the image's own
+databases (which are as hostile as any other byte of the image)."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from tkbox.errors import UserError
+from tkbox.image.runconfig import MAX_ENV, image_env, resolve_user
+
+PASSWD = ("root:x:0:0:root:/root:/bin/sh\n# a comment\nbroken line\n"
+          "node:x:1000:1000::/home/node:/bin/sh\nsvc:x:998:997:svc:relative:/bin/false\n"
+          "odd:x:notanumber:1:::\n")
+GROUP = "root:x:0:\nnode:x:1000:\ndocker:x:999:node,svc\nstaff:x:50:svc\n"
+
+
+def test_a_name_resolves_with_its_home_and_groups() -> None:
+    u = resolve_user("node", PASSWD, GROUP)
+    assert u is not None and (u.uid, u.gid, u.groups, u.home) == (1000, 1000, (999, 1000),
+                                                                  "/home/node")
+
+
+def test_a_number_need_not_be_in_passwd() -> None:
+    u = resolve_user("4242", PASSWD, GROUP)
+    assert u is not None and (u.uid, u.gid, u.home) == (4242, 4242, "/")
+    u = resolve_user("1000", PASSWD, GROUP)
+    assert u is not None and u.home == "/home/node"  # a uid that is in passwd gets its home
+
+
+def test_a_group_by_name_or_number() -> None:
+    u = resolve_user("node:docker", PASSWD, GROUP)
+    assert u is not None and u.gid == 999
+    u = resolve_user("svc:12", PASSWD, GROUP)
+    assert u is not None and (u.uid, u.gid, u.home) == (998, 12, "/")  # a relative home is /
+
+
+@pytest.mark.parametrize("spec", ["", "root", "0", "0:0"])
+def test_root_means_nothing_to_switch(spec: str) -> None:
+    assert resolve_user(spec, PASSWD, GROUP) is None
+
+
+@pytest.mark.parametrize("spec,what", [("ghost", "'ghost'"), ("node:nogroup", "'nogroup'"),
+                                       ("odd", "'odd'"), ("99999999999", "'99999999999'")])
+def test_a_user_or_group_the_image_does_not_define_is_a_one_line_error(spec: str,
+                                                                         what: str) -> None:
+    with pytest.raises(UserError, match=what):
+        resolve_user(spec, PASSWD, GROUP)
+
+
+def test_env_keeps_valid_names_in_order_and_is_bounded() -> None:
+    env = image_env(("PATH=/a:/b", "A=1=2", "bad name=x", "=x", "NOEQ", "A=3", "Z=\x00x"))
+    assert env == {"PATH": "/a:/b", "A": "3"}
+    big = image_env(tuple(f"V{i}=x" for i in range(MAX_ENV * 2)))
+    assert len(big) == MAX_ENV
+
+
+@given(st.text(max_size=2000), st.text(max_size=2000), st.text(max_size=40))
+def test_any_database_and_spec_give_a_user_or_a_user_error(passwd: str, group: str,
+                                                           spec: str) -> None:
+    """Fuzz: an image's passwd, group and User never raise anything but UserError."""
+    try:
+        u = resolve_user(spec, passwd, group)
+    except UserError:
+        return
+    if u is not None:
+        assert 0 < u.uid < 2**32 and 0 <= u.gid < 2**32 and u.home.startswith("/")
