@@ -158,9 +158,13 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
         env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         env.setdefault("DISABLE_AUTOUPDATER", "1")
     name = spec.name or f"agent-{_random.token_hex(4)}"
-    return {"name": name, "image": image, "workspace": spec.workspace, "allow": allow,
-            "env": env, "secrets": secrets, "memory_mib": spec.memory_mib,
-            "vcpus": spec.vcpus}
+    opts: dict[str, Any] = {"name": name, "image": image, "workspace": spec.workspace,
+                            "allow": allow, "env": env, "secrets": secrets,
+                            "memory_mib": spec.memory_mib, "vcpus": spec.vcpus}
+    if spec.agent == "claude-code":
+        # recorded as model calls even when the host is not a preset's (a proxy, a stand-in)
+        opts["model_hosts"] = [spec.model_host.partition(":")[0]]
+    return opts
 
 
 def agent_argv(spec: AgentSpec) -> list[str]:
