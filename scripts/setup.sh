@@ -30,6 +30,9 @@ missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
 done
+# npm on the host gives the `npm` preset its registry (the Claude Code image is
+# installed through it); any npm will do, so only ask for Debian's when none runs.
+command -v npm >/dev/null 2>&1 || missing="$missing npm"
 if [ -n "$missing" ]; then
   echo "setup: installing system packages:$missing"
   $SUDO apt-get update -q

@@ -40,9 +40,9 @@ JsonOpt = Annotated[bool, typer.Option("--json", help="output for programs")]
 
 
 def _client() -> Any:
-    from tkbox.cli.client import DaemonClient
+    from tkbox.sdk import Client
 
-    return DaemonClient()
+    return Client()
 
 
 def _emit(data: Any, as_json: bool, human: Any = None) -> None:
@@ -131,12 +131,9 @@ def run(
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
-    from tkbox.doors.secrets.spec import parse_spec, read_value
+    from tkbox.sdk import secret_values
 
-    values: dict[str, str] = {}
-    for text in secret:
-        spec = parse_spec(text)  # read here, in the user's shell; sent over the private socket
-        values[spec.name] = read_value(spec).decode("ascii")
+    secret_values(secret)  # read here, in the user's shell: a bad --secret fails first
     if inspect == "all":
         err.print("tkbox: WARNING: --inspect all: every allowed host's TLS is read by the "
                   "door; clients that pin certificates will fail")
@@ -146,15 +143,14 @@ def run(
         if not eq:
             raise UserError(f"--env {item!r} must be NAME=VALUE")
         envs[k] = v
-    body = {"name": name, "workspace": str(workspace.resolve()), "image": image,
-            "allow": allow, "env": envs, "memory_mib": memory, "vcpus": cpus, "disk_mib": disk,
-            "secrets": secret, "secret_values": values, "inspect": inspect,
-            "model_hosts": model_host,
-            "timeout_s": parse_duration(timeout) if timeout is not None else None}
+    timeout_s = parse_duration(timeout) if timeout is not None else None
     _pull_first(image, as_json)
     with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
-        b = _client().call("POST", "/v1/boxes", json=body)
+        b = _client().run(name=name or None, workspace=workspace, image=image, allow=allow,
+                          env=envs, memory_mib=memory, vcpus=cpus, secrets=secret,
+                          inspect=inspect, model_hosts=model_host,
+                          timeout_s=timeout_s, disk_mib=disk).info.raw
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"
@@ -285,7 +281,7 @@ def _send_signal(name: str, exec_id: str, sig: int) -> None:
 @app.command()
 def stop(name: str, as_json: JsonOpt = False) -> None:
     """Stop a box: egress closes at once, the workspace patch is saved, the VM ends."""
-    b = _client().call("POST", f"/v1/boxes/{name}/stop")
+    b = _client().box(name, fetch=False).stop().raw
     p = b.get("patch", {})
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: stopped; patch saved ({p.get('bytes', 0)} bytes, "
@@ -295,8 +291,7 @@ def stop(name: str, as_json: JsonOpt = False) -> None:
 @app.command()
 def patch(name: str) -> None:
     """Print the patch saved when the box stopped."""
-    data = _client().call("GET", f"/v1/boxes/{name}/patch")
-    sys.stdout.buffer.write(base64.b64decode(data["patch_b64"]))
+    sys.stdout.buffer.write(_client().box(name, fetch=False).patch())
 
 
 @app.command()
@@ -312,9 +307,8 @@ def apply(
     if allow_sensitive:
         err.print("tkbox: WARNING: --allow-sensitive: held-back files (CI, hooks, credentials) "
                   "will be written too", style="bold red")
-    body = {"checkout": str(checkout.resolve()) if checkout else None,
-            "allow_sensitive": allow_sensitive, "dry_run": dry_run}
-    report = _client().call("POST", f"/v1/boxes/{name}/apply", json=body)
+    report = _client().box(name, fetch=False).apply(
+        checkout=checkout, allow_sensitive=allow_sensitive, dry_run=dry_run).raw
     if as_json:
         _emit(report, True)
     else:
@@ -350,16 +344,8 @@ def export(
     as_json: JsonOpt = False,
 ) -> None:
     """Close the box's run and write its bundle and trust file."""
-    from tkbox.record.export import trust_path_for, write_atomic
-
-    target = output or Path(f"{name}.tkb")
-    if not target.parent.is_dir():
-        raise UserError(f"directory {target.parent} does not exist")
-    data = _client().call("POST", f"/v1/boxes/{name}/export")
-    trust = trust_path_for(target)
-    write_atomic(target, base64.b64decode(data["bundle_b64"]))
-    write_atomic(trust, base64.b64decode(data["trust_b64"]))
-    _emit({"bundle": str(target), "trust": str(trust)}, as_json, lambda d: out.print(
+    r = _client().export(name, output or Path(f"{name}.tkb"))
+    _emit({"bundle": str(r.bundle), "trust": str(r.trust)}, as_json, lambda d: out.print(
         f"wrote {d['bundle']} and {d['trust']}. Check it: "
         f"tkbox verify {d['bundle']} --trust {d['trust']}"))
 
@@ -439,7 +425,7 @@ def logs(
 @app.command()
 def ls(as_json: JsonOpt = False) -> None:
     """List boxes."""
-    boxes = _client().call("GET", "/v1/boxes")["boxes"]
+    boxes = [b.raw for b in _client().boxes()]
 
     def human(bs: list[dict[str, Any]]) -> None:
         if not bs:
@@ -456,21 +442,21 @@ def ls(as_json: JsonOpt = False) -> None:
 @app.command()
 def inspect(name: str, as_json: JsonOpt = False) -> None:
     """Everything known about a box."""
-    b = _client().call("GET", f"/v1/boxes/{name}")
+    b = _client().box(name).info.raw
     _emit(b, as_json, lambda b: out.print_json(json.dumps(b, default=str)))
 
 
 @app.command()
 def rm(name: str, force: Annotated[bool, typer.Option(help="kill it if live")] = False) -> None:
     """Remove a box and its disks."""
-    _client().call("DELETE", f"/v1/boxes/{name}", params={"force": force})
+    _client().box(name, fetch=False).rm(force)
     out.print(f"removed {name}")
 
 
 @app.command()
 def approvals(as_json: JsonOpt = False) -> None:
     """Connections waiting for a person's answer."""
-    items = _client().call("GET", "/v1/approvals")["approvals"]
+    items = _client().approvals()
 
     def human(items: list[dict[str, Any]]) -> None:
         if not items:
@@ -488,14 +474,14 @@ def approvals(as_json: JsonOpt = False) -> None:
 @app.command()
 def approve(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
     """Let one waiting connection through."""
-    r = _client().call("POST", f"/v1/approvals/{box}/{approval_id}", json={"allow": True})
+    r = _client().answer(box, approval_id, True)
     _emit(r, as_json, lambda r: out.print(f"approved {box} #{approval_id}"))
 
 
 @app.command()
 def deny(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
     """Refuse one waiting connection."""
-    r = _client().call("POST", f"/v1/approvals/{box}/{approval_id}", json={"allow": False})
+    r = _client().answer(box, approval_id, False)
     _emit(r, as_json, lambda r: out.print(f"denied {box} #{approval_id}"))
 
 
@@ -561,6 +547,74 @@ def doctor(as_json: JsonOpt = False) -> None:
     _emit(results, as_json, human)
     if any(not r["ok"] and not r.get("optional") for r in results):
         raise typer.Exit(3)
+
+
+@app.command()
+def agent(
+    agent_name: Annotated[str, typer.Argument(
+        metavar="AGENT", help="claude-code, or command (with --agent-command)")],
+    prompt: Annotated[str, typer.Option(help="the task, as the agent is told it")] = "",
+    agent_command: Annotated[str | None, typer.Option(
+        help="shell command line to run instead (prompt in $TKBOX_PROMPT and stdin)")] = None,
+    timeout: Annotated[float, typer.Option(help="seconds the agent may run")] = 1800,
+    workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
+    image: Annotated[str | None, typer.Option(
+        help="image (default: tkbox/claude-code or tkbox/default)")] = None,
+    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    env: Annotated[list[str], typer.Option(help="NAME=VALUE for the box")] = [],  # noqa: B006
+    secret: Annotated[list[str], typer.Option(
+        help="NAME=env:VAR@host[,host][;header=H]")] = [],  # noqa: B006
+    name: Annotated[str | None, typer.Option(help="the box's name")] = None,
+    memory: Annotated[int, typer.Option(help="MiB")] = 2048,
+    cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
+    model_host: Annotated[str, typer.Option(help="the model API's host")] = "api.anthropic.com",
+    output_dir: Annotated[Path, typer.Option(help="where NAME.patch and NAME.tkb go")] = Path("."),
+    rebuild_image: Annotated[bool, typer.Option(help="build tkbox/claude-code again")] = False,
+    as_json: JsonOpt = False,
+) -> None:
+    """Run a coding agent headless in a box on a prompt; keep its patch and its bundle."""
+    from tkbox.agents.job import AgentSpec, check, run_job
+
+    envs: dict[str, str] = {}
+    for item in env:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise UserError(f"--env {item!r} must be NAME=VALUE")
+        envs[k] = v
+    spec = AgentSpec(agent=agent_name, prompt=prompt, command=agent_command,
+                     workspace=workspace.resolve(), image=image, allow=allow, env=envs,
+                     secrets=secret, name=name, memory_mib=memory, vcpus=cpus,
+                     timeout=timeout, out_dir=output_dir.resolve(), model_host=model_host)
+    check(spec)
+    client = _client()
+    client.info()  # no daemon: say so before building anything
+    if agent_name == "claude-code" and image is None:
+        from tkbox.agents.image import ensure_image
+
+        ensure_image(client, rebuild=rebuild_image,
+                     log=lambda m: print(f"tkbox: {m}", file=sys.stderr, flush=True))
+
+    def echo(data: bytes) -> None:
+        if not as_json:
+            sys.stderr.buffer.write(data)
+            sys.stderr.buffer.flush()
+
+    outcome = run_job(client, spec, echo=echo)
+    _emit(outcome.to_json(), as_json, lambda o: out.print(
+        f"{o['box']}: agent done (exit {o['status']}); patch {o['patch']} "
+        f"({o['patch_bytes']} bytes); bundle {o['bundle']}. Check it: "
+        f"tkbox verify {o['bundle']} --trust {o['trust']}", markup=False)
+        if not o["error"] else None)
+    outcome.raise_for_error()
+
+
+@app.command()
+def mcp(socket_path: Annotated[Path | None, typer.Option(
+        "--socket", help="the daemon's API socket")] = None) -> None:
+    """Serve the MCP tools (run, exec, stop, patch, apply, export, approvals) on stdio."""
+    from tkbox.mcp import serve_stdio
+
+    serve_stdio(str(socket_path) if socket_path else None)
 
 
 @app.command()

@@ -1,0 +1,302 @@
+"""One agent job: a box, the agent run headless in it on a prompt, then stop, patch, bundle.
+
+```
+check input ─▶ box (image, workspace, allowlist, secrets by reference)
+            ─▶ agent runs as an ordinary uid in /workspace, bounded by --timeout
+            ─▶ stop (egress closes, the patch is saved) ─▶ NAME.patch
+            ─▶ export ─▶ NAME.tkb + NAME.trust.json
+```
+
+Once the box exists, every path ends with the box stopped and its bundle
+exported, failure included: the record of a failed job is the product too.
+The job is judged by its effects and its exit status, never by what the agent
+says about itself: an agent that exits 0 but reports an error (Claude Code's
+`is_error`) failed; one that reports success has done only what the patch shows.
+
+Errors (`tkbox.errors`): bad input before the box is a `UserError`; once the
+box exists, an agent that fails, or runs past `--timeout`, is an `AgentFailed`
+(a `GuestError`: what ran in the box failed), raised after the bundle is out.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets as _random
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from tkbox.errors import GuestError, TkboxError, UserError
+from tkbox.sdk import Box, Client
+
+MAX_PROMPT = 64 * 1024
+MAX_AGENT_STDOUT = 8 * 1024 * 1024
+AGENT_UID = 1000
+KILL_GRACE = 10.0
+
+#: Runs as root in the box, then becomes an ordinary uid for the agent. Claude Code
+#: refuses to skip its permission prompts as root, and an agent has no business
+#: being root anyway. /workspace is handed to that uid (only content and mode
+#: changes reach the patch, so the ownership change does not).
+AS_AGENT = f"""set -eu
+grep -q '^tkbox-agent:' /etc/passwd || \\
+  echo 'tkbox-agent:x:{AGENT_UID}:{AGENT_UID}:tkbox agent:/home/tkbox-agent:/bin/sh' >> /etc/passwd
+grep -q '^tkbox-agent:' /etc/group || echo 'tkbox-agent:x:{AGENT_UID}:' >> /etc/group
+mkdir -p /home/tkbox-agent
+chown {AGENT_UID}:{AGENT_UID} /home/tkbox-agent
+chown -R {AGENT_UID}:{AGENT_UID} /workspace
+cd /workspace
+exec setpriv --reuid={AGENT_UID} --regid={AGENT_UID} --clear-groups \\
+  env HOME=/home/tkbox-agent USER=tkbox-agent LOGNAME=tkbox-agent "$@"
+"""
+
+
+class AgentFailed(GuestError):
+    """The agent in the box failed: it exited non-zero, ran past its time, or said so."""
+
+
+@dataclass
+class AgentSpec:
+    agent: str                      # "claude-code" or "command"
+    prompt: str
+    workspace: Path = Path(".")
+    command: str | None = None      # --agent-command: a shell command line
+    image: str | None = None
+    allow: list[str] = field(default_factory=list)
+    env: dict[str, str] = field(default_factory=dict)
+    secrets: list[str] = field(default_factory=list)
+    name: str | None = None
+    memory_mib: int = 2048
+    vcpus: int = 1
+    timeout: float = 1800.0
+    out_dir: Path = Path(".")
+    model_host: str = "api.anthropic.com"
+    key_env: str = "ANTHROPIC_API_KEY"
+
+
+@dataclass
+class AgentOutcome:
+    box: str
+    run_id: str = ""
+    status: int | None = None
+    timed_out: bool = False
+    agent_result: dict[str, Any] | None = None
+    patch: str | None = None
+    patch_bytes: int = 0
+    bundle: str | None = None
+    trust: str | None = None
+    error: str | None = None
+    seconds: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+    def raise_for_error(self) -> None:
+        if self.error:
+            raise AgentFailed(f"{self.error}; bundle {self.bundle or '(not exported)'}")
+
+
+AGENTS = ("claude-code", "command")
+
+
+def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
+    """Bad input is refused before any box exists."""
+    env = os.environ if environ is None else environ
+    if spec.agent not in AGENTS:
+        raise UserError(f"unknown agent {spec.agent!r}: use one of {', '.join(AGENTS)} "
+                        "(any other agent: 'tkbox agent command --agent-command CMD')")
+    if not spec.prompt.strip():
+        raise UserError("the prompt is empty: give the agent its task with --prompt TEXT")
+    if len(spec.prompt.encode()) > MAX_PROMPT:
+        raise UserError(f"the prompt is longer than {MAX_PROMPT // 1024} KiB; put the "
+                        "details in a file in the workspace and point the prompt at it")
+    if spec.agent == "command" and not (spec.command or "").strip():
+        raise UserError("'tkbox agent command' needs --agent-command CMD (a shell command "
+                        "line run in /workspace, with the prompt in $TKBOX_PROMPT and on stdin)")
+    if not 1 <= spec.timeout <= 24 * 3600:
+        raise UserError("--timeout must be between 1 and 86400 seconds")
+    if not spec.workspace.is_dir():
+        raise UserError(f"workspace {spec.workspace} does not exist or is not a directory")
+    if not spec.out_dir.is_dir():
+        raise UserError(f"output directory {spec.out_dir} does not exist")
+    if spec.agent == "claude-code" and not any(s.startswith(spec.key_env + "=")
+                                               for s in spec.secrets):
+        if not env.get(spec.key_env):
+            raise UserError(f"{spec.key_env} is not set: Claude Code needs an API key. Export "
+                            f"it (in CI: env: {spec.key_env}: ${{{{ secrets.{spec.key_env} }}}}); "
+                            "the box will only ever hold a placeholder for it")
+    if not re.match(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$", spec.model_host):
+        raise UserError(f"--model-host {spec.model_host[:80]!r} must be HOST or HOST:PORT")
+    if spec.name is not None and not re.match(r"^[a-z0-9][a-z0-9_.-]{0,62}$", spec.name):
+        raise UserError(f"box name {spec.name!r} is not valid: use lowercase letters, digits, "
+                        "'.', '_' and '-'")
+
+
+def box_options(spec: AgentSpec) -> dict[str, Any]:
+    """What the box is created with, for this agent."""
+    allow = list(spec.allow)
+    env = dict(spec.env)
+    secrets = list(spec.secrets)
+    image = spec.image or "tkbox/default"
+    if spec.agent == "claude-code":
+        image = spec.image or "tkbox/claude-code"
+        # HOST or HOST:PORT; a port other than 443 also goes to Claude Code's base URL
+        host, _, port = spec.model_host.partition(":")
+        if spec.model_host not in allow:
+            allow.append(spec.model_host)
+        if port and port != "443":
+            env.setdefault("ANTHROPIC_BASE_URL", f"https://{spec.model_host}")
+        if not any(s.startswith(spec.key_env + "=") for s in secrets):
+            secrets.append(f"{spec.key_env}=env:{spec.key_env}@{host};header=x-api-key")
+        # Claude Code's own setting: no telemetry, error reports or update checks.
+        env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
+        env.setdefault("DISABLE_AUTOUPDATER", "1")
+    name = spec.name or f"agent-{_random.token_hex(4)}"
+    opts: dict[str, Any] = {"name": name, "image": image, "workspace": spec.workspace,
+                            "allow": allow, "env": env, "secrets": secrets,
+                            "memory_mib": spec.memory_mib, "vcpus": spec.vcpus}
+    if spec.agent == "claude-code":
+        # recorded as model calls even when the host is not a preset's (a proxy, a stand-in)
+        opts["model_hosts"] = [spec.model_host.partition(":")[0]]
+    return opts
+
+
+def agent_argv(spec: AgentSpec) -> list[str]:
+    if spec.command:
+        inner = ["sh", "-c", spec.command]
+    else:
+        inner = ["claude", "-p", spec.prompt, "--output-format", "json",
+                 "--dangerously-skip-permissions"]
+    return ["sh", "-c", AS_AGENT, "tkbox-agent", *inner]
+
+
+def run_job(client: Client, spec: AgentSpec, *,
+            log: Callable[[str], None] = lambda m: print(m, file=sys.stderr, flush=True),
+            echo: Callable[[bytes], None] | None = None) -> AgentOutcome:
+    """Run one job to its end. Raises `UserError` (or the daemon's refusal) before the box
+    exists; once it does, returns the outcome, failed or not (`outcome.error`, and
+    `outcome.raise_for_error()`), with the bundle exported."""
+    check(spec)
+    opts = box_options(spec)
+    t0 = time.monotonic()
+    out = AgentOutcome(box=opts["name"])
+    box = client.run(**opts)  # a refusal here leaves nothing behind
+    out.run_id = box.info.run_id
+    log(f"tkbox: {spec.agent} running in box {box.name} ({box.info.accel}); "
+        f"timeout {spec.timeout:.0f}s")
+    try:
+        _run_agent(client, box, spec, out, echo)
+    except TkboxError as exc:
+        out.error = out.error or str(exc)
+    finally:
+        _finish(client, box, spec, out, log)
+        out.seconds = round(time.monotonic() - t0, 1)
+    return out
+
+
+def _run_agent(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
+               echo: Callable[[bytes], None] | None) -> None:
+    env = {"TKBOX_PROMPT": spec.prompt} if spec.command else {}
+    stdin = spec.prompt.encode() if spec.command else b""
+    stream = box.exec_stream(agent_argv(spec), cwd="/workspace", env=env, stdin=stdin)
+    fired = threading.Event()
+
+    def on_timeout() -> None:
+        fired.set()
+        # Another connection: the main one is busy reading the agent's output.
+        with Client(client.socket) as c:
+            for sig, wait in ((15, KILL_GRACE), (9, KILL_GRACE)):
+                if stream.exec_id is None or stream.result is not None:
+                    return
+                try:
+                    c.box(box.name, fetch=False).signal(stream.exec_id, sig)
+                except TkboxError:
+                    return
+                time.sleep(wait)
+            # The command ignored even SIGKILL's delivery: stopping the box ends it.
+            try:
+                c.box(box.name, fetch=False).stop()
+            except TkboxError:
+                pass
+
+    timer = threading.Timer(spec.timeout, on_timeout)
+    timer.daemon = True
+    timer.start()
+    stdout = bytearray()
+    broke: str | None = None
+    try:
+        for chunk in stream:
+            if chunk.fd == 1 and len(stdout) < MAX_AGENT_STDOUT:
+                stdout += chunk.data[:MAX_AGENT_STDOUT - len(stdout)]
+            if echo is not None:
+                echo(chunk.data)
+    except TkboxError as exc:
+        broke = str(exc)
+    finally:
+        timer.cancel()
+    result = stream.result
+    out.status = result.status if result else None
+    out.timed_out = fired.is_set()
+    if spec.agent == "claude-code" and not spec.command:
+        out.agent_result = _claude_result(bytes(stdout))
+    if out.timed_out:
+        out.error = f"the agent ran past --timeout {spec.timeout:.0f}s and was stopped"
+    elif broke is not None:
+        out.error = f"the agent's command broke off: {broke}"
+    elif result is None or result.status != 0:
+        why = f"status {result.status}" if result and result.status is not None else \
+            f"signal {result.signal}" if result and result.signal else \
+            (result.error if result and result.error else "no exit status")
+        out.error = f"the agent exited with {why}"
+    elif out.agent_result is not None and out.agent_result.get("is_error"):
+        sub = str(out.agent_result.get("subtype", "error"))[:60]
+        out.error = f"Claude Code reported an error ({sub})"
+    elif spec.agent == "claude-code" and not spec.command and out.agent_result is None:
+        out.error = "Claude Code printed no JSON result"
+
+
+def _claude_result(stdout: bytes) -> dict[str, Any] | None:
+    """Claude Code's `--output-format json` result object: the last JSON line that is one.
+
+    It comes from the box, so it is only read for a few known fields, never trusted.
+    """
+    for line in reversed(stdout.decode("utf-8", errors="replace").strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "result":
+            keep = ("subtype", "is_error", "num_turns", "result", "duration_ms",
+                    "permission_denials", "usage", "total_cost_usd")
+            return {k: obj[k] for k in keep if k in obj}
+    return None
+
+
+def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
+            log: Callable[[str], None]) -> None:
+    """Stop, keep the patch, export: each step tried whatever happened before it."""
+    try:
+        state = box.refresh().state
+        if state in ("running", "held"):
+            box.stop()
+    except TkboxError as exc:
+        out.error = out.error or f"the box could not be stopped cleanly: {exc}"
+    try:
+        data = box.patch()
+        p = spec.out_dir / f"{box.name}.patch"
+        p.write_bytes(data)
+        out.patch, out.patch_bytes = str(p), len(data)
+    except TkboxError as exc:
+        log(f"tkbox: no patch: {exc}")
+    try:
+        r = client.export(box, spec.out_dir / f"{box.name}.tkb")
+        out.bundle, out.trust = str(r.bundle), str(r.trust)
+    except TkboxError as exc:
+        out.error = out.error or f"the bundle could not be exported: {exc}"
+        log(f"tkbox: no bundle: {exc}")

