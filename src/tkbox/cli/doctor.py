@@ -68,9 +68,10 @@ def checks() -> list[dict[str, Any]]:
 def _signer_in_use() -> dict[str, Any]:
     """Which signer the running daemon records with (tkbox's or Tracekit's)."""
     try:
-        from tkbox.cli.client import DaemonClient
+        from tkbox.sdk import Client
 
-        info = DaemonClient(timeout=5.0).call("GET", "/v1/info")
+        with Client(timeout=5.0) as client:
+            info = client.call("GET", "/v1/info")
         s = info.get("signer") or {}
     except (TkboxError, AttributeError, OSError) as exc:
         return {"what": "signer in use", "ok": False, "optional": True, "detail": str(exc),
