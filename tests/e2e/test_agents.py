@@ -24,7 +24,6 @@ npm, then the npm package installed in a box through the door): minutes, once.
 
 from __future__ import annotations
 
-import datetime
 import http.server
 import json
 import os
@@ -37,11 +36,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
+
+from tkbox.image.testing import ScratchCA
 
 # The first job builds tkbox/claude-code (minutes, once); each job is one booted box.
 pytestmark = pytest.mark.timeout(3600)
@@ -84,34 +81,8 @@ def registry_permits() -> list[str]:
 
 
 def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox agents e2e CA")])
-    now = datetime.datetime.now(datetime.UTC)
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-          .public_key(key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(key, hashes.SHA256()))
-    leaf_key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME,
-                                                        "api.anthropic.com")]))
-            .issuer_name(name).public_key(leaf_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("api.anthropic.com"), x509.DNSName("other.test")]),
-                critical=False)
-            .sign(key, hashes.SHA256()))
-    ca_pem, cert, keyf = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
-    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    keyf.write_bytes(leaf_key.private_bytes(serialization.Encoding.PEM,
-                                            serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
-    return ca_pem, cert, keyf
+    ca = ScratchCA.create(tmp, ["api.anthropic.com", "other.test"])
+    return ca.ca_pem, ca.cert_pem, ca.key_pem
 
 
 def sse(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:

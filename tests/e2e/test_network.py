@@ -8,7 +8,6 @@ loopback stays refused there, whatever the allowlist says.
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import http.server
 import io
@@ -22,42 +21,16 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from e2e_stack import TKBOX, Stack, export_verified, fresh_name, make_home, stack_env
+
+from tkbox.image.testing import ScratchCA
 
 NAMES = ["origin.test", "other.test", "waits.test", "denied.test", "late.test"]
 
 
 def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox e2e test CA")])
-    now = datetime.datetime.now(datetime.UTC)
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-          .public_key(key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(days=1))
-          .not_valid_after(now + datetime.timedelta(days=2))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=None), critical=True)
-          .sign(key, hashes.SHA256()))
-    leaf_key = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "origin.test")]))
-            .issuer_name(name).public_key(leaf_key.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(days=1))
-            .not_valid_after(now + datetime.timedelta(days=2))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in NAMES]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    ca_pem, cert, keyf = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
-    ca_pem.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    cert.write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    keyf.write_bytes(leaf_key.private_bytes(serialization.Encoding.PEM,
-                                            serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
-    return ca_pem, cert, keyf
+    ca = ScratchCA.create(tmp, NAMES)
+    return ca.ca_pem, ca.cert_pem, ca.key_pem
 
 
 def make_wheel(root: Path) -> None:

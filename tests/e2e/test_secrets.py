@@ -20,7 +20,6 @@ this test's captured outputs) is scanned for the values in every form.
 from __future__ import annotations
 
 import base64
-import datetime
 import hashlib
 import http.server
 import json
@@ -36,14 +35,11 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 from e2e_stack import Stack, fresh_name, make_home, stack_env
 
 from tkbox import paths
 from tkbox.doors.secrets.scan import LeakScanner, patterns
+from tkbox.image.testing import ScratchCA
 
 GH_VALUE = "ghp_e2eRealTokenValue_7f3a9c"
 AK_VALUE = "sk-ant-e2eRealKeyValue-4b8d2e"
@@ -52,33 +48,8 @@ ALL_OUTPUT: list[str] = []
 
 def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
     """A test CA and one leaf for the stand-ins' names (PEM files)."""
-    now = datetime.datetime.now(datetime.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox secrets e2e CA")])
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-          .public_key(key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(hours=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(key, hashes.SHA256()))
-    lkey = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "origin.test")]))
-            .issuer_name(name).public_key(lkey.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName(
-                [x509.DNSName("origin.test"), x509.DNSName("api.anthropic.com")]),
-                critical=False)
-            .sign(key, hashes.SHA256()))
-    paths = tmp / "ca.pem", tmp / "cert.pem", tmp / "key.pem"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(lkey.private_bytes(serialization.Encoding.PEM,
-                                            serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
-    return paths
+    ca = ScratchCA.create(tmp, ["origin.test", "api.anthropic.com"])
+    return ca.ca_pem, ca.cert_pem, ca.key_pem
 
 
 def _authorized(h: http.server.BaseHTTPRequestHandler) -> bool:

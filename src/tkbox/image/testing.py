@@ -24,6 +24,7 @@ import ssl
 import subprocess
 import tarfile
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -109,7 +110,9 @@ class ScratchCA:
     key_pem: Path
 
     @classmethod
-    def create(cls, directory: Path) -> ScratchCA:
+    def create(cls, directory: Path, names: Sequence[str] = ()) -> ScratchCA:
+        """A CA and one server leaf for 127.0.0.1, localhost and `names` (DNS names; the
+        first, if any, is also the leaf's common name)."""
         from cryptography import x509
         from cryptography.hazmat.primitives import hashes, serialization
         from cryptography.hazmat.primitives.asymmetric import ec
@@ -133,14 +136,16 @@ class ScratchCA:
               .sign(ca_key, hashes.SHA256()))
         key = ec.generate_private_key(ec.SECP256R1())
         cert = (x509.CertificateBuilder()
-                .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "127.0.0.1")]))
+                .subject_name(x509.Name([x509.NameAttribute(
+                    NameOID.COMMON_NAME, names[0] if names else "127.0.0.1")]))
                 .issuer_name(ca_name).public_key(key.public_key())
                 .serial_number(x509.random_serial_number())
                 .not_valid_before(now - _dt.timedelta(minutes=5))
                 .not_valid_after(now + _dt.timedelta(days=1))
                 .add_extension(x509.SubjectAlternativeName([
                     x509.IPAddress(ipaddress.ip_address("127.0.0.1")),
-                    x509.DNSName("localhost")]), critical=False)
+                    x509.DNSName("localhost"), *(x509.DNSName(n) for n in names)]),
+                    critical=False)
                 .add_extension(x509.AuthorityKeyIdentifier.from_issuer_public_key(
                     ca_key.public_key()), critical=False)
                 .add_extension(x509.ExtendedKeyUsage([x509.oid.ExtendedKeyUsageOID.SERVER_AUTH]),

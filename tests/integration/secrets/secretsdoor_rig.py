@@ -13,7 +13,6 @@ say where the real value arrived, and answers:
 from __future__ import annotations
 
 import asyncio
-import datetime
 import http.server
 import json
 import ssl
@@ -21,11 +20,6 @@ import threading
 from collections.abc import Coroutine, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
-
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
 
 from tkbox.doors.network import (
     ApprovalBoard,
@@ -36,6 +30,7 @@ from tkbox.doors.network import (
     serve_tcp,
 )
 from tkbox.doors.secrets import Secret, SecretsDoor
+from tkbox.image.testing import ScratchCA
 from tkbox.record.client import FakeSigner
 
 T = TypeVar("T")
@@ -43,32 +38,8 @@ NAMES = ["api.bound.test", "other.test", "api.anthropic.com"]
 
 
 def make_ca(d: Path, names: Sequence[str] = NAMES) -> tuple[Path, Path, Path]:
-    now = datetime.datetime.now(datetime.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "secrets test CA")])
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-          .public_key(key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(hours=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(key, hashes.SHA256()))
-    lkey = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-            .issuer_name(name).public_key(lkey.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    paths = d / "ca.pem", d / "leaf.pem", d / "leaf.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(lkey.private_bytes(serialization.Encoding.PEM,
-                                            serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
-    return paths
+    ca = ScratchCA.create(d, names)
+    return ca.ca_pem, ca.cert_pem, ca.key_pem
 
 
 class _Handler(http.server.BaseHTTPRequestHandler):
