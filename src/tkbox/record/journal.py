@@ -56,23 +56,27 @@ class Journals:
     def __init__(self, directory: Path) -> None:
         self.dir = directory
         self._wake: dict[str, asyncio.Event] = {}
-        self._full: set[str] = set()
+        self._sizes: dict[str, int] = {}  # bytes in each run's journal; `room` once full
 
     def path(self, run_id: str) -> Path:
         return self.dir / f"{run_id}.jsonl"
 
     def append(self, run_id: str, entry: dict[str, Any]) -> None:
-        self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+        # Called after every acknowledged record: each run's size is read from disk once,
+        # then kept here, so the decision path costs one open and one write.
+        size = self._sizes.get(run_id)
         p = self.path(run_id)
+        if size is None:
+            self.dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+            size = p.stat().st_size if p.exists() else 0
+        room = MAX_JOURNAL - 256  # the last line, that says the journal is full, fits
+        if size >= room:
+            return
         entry = {"v": 1, "time": _dt.datetime.now(_dt.UTC).isoformat(timespec="milliseconds")
                  .replace("+00:00", "Z"), **_bounded(entry)}
         line = json.dumps(entry, sort_keys=True, ensure_ascii=False).encode() + b"\n"
-        size = p.stat().st_size if p.exists() else 0
-        room = MAX_JOURNAL - 256  # the last line, that says the journal is full, fits
-        if size >= room or run_id in self._full:
-            return
-        if size + len(line) > room:
-            self._full.add(run_id)
+        full = size + len(line) > room
+        if full:
             line = json.dumps({"v": 1, "op": "full", "time": entry["time"],
                                "limit": MAX_JOURNAL}).encode() + b"\n"
         fd = os.open(p, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o600)
@@ -80,6 +84,7 @@ class Journals:
             os.write(fd, line)
         finally:
             os.close(fd)
+        self._sizes[run_id] = room if full else size + len(line)
         ev = self._wake.pop(run_id, None)
         if ev is not None:
             ev.set()
