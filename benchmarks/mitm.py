@@ -36,7 +36,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import datetime
 import os
 import socket
 import ssl
@@ -45,6 +44,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from tkbox.image.testing import ScratchCA, free_port
 
 VALUE = b"ghp_BenchmarkSecretValue0123456789"
 PH = b"tkbox_GH_0123456789abcdef0123456789abcdef"
@@ -56,36 +57,9 @@ SMALL = b"x" * 2048
 
 
 def make_origin_cert(d: Path) -> tuple[Path, Path, Path]:
-    from cryptography import x509
-    from cryptography.hazmat.primitives import hashes, serialization
-    from cryptography.hazmat.primitives.asymmetric import ec
-    from cryptography.x509.oid import NameOID
-
-    now = datetime.datetime.now(datetime.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "bench CA")])
-    ca = (x509.CertificateBuilder().subject_name(name).issuer_name(name)
-          .public_key(key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(hours=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(key, hashes.SHA256()))
-    lkey = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, HOST)]))
-            .issuer_name(name).public_key(lkey.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(HOST)]), critical=False)
-            .sign(key, hashes.SHA256()))
-    paths = d / "origin-ca.pem", d / "origin.pem", d / "origin.key"
-    paths[0].write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    paths[1].write_bytes(leaf.public_bytes(serialization.Encoding.PEM))
-    paths[2].write_bytes(lkey.private_bytes(serialization.Encoding.PEM,
-                                            serialization.PrivateFormat.PKCS8,
-                                            serialization.NoEncryption()))
-    return paths
+    """The origin's CA, certificate and key (for HOST), in `d`."""
+    ca = ScratchCA.create(d / "origin", [HOST])
+    return ca.ca_pem, ca.cert_pem, ca.key_pem
 
 
 # --- the origin (its own process) -----------------------------------------------------
@@ -249,13 +223,6 @@ def mitmdump(venv: Path) -> Path:
         subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
         subprocess.run([str(venv / "bin" / "pip"), "install", "-q", "mitmproxy"], check=True)
     return exe
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port: int = s.getsockname()[1]
-        return port
 
 
 def wait_port(port: int, proc: subprocess.Popen[bytes]) -> None:

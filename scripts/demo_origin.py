@@ -15,7 +15,6 @@ and serves until killed:
 
 from __future__ import annotations
 
-import datetime
 import hashlib
 import http.server
 import io
@@ -25,10 +24,7 @@ import sys
 import zipfile
 from pathlib import Path
 
-from cryptography import x509
-from cryptography.hazmat.primitives import hashes, serialization
-from cryptography.hazmat.primitives.asymmetric import ec
-from cryptography.x509.oid import NameOID
+from tkbox.image.testing import ScratchCA
 
 WHEEL = "tkdemo-1.0-py3-none-any.whl"
 
@@ -52,30 +48,11 @@ def main() -> None:
     d = Path(sys.argv[1])
     names = sys.argv[2:]
     d.mkdir(parents=True, exist_ok=True)
-    now = datetime.datetime.now(datetime.UTC)
-    key = ec.generate_private_key(ec.SECP256R1())
-    ca_name = x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, "tkbox demo origins CA")])
-    ca = (x509.CertificateBuilder().subject_name(ca_name).issuer_name(ca_name)
-          .public_key(key.public_key()).serial_number(x509.random_serial_number())
-          .not_valid_before(now - datetime.timedelta(hours=1))
-          .not_valid_after(now + datetime.timedelta(days=1))
-          .add_extension(x509.BasicConstraints(ca=True, path_length=0), critical=True)
-          .sign(key, hashes.SHA256()))
-    lkey = ec.generate_private_key(ec.SECP256R1())
-    leaf = (x509.CertificateBuilder()
-            .subject_name(x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, names[0])]))
-            .issuer_name(ca_name).public_key(lkey.public_key())
-            .serial_number(x509.random_serial_number())
-            .not_valid_before(now - datetime.timedelta(hours=1))
-            .not_valid_after(now + datetime.timedelta(days=1))
-            .add_extension(x509.SubjectAlternativeName([x509.DNSName(n) for n in names]),
-                           critical=False)
-            .sign(key, hashes.SHA256()))
-    (d / "ca.pem").write_bytes(ca.public_bytes(serialization.Encoding.PEM))
-    (d / "leaf.pem").write_bytes(leaf.public_bytes(serialization.Encoding.PEM)
-                                 + lkey.private_bytes(serialization.Encoding.PEM,
-                                                      serialization.PrivateFormat.PKCS8,
-                                                      serialization.NoEncryption()))
+    # A CA and a leaf for the stand-in origins' names (the leaf's key appended,
+    # as http.server's TLS context loads one file).
+    ca = ScratchCA.create(d, names)
+    ca.ca_pem.replace(d / "ca.pem")
+    (d / "leaf.pem").write_bytes(ca.cert_pem.read_bytes() + ca.key_pem.read_bytes())
     token = os.environ["GH_TOKEN"]
     wheel = make_wheel()
     index = (f'<html><body><a href="/files/{WHEEL}#sha256={hashlib.sha256(wheel).hexdigest()}">'
