@@ -7,7 +7,7 @@ import ipaddress
 from typing import Any
 
 from tkbox.doors.network.config import OperatorConfig
-from tkbox.doors.network.door import TLS_ACCESS_DENIED, EgressDoor
+from tkbox.doors.network.door import EgressDoor
 from tkbox.doors.network.testing import (
     MemoryOrigin,
     aiotest,
@@ -16,6 +16,7 @@ from tkbox.doors.network.testing import (
     records,
     server_hello,
 )
+from tkbox.doors.network.tunnel import TLS_ACCESS_DENIED
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
 from tkbox.record.client import FakeSigner
 

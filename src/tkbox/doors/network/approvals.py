@@ -165,10 +165,13 @@ class ApprovalBoard:
     async def _wait(self, b: _Box, p: _Pending) -> Answer:
         p.waiters += 1
         remaining = p.opened + self.wait_seconds - self._clock.monotonic()
-        timer = asyncio.ensure_future(self._clock.sleep(max(0.0, remaining)))
         try:
-            waits: set[asyncio.Future[Any]] = {p.future, timer}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            # the expiry timer is a task of this wait's own group: it ends with the wait
+            async with asyncio.TaskGroup() as tg:
+                timer = tg.create_task(self._clock.sleep(max(0.0, remaining)))
+                waits: set[asyncio.Future[Any]] = {p.future, timer}
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                timer.cancel()
         except asyncio.CancelledError:
             # the connection went away; the last one to leave ends the approval
             if p.waiters == 1 and b.pending.pop(p.info.id, None) is not None:
@@ -176,7 +179,6 @@ class ApprovalBoard:
                 await self._record(p, "abandoned", by="the connection ended before an answer")
             raise
         finally:
-            timer.cancel()
             p.waiters -= 1
         if p.future.done():
             return p.future.result()
