@@ -111,7 +111,9 @@ class ApprovalBoard:
         b = self._boxes.pop(box, None)
         if b is None:
             return
-        for p in list(b.pending.values()):
+        stopped = list(b.pending.values())
+        b.pending.clear()  # ended here: a waiter leaving now must not end them again
+        for p in stopped:
             if not p.future.done():
                 p.future.set_result(Answer(p.info.id, "stopped"))
             await self._record(p, "stopped", by="tkbox (the box stopped)")
@@ -174,7 +176,8 @@ class ApprovalBoard:
                 timer.cancel()
         except asyncio.CancelledError:
             # the connection went away; the last one to leave ends the approval
-            if p.waiters == 1 and b.pending.pop(p.info.id, None) is not None:
+            if (p.waiters == 1 and b.pending.pop(p.info.id, None) is not None
+                    and not p.future.done()):
                 p.future.set_result(Answer(p.info.id, "abandoned"))
                 await self._record(p, "abandoned", by="the connection ended before an answer")
             raise
