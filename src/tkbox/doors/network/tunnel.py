@@ -55,9 +55,11 @@ class Interceptor(Protocol):
         host: str,
         port: int,
         leftover: bytes = b"",
-        counts: Any = None,
+        counts: Connection | None = None,
     ) -> dict[str, Any]:
-        """Serve one intercepted tunnel to its end; returns the completion's facts."""
+        """Serve one intercepted tunnel to its end; returns the completion's facts
+        (`ended`, and for a refusal `reason` and `stage`). Bytes relayed are added
+        to `counts.up` and `counts.down` as they pass, so the time limits see them."""
 
 
 @dataclass(frozen=True)
