@@ -147,6 +147,7 @@ class ApprovalBoard:
         b.opened.append(now)
         p = _Pending(info, run_id, now, asyncio.get_running_loop().create_future())
         b.pending[info.id] = p
+        recorded = False
         try:
             await self._signer.event(
                 run_id,
@@ -159,9 +160,10 @@ class ApprovalBoard:
                     "wait_ms": int(self.wait_seconds * 1000),
                 },
             )
-        except BaseException:
-            b.pending.pop(info.id, None)
-            raise
+            recorded = True
+        finally:
+            if not recorded:  # not in the record (signer down, or cancelled): never pending
+                b.pending.pop(info.id, None)
         return await self._wait(b, p)
 
     async def _wait(self, b: _Box, p: _Pending) -> Answer:
