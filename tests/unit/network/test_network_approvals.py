@@ -146,3 +146,20 @@ async def test_a_connection_that_goes_away_abandons_its_approval() -> None:
         await waiter
     assert b.list() == []
     assert signer.of_run("run-a", "tkbox.approval")[-1]["body"]["state"] == "abandoned"
+
+
+@aiotest
+async def test_a_waiter_cut_as_its_box_stops_leaves_quietly_and_is_recorded_once() -> None:
+    """The box's stop ends its approvals and cuts their connections in the same turn:
+    the waiter must leave with its cancellation (no error about an approval already
+    ended), and the record says `stopped` once, never also `abandoned`."""
+    b, signer, _ = board()
+    waiter = asyncio.ensure_future(b.wait_for_answer("demo", "run-a", "example.com", 443))
+    await settle()
+    asyncio.get_running_loop().call_soon(waiter.cancel)  # the cut, as the door's stop does
+    await b.stop_box("demo")
+    with pytest.raises(asyncio.CancelledError):
+        await waiter
+    states = [r["body"]["state"] for r in signer.of_run("run-a", "tkbox.approval")]
+    assert states == ["pending", "stopped"]
+    assert asyncio.all_tasks() == {asyncio.current_task()}

@@ -7,7 +7,7 @@ import ipaddress
 from typing import Any
 
 from tkbox.doors.network.config import OperatorConfig
-from tkbox.doors.network.door import TLS_ACCESS_DENIED, EgressDoor
+from tkbox.doors.network.door import EgressDoor
 from tkbox.doors.network.testing import (
     MemoryOrigin,
     aiotest,
@@ -16,6 +16,7 @@ from tkbox.doors.network.testing import (
     records,
     server_hello,
 )
+from tkbox.doors.network.tunnel import TLS_ACCESS_DENIED
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
 from tkbox.record.client import FakeSigner
 
@@ -460,3 +461,87 @@ def test_check_explains_without_dialing() -> None:
     assert door.check("git.example", 22).require_tls is False
     assert door.check("0x7f.1", 443).to_dict()["addresses"][0]["address"] == "127.0.0.1"
     assert isinstance(dialer, MemoryOrigin) and dialer.dialed == []
+
+
+def answering(response: bytes):  # type: ignore[no-untyped-def]
+    """An origin that reads a request head, then sends `response` and closes."""
+
+    async def origin(stream: ByteStream) -> None:
+        buf = b""
+        while b"\r\n\r\n" not in buf:
+            chunk = await stream.receive()
+            if not chunk:
+                break
+            buf += chunk
+        await stream.send_all(response)
+        await stream.send_eof()
+
+    return origin
+
+
+def completions(signer: FakeSigner) -> list[dict[str, Any]]:
+    return [r["outcome"] for r in signer.records if r["kind"] == "tkbox.complete"]
+
+
+@aiotest
+async def test_an_origins_malformed_response_is_a_502_blamed_on_the_origin() -> None:
+    """An origin that breaks HTTP is refused as the origin's fault (stage `origin`, 502),
+    never as the guest's."""
+    for response, why in [
+        (b"HTTP/1.1 200 OK\r\nContent-Length: 1\r\nContent-Length: 2\r\n\r\nx",
+         b"malformed response"),
+        # unasked for (the request head refuses Upgrade), so h11 reads it as malformed
+        (b"HTTP/1.1 101 Switching Protocols\r\nUpgrade: h2c\r\n\r\n", b"malformed response"),
+        (b"NOT HTTP AT ALL\r\n\r\n", b"malformed response"),
+    ]:
+        door, signer, _, _ = make_door(
+            ["example.org"], dns={"example.org": [PUBLIC]}, handler=answering(response)
+        )
+        guest, task = await open_conn(
+            door, b"GET http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n"
+        )
+        out = await read_all(guest)
+        await task
+        assert out.startswith(b"HTTP/1.1 502") and why in out, out
+        [c] = completions(signer)
+        assert c["ended"] == "refused" and c["stage"] == "origin" and c["status"] is None
+        [r] = refusals(signer)
+        assert r["stage"] == "origin" and "status" not in r and r["host"] == "example.org"
+
+
+@aiotest
+async def test_an_origin_that_stops_mid_response_is_recorded_without_a_second_answer() -> None:
+    door, signer, _, _ = make_door(
+        ["example.org"], dns={"example.org": [PUBLIC]},
+        handler=answering(b"HTTP/1.1 200 OK\r\nContent-Length: 10\r\n\r\nhalf"),
+    )
+    guest, task = await open_conn(
+        door, b"GET http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n"
+    )
+    out = await read_all(guest)
+    await task
+    assert out.startswith(b"HTTP/1.1 200") and b"502" not in out  # the response had begun
+    [c] = completions(signer)
+    assert c["ended"] == "refused" and c["stage"] == "origin" and c["status"] == 200
+    assert "without sending complete message body" in c["reason"]
+
+
+@aiotest
+async def test_no_task_of_a_connection_outlives_the_door_closing() -> None:
+    """A box's tasks all end when the box does: after `close()` only the origins'
+    handlers (owned by the test's MemoryOrigin) may remain."""
+    door, signer, dialer, _ = make_door(
+        ["git.example:22", "example.org"], dns={"git.example": [PUBLIC], "example.org": [PUBLIC]}
+    )
+    conns = [await open_conn(door, connect("git.example", 22)) for _ in range(3)]
+    for g, _t in conns:
+        assert (await read_head(g)).startswith(b"HTTP/1.1 200")
+    waiting = await open_conn(door, connect("example.org", 8443))  # waits for a person
+    await settle()
+    assert door.open_connections == 4
+    await door.close()
+    for _g, t in [*conns, waiting]:
+        await t
+    await dialer.aclose()
+    assert asyncio.all_tasks() == {asyncio.current_task()}
+    assert [c["ended"] for c in completions(signer)] == ["box stopped"] * 3

@@ -11,48 +11,52 @@ Public API (the daemon wires these):
 - `OperatorConfig.from_flags(block, permit, hosts_file, ca_certs)`.
 - `SystemResolver` / `FakeResolver`, `SystemClock` / `FakeClock`.
 - `describe_presets()` for `tkbox presets`.
+- `Interceptor`: what the door asks of the secrets door that plugs into its
+  tunnels (`EgressDoor(..., mitm=SecretsDoor(...))`).
 
-Module map: `addresses` (IP literals, unwrapping, refused ranges), `names`
-(normalised hosts), `allowlist`, `presets`, `request` (proxy request heads),
-`tls` (ClientHello/ServerHello inspection), `policy` (the decision),
-`approvals`, `resolver`, `config`, `clock` — all pure or nearly — and
-`door` (the asyncio shell), `listener` (a loopback TCP adapter).
+Module map. The pure core (no I/O): `addresses` (IP literals, unwrapping,
+refused ranges), `names` (normalised hosts), `allowlist`, `presets`,
+`request` (proxy request heads), `tls` (ClientHello/ServerHello inspection),
+`policy` (the decision), `records` (excerpts, refusal summaries), `config`;
+with `limits`, `approvals`, `resolver` and `clock` nearly so. The asyncio
+shell, one seam a module: `decide` (read the head, the allowlist, a person,
+addresses, the signer), `tunnel` (CONNECT: splice through the TLS check, or
+hand to the secrets door through `tunnel.Interceptor`), `relay` (one plain
+http:// request), `connection` (one connection's counts, ends, time limits
+and tasks), `door` (`EgressDoor`: wires them, dials, records), `listener`
+(a loopback TCP adapter). `testing` ships the fakes and builders.
 
-Errors (all from `tkbox.errors`):
-
-```
-GuestError
-├── AddressError      addresses: a numeric host that is no valid address
-├── HostNameError     names: a host, authority or port that is not valid
-├── BadRequest        request: malformed or refused request head (.status)
-└── TLSRefused        tls: bad TLS, hidden or mismatched server name
-RemoteError
-└── ResolveError      resolver: a name that does not resolve
-UserError             operator input (flags, --allow, hosts file)
-Refused               approvals: too many pending / opened a minute
-```
+Errors: the door's tree is drawn in `errors` (`Stage`, `EgressRefused`,
+`ConnectionEnded`, `OriginError`, and where each core's own error lives).
 """
 
 from tkbox.doors.network.approvals import Answer, ApprovalBoard, PendingApproval
 from tkbox.doors.network.clock import Clock, FakeClock, SystemClock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.door import EgressDoor, open_tcp
+from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, OriginError, Stage
 from tkbox.doors.network.listener import serve_tcp
 from tkbox.doors.network.policy import Explanation
 from tkbox.doors.network.presets import describe_presets
 from tkbox.doors.network.resolver import FakeResolver, Resolver, SystemResolver
+from tkbox.doors.network.tunnel import Interceptor
 
 __all__ = [
     "Answer",
     "ApprovalBoard",
     "Clock",
+    "ConnectionEnded",
     "EgressDoor",
+    "EgressRefused",
     "Explanation",
     "FakeClock",
     "FakeResolver",
+    "Interceptor",
     "OperatorConfig",
+    "OriginError",
     "PendingApproval",
     "Resolver",
+    "Stage",
     "SystemClock",
     "SystemResolver",
     "describe_presets",

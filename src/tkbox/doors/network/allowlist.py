@@ -12,8 +12,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
-from tkbox.doors.network import presets
 from tkbox.doors.network.names import Host, HostNameError, parse_host, parse_port, split_authority
+from tkbox.doors.network.presets import preset_entries
 from tkbox.errors import UserError
 
 DEFAULT_PORTS = (443, 80)
@@ -77,7 +77,7 @@ class Allowlist:
     def __init__(
         self,
         allow: Iterable[str],
-        expand: Callable[[str], tuple[str, ...] | None] = presets.preset_entries,
+        expand: Callable[[str], tuple[str, ...] | None] = preset_entries,
     ) -> None:
         self.entries: list[Entry] = []
         self.unknown_empty: list[str] = []  # presets that mean nothing on this host

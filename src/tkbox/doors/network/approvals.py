@@ -111,7 +111,9 @@ class ApprovalBoard:
         b = self._boxes.pop(box, None)
         if b is None:
             return
-        for p in list(b.pending.values()):
+        stopped = list(b.pending.values())
+        b.pending.clear()  # ended here: a waiter leaving now must not end them again
+        for p in stopped:
             if not p.future.done():
                 p.future.set_result(Answer(p.info.id, "stopped"))
             await self._record(p, "stopped", by="tkbox (the box stopped)")
@@ -145,6 +147,7 @@ class ApprovalBoard:
         b.opened.append(now)
         p = _Pending(info, run_id, now, asyncio.get_running_loop().create_future())
         b.pending[info.id] = p
+        recorded = False
         try:
             await self._signer.event(
                 run_id,
@@ -157,26 +160,30 @@ class ApprovalBoard:
                     "wait_ms": int(self.wait_seconds * 1000),
                 },
             )
-        except BaseException:
-            b.pending.pop(info.id, None)
-            raise
+            recorded = True
+        finally:
+            if not recorded:  # not in the record (signer down, or cancelled): never pending
+                b.pending.pop(info.id, None)
         return await self._wait(b, p)
 
     async def _wait(self, b: _Box, p: _Pending) -> Answer:
         p.waiters += 1
         remaining = p.opened + self.wait_seconds - self._clock.monotonic()
-        timer = asyncio.ensure_future(self._clock.sleep(max(0.0, remaining)))
         try:
-            waits: set[asyncio.Future[Any]] = {p.future, timer}
-            await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+            # the expiry timer is a task of this wait's own group: it ends with the wait
+            async with asyncio.TaskGroup() as tg:
+                timer = tg.create_task(self._clock.sleep(max(0.0, remaining)))
+                waits: set[asyncio.Future[Any]] = {p.future, timer}
+                await asyncio.wait(waits, return_when=asyncio.FIRST_COMPLETED)
+                timer.cancel()
         except asyncio.CancelledError:
             # the connection went away; the last one to leave ends the approval
-            if p.waiters == 1 and b.pending.pop(p.info.id, None) is not None:
+            if (p.waiters == 1 and b.pending.pop(p.info.id, None) is not None
+                    and not p.future.done()):
                 p.future.set_result(Answer(p.info.id, "abandoned"))
                 await self._record(p, "abandoned", by="the connection ended before an answer")
             raise
         finally:
-            timer.cancel()
             p.waiters -= 1
         if p.future.done():
             return p.future.result()

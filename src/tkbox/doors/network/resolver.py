@@ -61,10 +61,10 @@ class SystemResolver(Resolver):
     async def resolve(self, name: str, port: int) -> list[IPAddress]:
         loop = asyncio.get_running_loop()
         try:
-            infos = await asyncio.wait_for(
-                loop.getaddrinfo(name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP),
-                self.timeout,
-            )
+            async with asyncio.timeout(self.timeout):
+                infos = await loop.getaddrinfo(
+                    name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
+                )
         except TimeoutError:
             raise ResolveError(f"{name} did not resolve within {self.timeout:g} s") from None
         except (OSError, UnicodeError) as exc:

@@ -12,10 +12,12 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import contextvars
 import functools
 import ipaddress
 import os
-from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
+from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -35,15 +37,30 @@ from tkbox.doors.network.tls import (
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
 from tkbox.record.client import FakeSigner
 
+#: the origins `make_door` built in the running `aiotest`, closed when it ends
+_ORIGINS: contextvars.ContextVar[list[MemoryOrigin]] = contextvars.ContextVar("origins")
+
 
 def aiotest(
     fn: Callable[..., Coroutine[Any, Any, None]],
 ) -> Callable[..., None]:
-    """Run an async test function in a fresh event loop, bounded to 20 s."""
+    """Run an async test function in a fresh event loop, bounded to 20 s; then close
+    (cancel and await the handlers of) every `MemoryOrigin` that `make_door` built."""
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> None:
-        asyncio.run(asyncio.wait_for(fn(*args, **kwargs), 20))
+        async def main() -> None:
+            origins: list[MemoryOrigin] = []
+            token = _ORIGINS.set(origins)
+            try:
+                async with asyncio.timeout(20):
+                    await fn(*args, **kwargs)
+            finally:
+                _ORIGINS.reset(token)
+                for origin in origins:
+                    await origin.aclose()
+
+        asyncio.run(main())
 
     return wrapper
 
@@ -113,17 +130,21 @@ def records(message: bytes, ctype: int = CT_HANDSHAKE, size: int = 1 << 14) -> b
 
 CCS = bytes([20, 3, 3, 0, 1, 1])
 
-OriginHandler = Callable[[ByteStream], Awaitable[None]]
+OriginHandler = Callable[[ByteStream], Coroutine[Any, Any, None]]
 
 
 @dataclass
 class MemoryOrigin:
-    """A dialer to in-memory origins; records every (address, port) dialed."""
+    """A dialer to in-memory origins; records every (address, port) dialed.
+
+    Each dialed connection is served by `handler` in a task this origin owns:
+    it ends when the handler returns, or at `aclose()`, which cancels and awaits
+    every one still running (`aiotest` closes the origins `make_door` built)."""
 
     handler: OriginHandler
     dialed: list[tuple[str, int]] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)
-    tasks: list[asyncio.Task[None]] = field(default_factory=list)
+    tasks: set[asyncio.Task[None]] = field(default_factory=set)
     streams: list[MemoryStream] = field(default_factory=list)
 
     async def __call__(self, address: str, port: int) -> ByteStream:
@@ -132,8 +153,17 @@ class MemoryOrigin:
             raise ConnectionRefusedError(address)
         ours, theirs = memory_stream_pair(limit=64 * 1024)
         self.streams.append(theirs)
-        self.tasks.append(asyncio.ensure_future(self.handler(theirs)))
+        task = asyncio.get_running_loop().create_task(self.handler(theirs))
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
         return ours
+
+    async def aclose(self) -> None:
+        """Cancel every handler still running and wait until each has ended."""
+        tasks = list(self.tasks)
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 async def echo(stream: ByteStream) -> None:
@@ -167,6 +197,8 @@ def make_door(
     clock = clock if clock is not None else FakeClock()
     board = board if board is not None else ApprovalBoard(signer, clock)
     origin = MemoryOrigin(handler)
+    with contextlib.suppress(LookupError):  # outside an `aiotest`, the caller closes it
+        _ORIGINS.get().append(origin)
     own_set = frozenset(ipaddress.ip_address(a) for a in own)
     door = EgressDoor(
         run_id,
