@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tkbox.guest import rpc
+from tkbox.guest import oomwatch, rpc
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
@@ -789,6 +789,8 @@ async def amain(fd: int, templated: bool) -> None:
         write_etc(cfg)
         lo_up()
         log(confine_commands())
+        if (COMMANDS_CGROUP / "memory.max").exists():
+            oomwatch.start(COMMANDS_CGROUP, log)
         agent = Agent(ports, cfg, reaper)
         server = await asyncio.start_server(agent.forward, *PROXY_ADDR)
         ports.serve(PORT_RPC, agent.handle_rpc)
