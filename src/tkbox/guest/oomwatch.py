@@ -118,4 +118,6 @@ def start(cgroup: Path, log: Log) -> threading.Thread | None:
 
     thread = threading.Thread(target=watch, name="oomwatch", daemon=True)
     thread.start()
+    log(f"a command group stalled on memory for {STALL_US // 1000} ms of every "
+        f"{WINDOW_US // 1000} ms at its limit loses its largest process")
     return thread

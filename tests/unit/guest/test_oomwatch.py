@@ -96,7 +96,7 @@ def test_a_real_kernel_accepts_the_trigger_and_the_watch_runs() -> None:
     logged: list[str] = []
     thread = oomwatch.start(root, logged.append)
     assert thread is not None and thread.is_alive() and thread.daemon, logged
-    assert logged == []
+    assert len(logged) == 1 and "loses its largest process" in logged[0]
 
 
 def test_no_psi_is_a_log_line_not_a_failure(tmp_path: Path) -> None:
