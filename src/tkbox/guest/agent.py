@@ -434,7 +434,8 @@ def confine_commands() -> str:
     reclaiming file pages (the agent's own code among them) instead of killing
     anything: under emulation the box then stalls for many minutes. With it,
     the commands' group hits `memory.max` first and the kernel's OOM killer
-    ends the largest command at once; the agent (and the record) carry on.
+    ends the largest command; the agent (and the record) carry on. Where the
+    kernel lets the group thrash instead, `oomwatch` ends it.
     Returns what was done, for the log; a kernel without memory cgroups is
     left as it was.
     """
