@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tkbox.guest import rpc
+from tkbox.guest import oomwatch, rpc
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
@@ -434,7 +434,8 @@ def confine_commands() -> str:
     reclaiming file pages (the agent's own code among them) instead of killing
     anything: under emulation the box then stalls for many minutes. With it,
     the commands' group hits `memory.max` first and the kernel's OOM killer
-    ends the largest command at once; the agent (and the record) carry on.
+    ends the largest command; the agent (and the record) carry on. Where the
+    kernel lets the group thrash instead, `oomwatch` ends it.
     Returns what was done, for the log; a kernel without memory cgroups is
     left as it was.
     """
@@ -789,6 +790,8 @@ async def amain(fd: int, templated: bool) -> None:
         write_etc(cfg)
         lo_up()
         log(confine_commands())
+        if (COMMANDS_CGROUP / "memory.max").exists():
+            oomwatch.start(COMMANDS_CGROUP, log)
         agent = Agent(ports, cfg, reaper)
         server = await asyncio.start_server(agent.forward, *PROXY_ADDR)
         ports.serve(PORT_RPC, agent.handle_rpc)
