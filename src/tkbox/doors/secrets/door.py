@@ -36,13 +36,14 @@ from typing import Any
 
 import h11
 
+from tkbox.doors.network.errors import OriginError
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
 from tkbox.doors.secrets.scan import scan_once
 from tkbox.doors.secrets.spec import Secret
 from tkbox.doors.secrets.tlsstream import TLSError, TLSStream
-from tkbox.errors import GuestError, RemoteError, TkboxError
+from tkbox.errors import GuestError, TkboxError
 from tkbox.protocol.streams import ByteStream, StreamClosed
 
 log = logging.getLogger(__name__)
@@ -196,7 +197,7 @@ class SecretsDoor:
             stats["ended"] = "refused request"
             stats["reason"] = exc.message
             await self._answer_guest(guest, gconn, 400, exc.message)
-        except _OriginBad as exc:
+        except OriginError as exc:
             stats["ended"] = "origin error"
             stats["reason"] = exc.message
             await self._answer_guest(guest, gconn, 502, exc.message)
@@ -322,10 +323,10 @@ class SecretsDoor:
         status: int | None = None
         down = 0
         while True:
-            ev = await self._next(oconn, origin, _OriginBad)
+            ev = await self._next(oconn, origin, OriginError)
             if isinstance(ev, h11.InformationalResponse | h11.Response):
                 if ev.status_code == 101:
-                    raise _OriginBad("refused: the origin switched protocols, which an "
+                    raise OriginError("refused: the origin switched protocols, which an "
                                      "intercepted tunnel does not carry")
                 headers, n = rules.redact_headers([(bytes(k), bytes(v))
                                                    for k, v in ev.headers.raw_items()])
@@ -333,7 +334,7 @@ class SecretsDoor:
                 for k, v in headers:
                     if k.lower() == b"content-encoding" and v.strip().lower() not in (
                             b"", b"identity"):
-                        raise _OriginBad(f"refused: {host} sent an encoded response "
+                        raise OriginError(f"refused: {host} sent an encoded response "
                                          f"({v[:32].decode('ascii', 'replace')}) after being "
                                          "asked for identity; it cannot be redacted")
                 cls = h11.Response if isinstance(ev, h11.Response) else h11.InformationalResponse
@@ -362,13 +363,9 @@ class SecretsDoor:
                 await guest.send_all(gconn.send(h11.EndOfMessage(headers=trailers)) or b"")
                 return status, down, model
             else:
-                raise _OriginBad(f"the origin {host} closed the connection before its "
+                raise OriginError(f"the origin {host} closed the connection before its "
                                  "response ended")
 
 
 class _GuestBad(GuestError):
-    pass
-
-
-class _OriginBad(RemoteError):
     pass
