@@ -2,7 +2,7 @@
 
 One connection carries every request, pipelined (each has an id; answers
 may come in any order). A second connection, opened by `pushes()`, carries
-the signer's holds, releases and quarantines. Frames are `tkbox.signer.wire`.
+the signer's holds, releases and quarantines. Frames are `tkbox.formats.wire`.
 
 Fail closed: no socket, a connection that breaks, an answer that does not
 come within `timeout`, a frame we cannot read, or a request the signer will
@@ -22,8 +22,8 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.errors import SignerRefused, SignerUnavailable
+from tkbox.formats import wire
 from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
-from tkbox.signer import wire
 
 EXPORT_LIMIT = 512 << 20
 
