@@ -33,7 +33,7 @@ from tkbox.doors.network.tls import (
     HS_SERVER_HELLO,
 )
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 
 def aiotest(
