@@ -126,11 +126,3 @@ def _unrecordable(value: Any, path: str = "body") -> str | None:
                 return why
         return None
     return f"{path} is a {type(value).__name__}"
-
-
-def __getattr__(name: str) -> object:
-    # A clear word for code written before the fake moved (a merge, an old branch).
-    if name in ("FakeSigner", "allow_all", "Policy"):
-        raise AttributeError(f"tkbox.record.client.{name} moved to tkbox.record.testing "
-                             "(test code only; production never imports it)")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
