@@ -16,6 +16,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import tkbox
 import tkbox.signer
 
 
@@ -81,6 +82,26 @@ def test_no_signer_module_names_daemon_code_even_in_a_function() -> None:
     signer = Path(tkbox.signer.__file__).parent
     bad = {f"{py.name}: {m}" for py in sorted(signer.rglob("*.py"))
            for m in _imports_in(py) if m.startswith(SIGNER_FORBIDS)}
+    assert not bad
+
+
+def _is_test_helper(module: str) -> bool:
+    return module.rsplit(".", 1)[-1] == "testing"
+
+
+def test_no_production_module_imports_a_test_fake() -> None:
+    """Test fakes (`record.testing.FakeSigner`, which keeps every record in memory; the
+    network, image and other `testing` modules) never run in production: only tests and
+    other `testing` modules import them, at any depth. `--unrecorded` has its own
+    explicit unsafe signer (`record.unrecorded`) for that reason."""
+    package = Path(tkbox.__file__).parent
+    bad = set()
+    for py in sorted(package.rglob("*.py")):
+        if py.stem == "testing":
+            continue
+        for m in _imports_in(py):
+            if _is_test_helper(m) and m.startswith("tkbox."):
+                bad.add(f"{py.relative_to(package)}: {m}")
     assert not bad
 
 
