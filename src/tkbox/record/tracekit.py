@@ -736,8 +736,10 @@ class TracekitSignerClient(SignerClient):
         finally:
             if poller is not None:
                 poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await poller
+                # It ends; a cancellation of our own consumer still goes through.
+                await asyncio.wait([poller])
+                if not poller.cancelled():
+                    poller.exception()  # retrieved (the poller only ends by cancel)
 
     async def _poll(self) -> None:
         """Without a webhook: every POLL_S, `read` each open run from its last
