@@ -43,7 +43,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -142,10 +141,9 @@ class ImageStore:
     def read_blob(self, digest: str, limit: int) -> bytes:
         return self.blobs.read_blob(digest, limit)
 
-    @contextlib.contextmanager
-    def blob_writer(self, digest: str, size: int | None) -> Iterator[BlobWriter]:
-        with self.blobs.blob_writer(digest, size) as w:
-            yield w
+    def blob_writer(self, digest: str,
+                    size: int | None) -> contextlib.AbstractContextManager[BlobWriter]:
+        return self.blobs.blob_writer(digest, size)
 
     def put_bytes(self, data: bytes, digest: str | None = None) -> str:
         return self.blobs.put_bytes(data, digest)

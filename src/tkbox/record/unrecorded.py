@@ -48,8 +48,6 @@ DECISION_ID = "unrecorded"
 class UnrecordedSigner(SignerClient):
     """UNSAFE: allows what the daemon's own rules allow, and keeps nothing."""
 
-    unsafe = True  # for anything that reports which signer a daemon runs on
-
     def __init__(self, *, max_runs: int = MAX_RUNS) -> None:
         if max_runs < 1:
             raise InternalError("an UnrecordedSigner must remember at least one run")
