@@ -96,6 +96,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tkbox._fs import write_atomic
 from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
 from tkbox.record.tracekit_map import (
@@ -319,12 +320,11 @@ class TracekitSignerClient(SignerClient):
         path = self._token_file(run_id)
         if path is not None:
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(token)
-            except OSError as exc:
+                # Whole or not at all: a daemon that restarts reads it back.
+                write_atomic(path, token.encode(), 0o600)
+            except HostError as exc:
                 raise SignerUnavailable(f"cannot keep run {run_id}'s token in {path} "
-                                        f"({exc.strerror or exc})") from None
+                                        f"({exc})") from None
         await self.event(run_id, "tkbox.run.open", facts)
 
     async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
