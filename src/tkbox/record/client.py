@@ -103,7 +103,7 @@ class SignerClient(ABC):
 
 
 
-def _unrecordable(value: Any, path: str = "body") -> str | None:
+def unrecordable(value: Any, path: str = "body") -> str | None:
     """Why `value` cannot be a record field, or None."""
     if value is None or isinstance(value, (bool, str)):
         return None
@@ -113,7 +113,7 @@ def _unrecordable(value: Any, path: str = "body") -> str | None:
         return f"{path} is a float"
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            why = _unrecordable(v, f"{path}[{i}]")
+            why = unrecordable(v, f"{path}[{i}]")
             if why:
                 return why
         return None
@@ -121,7 +121,7 @@ def _unrecordable(value: Any, path: str = "body") -> str | None:
         for k, v in value.items():
             if not isinstance(k, str):
                 return f"{path} has a non-string key"
-            why = _unrecordable(v, f"{path}.{k}")
+            why = unrecordable(v, f"{path}.{k}")
             if why:
                 return why
         return None

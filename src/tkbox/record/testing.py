@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tkbox.errors import SignerRefused, SignerUnavailable
-from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict, _unrecordable
+from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict, unrecordable
 
 Policy = Callable[[str, Action, JSON, JSON], tuple[bool, str]]
 
@@ -53,7 +53,7 @@ class FakeSigner(SignerClient):
     def _append(self, run_id: str, kind: str, body: JSON) -> str:
         # As the real client does: records hold JSON objects, strings, booleans
         # and integers only, so a float (or anything else) is refused here too.
-        why = _unrecordable(dict(body))
+        why = unrecordable(dict(body))
         if why:
             raise SignerUnavailable(f"{kind} cannot be recorded: {why} (records hold JSON "
                                     "objects, strings, booleans and integers only)")

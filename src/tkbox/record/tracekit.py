@@ -98,7 +98,15 @@ from typing import Any
 
 from tkbox._fs import write_atomic
 from tkbox.errors import HostError, SignerUnavailable, UserError
-from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
+from tkbox.record.client import (
+    JSON,
+    Action,
+    Export,
+    Push,
+    SignerClient,
+    Verdict,
+    unrecordable,
+)
 from tkbox.record.tracekit_map import (
     INCIDENT_PUSH,
     WEBHOOK_BODY_MAX,
@@ -534,9 +542,7 @@ class TracekitSignerClient(SignerClient):
 
 
 def _check_recordable(value: Mapping[str, Any] | dict[str, Any]) -> None:
-    from tkbox.record.client import _unrecordable
-
-    why = _unrecordable(dict(value))
+    why = unrecordable(dict(value))
     if why:
         raise SignerUnavailable(f"cannot be recorded: {why} (records hold JSON objects, "
                                 "strings, booleans and integers only)")
