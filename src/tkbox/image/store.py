@@ -54,6 +54,7 @@ from tkbox.image import pull as pulling
 from tkbox.image._fs import Lock, TempArea, host_error, temp_file
 from tkbox.image.blobs import BlobStore, BlobWriter
 from tkbox.image.disks import Disks
+from tkbox.image.layout import open_layout
 from tkbox.image.names import Entry, Names
 from tkbox.image.progress import NullProgress, ProgressEvent, ProgressSink
 from tkbox.image.reference import (
@@ -246,8 +247,6 @@ class ImageStore:
         return self._ready(self._image(key, digest, index_digest=index_digest), sink)
 
     async def _from_layout(self, ref: LayoutRef, sink: ProgressSink) -> Image:
-        from tkbox.image.layout import open_layout
-
         def work(cancel: threading.Event) -> Image:
             with self.writing(), open_layout(ref) as layout:
                 key, digest, index_digest = pulling.copy_layout(
