@@ -22,7 +22,7 @@ from pathlib import Path
 
 from tkbox.doors.changes import apply_patch
 from tkbox.guest.diff import write_patch
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 
 def build(root: Path, n: int) -> bytes:

@@ -46,7 +46,8 @@ from tkbox.daemon.manager import BoxManager, BoxSpec, Options
 from tkbox.image.initramfs import build
 from tkbox.image.kernel import find_kernel
 from tkbox.image.store import ImageStore
-from tkbox.record.client import FakeSigner, SignerClient
+from tkbox.record.client import SignerClient
+from tkbox.record.testing import FakeSigner
 from tkbox.record.unix import UnixSignerClient
 from tkbox.vm.base import Disk, VMSpec
 from tkbox.vm.qemu import QemuLauncher, build_argv, decide_accel

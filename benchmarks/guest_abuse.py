@@ -53,7 +53,7 @@ from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
 from tkbox.protocol.streams import AsyncioStream, ByteStream
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 from tkbox.vm.base import VM, Launcher, VMSpec
 from tkbox.vm.fake import FakeLauncher
 

@@ -106,7 +106,7 @@ async def serve_door(origin_ca: str, hosts: str, port: int, box_ca_out: str) -> 
         serve_tcp,
     )
     from tkbox.doors.secrets import Secret, SecretsDoor, SecretSpec
-    from tkbox.record.client import FakeSigner
+    from tkbox.record.testing import FakeSigner
 
     signer = FakeSigner()
     await signer.open_run("bench", {})

@@ -174,7 +174,7 @@ class TracekitSigner:
     def __init__(self) -> None:
         import re
 
-        from tkbox.record.tracekit import init_dev, tracekit_command
+        from tkbox.record.tracekit_setup import init_dev, tracekit_command
 
         self.root = Path(tempfile.mkdtemp(prefix="tkbt-", dir=os.environ.get("TMPDIR", "/tmp")))
         self.setup = init_dev(self.root / "tk")

@@ -270,7 +270,8 @@ def _exit(ev: dict[str, Any], command: str) -> ExecResult:
 
 
 def _write_export(data: dict[str, Any], target: Path) -> ExportResult:
-    from tkbox.record.export import trust_path_for, write_atomic
+    from tkbox._fs import write_atomic
+    from tkbox.record.export import trust_path_for
 
     if not target.parent.is_dir():
         raise UserError(f"directory {target.parent} does not exist")

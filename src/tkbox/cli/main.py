@@ -359,7 +359,7 @@ def cp(
     """Copy one file into a running box (LOCAL BOX:PATH) or out of it (BOX:PATH LOCAL).
     Each copy is a crossing: decided and recorded with its path, size and hash. Code
     changes still return only through 'tkbox apply'."""
-    from tkbox.record.export import write_atomic
+    from tkbox._fs import write_atomic
 
     def split(arg: str) -> tuple[str, str] | None:
         box, colon, path = arg.partition(":")
@@ -627,7 +627,7 @@ def report(
 ) -> None:
     """Verify a bundle, then write it as one self-contained HTML page: VERIFIED or FAILED at
     the top, then the run as a timeline. Exits 4 (the page still written) when it fails."""
-    from tkbox.record.export import write_atomic
+    from tkbox._fs import write_atomic
     from tkbox.report import build_report, render_html
     from tkbox.verify.cli import MAX_READ
 

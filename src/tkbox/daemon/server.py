@@ -15,7 +15,6 @@ import os
 import signal
 import socket
 import sys
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -25,45 +24,10 @@ from tkbox import __version__, paths
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
 from tkbox.errors import HostError, SignerUnavailable, UserError
-from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
+from tkbox.record.client import SignerClient
+from tkbox.record.unrecorded import UnrecordedSigner
 
 log = logging.getLogger("tkbox.daemon")
-
-
-class UnrecordedSigner(SignerClient):
-    """`--unrecorded`: allows everything and keeps nothing at all.
-
-    Only for debugging tkbox itself; every box started this way says so in
-    its name (`[UNRECORDED]`), its hostname and the daemon's output. It holds
-    no runs: a door asking it about any run gets an allowed verdict and every
-    record is dropped (an in-memory fake with no open run refused every
-    crossing, so boxes were contained at their first connection).
-    """
-
-    async def ping(self) -> JSON:
-        return {"key": "unrecorded", "isolation": "none"}
-
-    async def open_run(self, run_id: str, facts: JSON) -> None:
-        return None
-
-    async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
-        return Verdict(True, "allowed: --unrecorded (no signer decides or records)", "unrecorded")
-
-    async def complete(self, run_id: str, decision_id: str, outcome: JSON) -> None:
-        return None
-
-    async def event(self, run_id: str, kind: str, body: JSON) -> None:
-        return None
-
-    async def close_run(self, run_id: str) -> None:
-        return None
-
-    async def export(self, run_id: str) -> Export:
-        raise UserError("nothing was recorded under --unrecorded, so there is nothing to export")
-
-    async def pushes(self) -> AsyncIterator[Push]:
-        await asyncio.Event().wait()  # never pushes
-        yield Push("hold", "")  # pragma: no cover - unreachable
 
 
 def _bind(path: Path) -> socket.socket:

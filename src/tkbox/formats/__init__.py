@@ -16,6 +16,7 @@ offline verifier (`tkbox.verify`) is allowed to import.
 | `canonjson`   | RFC 8785 canonical JSON (the subset records use)          |
 | `record`      | tkbox's log record (one leaf)                             |
 | `bundle`      | tkbox's `.tkb` bundle and `.trust.json` trust file        |
+| `wire`        | the signer's socket framing (signer and daemon share it)  |
 
 Errors:
 
@@ -24,6 +25,8 @@ tkbox.errors.BundleError          anything under verification is wrong
 └── FormatError                   ... with `code` (stable, for programs),
                                   `where` (which part, which line) and
                                   `what` (one line for a person)
+tkbox.errors.RemoteError
+└── wire.WireError                the signer's peer broke the framing
 ```
 
 Every parser bounds sizes before reading, accepts only the canonical form

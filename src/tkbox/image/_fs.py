@@ -1,8 +1,9 @@
 """Crash-safe files for the image store: temporaries, atomic publication, locks.
 
 Every entry of the store appears by `rename(2)` of a fully written, fsynced
-temporary file, so a reader sees either nothing or the whole verified entry,
-whatever happens in between (a crash, a kill, a full disk).
+temporary file (`tkbox._fs.publish`, the one atomic-publication helper of
+tkbox), so a reader sees either nothing or the whole verified entry, whatever
+happens in between (a crash, a kill, a full disk).
 
 Temporaries live in `tmp/<owner>/` where `<owner>` is a directory private to
 one `ImageStore` instance, guarded by an exclusive `flock` on `tmp/<owner>.lock`
@@ -24,7 +25,10 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from tkbox._fs import fsync_dir, publish
 from tkbox.errors import HostError
+
+__all__ = ["Lock", "TempArea", "fsync_dir", "host_error", "publish", "temp_file"]
 
 _ORPHAN_AGE = 600.0  # seconds
 
@@ -36,22 +40,6 @@ def host_error(exc: OSError, what: str) -> HostError:
     if exc.errno in (errno.EACCES, errno.EPERM):
         return HostError(f"permission denied while {what} ({exc.filename}); check TKBOX_HOME")
     return HostError(f"{what} failed: {exc.strerror or exc}")
-
-
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def publish(tmp: Path, final: Path) -> None:
-    """fsync `tmp`, rename it to `final` and fsync the directory."""
-    with open(tmp, "rb") as f:
-        os.fsync(f.fileno())
-    os.replace(tmp, final)
-    fsync_dir(final.parent)
 
 
 class Lock:

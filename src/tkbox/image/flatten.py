@@ -36,6 +36,10 @@ Python's `tarfile` parses the headers. It reads a PAX or GNU long-name record
 into memory whole, so `BoundedTarInfo` bounds those records before it does;
 every other failure of the parser or the decompressors becomes a
 `RegistryError` naming the layer.
+
+One module of about 540 lines on purpose: the two passes are one algorithm
+over one private tree (`_Inode`, `_Dir`, `_Entry`) that the plan builds and
+the emit walks; split, that tree would become an interface nobody else uses.
 """
 
 from __future__ import annotations

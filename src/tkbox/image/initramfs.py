@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tkbox
+from tkbox._fs import publish
 from tkbox.errors import HostError
 from tkbox.image.kernel import Kernel, cached_vmlinux, find_kernel, read_module
 
@@ -247,9 +248,7 @@ def build(cache: Path, *, force: bool = False, kernel: Kernel | None = None) -> 
         try:
             with os.fdopen(fd, "wb") as f:
                 write_initramfs(inputs, f)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, target)
+            publish(Path(tmp), target)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise

@@ -18,6 +18,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
+from tkbox._fs import write_atomic
 from tkbox.errors import HostError, UserError
 
 XZ_MAGIC = b"\xfd7zXZ\x00"
@@ -166,7 +167,5 @@ def cached_vmlinux(kernel: Kernel, cache: Path) -> Path:
     if out.is_file():
         return out
     cache.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
-    tmp.write_bytes(extract_vmlinux(raw))
-    os.replace(tmp, out)
+    write_atomic(out, extract_vmlinux(raw))
     return out

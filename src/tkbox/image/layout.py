@@ -18,15 +18,13 @@ import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import IO, TYPE_CHECKING
+from typing import IO
 
 from tkbox.errors import RegistryError, UserError
 from tkbox.image import oci
 from tkbox.image.progress import ProgressEvent, ProgressSink
 from tkbox.image.reference import LayoutRef
-
-if TYPE_CHECKING:
-    from tkbox.image.store import ImageStore
+from tkbox.image.sink import BlobSink
 
 REF_NAME = "org.opencontainers.image.ref.name"
 _CHUNK = 1024 * 1024
@@ -58,7 +56,7 @@ class Layout:
         return data
 
     def resolve_manifest(
-        self, tag: str | None, store: ImageStore
+        self, tag: str | None, store: BlobSink
     ) -> tuple[str, str | None, oci.Manifest]:
         marker = oci.parse_json(self.read("oci-layout", 4096), f"{self.where}: oci-layout", 4096)
         if marker.get("imageLayoutVersion") != "1.0.0":
@@ -92,7 +90,7 @@ class Layout:
         digest = store.put_bytes(body)
         return digest, index_digest, doc
 
-    def copy_blob(self, desc: oci.Descriptor, store: ImageStore, sink: ProgressSink) -> None:
+    def copy_blob(self, desc: oci.Descriptor, store: BlobSink, sink: ProgressSink) -> None:
         if store.has_blob(desc.digest):
             sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
                                     done=desc.size, state="cached"))

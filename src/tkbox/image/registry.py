@@ -11,7 +11,7 @@ What it does, and where:
   `oci.MAX_MANIFEST`), checked against the digest asked for and the
   `Docker-Content-Digest` header; an index resolved to linux/amd64. Both
   documents go into the store by their digests.
-- `fetch_blob`: a blob streamed into the store through `BlobWriter` (bounded
+- `fetch_blob`: a blob streamed into a `sink.BlobSink` through its writer (bounded
   by its descriptor's size, hashed, verified, fsynced, renamed); a transfer
   broken halfway is restarted from byte 0, within the same retry budget.
 
@@ -27,19 +27,16 @@ import ssl
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
 from tkbox.errors import RegistryError, UserError
 from tkbox.image import oci
-from tkbox.image._fs import Lock
 from tkbox.image.auth import parse_challenges, parse_token_response, token_request
 from tkbox.image.progress import ProgressEvent, ProgressSink
-
-if TYPE_CHECKING:
-    from tkbox.image.store import ImageStore
+from tkbox.image.sink import BlobSink
 
 MAX_ATTEMPTS = 5
 MAX_REDIRECTS = 5
@@ -236,7 +233,7 @@ class RegistryClient:
         return body, r.headers.get("content-type"), digest
 
     async def resolve_manifest(
-        self, reference: str, store: ImageStore
+        self, reference: str, store: BlobSink
     ) -> tuple[str, str | None, oci.Manifest]:
         """(manifest digest, index digest or None, manifest), both documents stored."""
         body, ctype, digest = await self._document(reference)
@@ -255,7 +252,7 @@ class RegistryClient:
 
     # --- blobs ----------------------------------------------------------------------------
 
-    async def fetch_blob(self, desc: oci.Descriptor, store: ImageStore, sink: ProgressSink,
+    async def fetch_blob(self, desc: oci.Descriptor, store: BlobSink, sink: ProgressSink,
                          *, limit: int | None = None) -> Path:
         if limit is not None and desc.size > limit:
             raise RegistryError(f"blob {desc.digest} is {desc.size} bytes, over {limit}")
@@ -264,7 +261,8 @@ class RegistryClient:
             sink.emit(ProgressEvent("blob", digest=desc.digest, size=desc.size,
                                     done=desc.size, state="cached"))
             return path
-        lock = Lock(store.root / "locks" / f"blob-{oci.hex_of(desc.digest)}.lock")
+        lock = store.blob_lock(desc.digest)
+        # Another process may be fetching it: an flock has no event, so poll (cancellable).
         while not lock.try_acquire():
             await asyncio.sleep(0.1)
         try:

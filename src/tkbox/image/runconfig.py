@@ -65,7 +65,9 @@ def image_env(entries: tuple[str, ...]) -> dict[str, str]:
 
 
 def _id(s: str) -> int | None:
-    return int(s) if s.isdigit() and len(s) <= 10 and int(s) < 2**32 - 1 else None
+    # ASCII digits only: str.isdigit() is also true of '²' and other digits int() refuses.
+    ok = s.isascii() and s.isdigit() and len(s) <= 10
+    return int(s) if ok and int(s) < 2**32 - 1 else None
 
 
 def _db(text: str, fields: int) -> list[list[str]]:

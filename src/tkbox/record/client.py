@@ -1,9 +1,16 @@
-"""The daemon's side of the signer: the client interface, and its fake.
+"""The daemon's side of the signer: the client interface.
 
-Every door asks the signer through this interface and nothing else. The real
-client (`tkbox.record.unix`) speaks to `tkbox signer serve` over its Unix
-socket; `FakeSigner` keeps records in memory for tests of the layers above
-(doors, daemon) and must pass the same conformance tests as the real one.
+Every door asks the signer through this interface and nothing else. The
+implementations, each run through the same conformance suite
+(`tests/integration/signer/test_signer_conformance.py`):
+
+- `tkbox.record.unix.UnixSignerClient` speaks to `tkbox signer serve` over
+  its Unix socket (the real one);
+- `tkbox.record.tracekit.TracekitSignerClient`, a Tracekit signer behind it;
+- `tkbox.record.unrecorded.UnrecordedSigner`, `--unrecorded`: unsafe, allows
+  and keeps nothing, for debugging tkbox itself;
+- `tkbox.record.testing.FakeSigner` keeps records in memory for tests of the
+  layers above (doors, daemon). Production code never imports it.
 
 Fail closed: any method may raise `SignerUnavailable`. A caller that gets it
 from `decide` treats it as a refusal; from `event` or `complete` it stops the
@@ -17,14 +24,12 @@ value into `facts`, `resource`, `context`, `outcome` or `body`.
 
 from __future__ import annotations
 
-import asyncio
-import itertools
 from abc import ABC, abstractmethod
-from collections.abc import AsyncIterator, Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Mapping
+from dataclasses import dataclass
 from typing import Any, Literal
 
-from tkbox.errors import Refused, SignerRefused, SignerUnavailable
+from tkbox.errors import Refused
 
 Action = Literal["Bash", "Connect", "Write", "Approval"]
 JSON = Mapping[str, Any]
@@ -97,10 +102,8 @@ class SignerClient(ABC):
         """Release the connection."""
 
 
-Policy = Callable[[str, Action, JSON, JSON], tuple[bool, str]]
 
-
-def _unrecordable(value: Any, path: str = "body") -> str | None:
+def unrecordable(value: Any, path: str = "body") -> str | None:
     """Why `value` cannot be a record field, or None."""
     if value is None or isinstance(value, (bool, str)):
         return None
@@ -110,7 +113,7 @@ def _unrecordable(value: Any, path: str = "body") -> str | None:
         return f"{path} is a float"
     if isinstance(value, (list, tuple)):
         for i, v in enumerate(value):
-            why = _unrecordable(v, f"{path}[{i}]")
+            why = unrecordable(v, f"{path}[{i}]")
             if why:
                 return why
         return None
@@ -118,104 +121,8 @@ def _unrecordable(value: Any, path: str = "body") -> str | None:
         for k, v in value.items():
             if not isinstance(k, str):
                 return f"{path} has a non-string key"
-            why = _unrecordable(v, f"{path}.{k}")
+            why = unrecordable(v, f"{path}.{k}")
             if why:
                 return why
         return None
     return f"{path} is a {type(value).__name__}"
-
-
-def allow_all(run_id: str, action: Action, resource: JSON, context: JSON) -> tuple[bool, str]:
-    return True, "allowed by the fake signer"
-
-
-@dataclass
-class FakeSigner(SignerClient):
-    """An in-memory signer for tests above the signer boundary.
-
-    `policy` decides; `records` keeps every record as a dict in order;
-    `available = False` makes every call raise SignerUnavailable, as a dead
-    signer would. `push()` simulates a hold, release or quarantine.
-    """
-
-    policy: Policy = allow_all
-    available: bool = True
-    records: list[dict[str, Any]] = field(default_factory=list)
-    _open: set[str] = field(default_factory=set)
-    _closed: set[str] = field(default_factory=set)
-    _ids: itertools.count[int] = field(default_factory=itertools.count)
-    _queue: asyncio.Queue[Push] | None = None
-
-    def _check(self) -> None:
-        if not self.available:
-            raise SignerUnavailable("the signer did not answer (fake signer set unavailable)")
-
-    def _append(self, run_id: str, kind: str, body: JSON) -> str:
-        # As the real client does: records hold JSON objects, strings, booleans
-        # and integers only, so a float (or anything else) is refused here too.
-        why = _unrecordable(dict(body))
-        if why:
-            raise SignerUnavailable(f"{kind} cannot be recorded: {why} (records hold JSON "
-                                    "objects, strings, booleans and integers only)")
-        if run_id not in self._open:
-            raise SignerRefused(f"the signer refused: run {run_id} is not open at the signer")
-        rid = f"{run_id}/{next(self._ids)}"
-        self.records.append({"id": rid, "run": run_id, "kind": kind, **dict(body)})
-        return rid
-
-    def of_run(self, run_id: str, kind: str | None = None) -> list[dict[str, Any]]:
-        return [r for r in self.records
-                if r["run"] == run_id and (kind is None or r["kind"] == kind)]
-
-    async def ping(self) -> JSON:
-        self._check()
-        return {"key": "fake", "isolation": "same-user"}
-
-    async def open_run(self, run_id: str, facts: JSON) -> None:
-        self._check()
-        if run_id in self._open or run_id in self._closed:
-            raise SignerUnavailable(f"run {run_id} exists already")
-        self._open.add(run_id)
-        self._append(run_id, "tkbox.run.open", {"facts": dict(facts)})
-
-    async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
-        self._check()
-        allowed, reason = self.policy(run_id, action, resource, context)
-        rid = self._append(
-            run_id,
-            "tkbox.decision",
-            {"action": action, "resource": dict(resource), "context": dict(context),
-             "allowed": allowed, "reason": reason},
-        )
-        return Verdict(allowed, reason, rid)
-
-    async def complete(self, run_id: str, decision_id: str, outcome: JSON) -> None:
-        self._check()
-        self._append(run_id, "tkbox.complete", {"decision": decision_id, "outcome": dict(outcome)})
-
-    async def event(self, run_id: str, kind: str, body: JSON) -> None:
-        self._check()
-        self._append(run_id, kind, {"body": dict(body)})
-
-    async def close_run(self, run_id: str) -> None:
-        self._check()
-        self._append(run_id, "tkbox.run.close", {})
-        self._open.discard(run_id)
-        self._closed.add(run_id)
-
-    async def export(self, run_id: str) -> Export:
-        self._check()
-        import json
-
-        return Export(json.dumps(self.of_run(run_id)).encode(), b"{}")
-
-    def push(self, p: Push) -> None:
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-        self._queue.put_nowait(p)
-
-    async def pushes(self) -> AsyncIterator[Push]:
-        if self._queue is None:
-            self._queue = asyncio.Queue()
-        while True:
-            yield await self._queue.get()

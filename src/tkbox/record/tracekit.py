@@ -65,6 +65,13 @@ store, so it runs as the signer's user. With a config on this host that we can
 read (`config`, a same-user signer) `export` runs it; otherwise it raises
 `SignerUnavailable` naming the command to run as the signer's user.
 
+Modules: this one is the client (`TracekitSignerClient`, `client_for`, the
+`init` command); `tracekit_map` is the mapping and the webhook reader, pure
+and sans-IO; `tracekit_setup` writes and reads the signer's configuration.
+The client stays one module of about 600 lines: its calls, the per-box
+identities, the webhook it serves and export share one connection and one
+table of runs, and cutting it would spread that state over modules.
+
 Errors: everything from Tracekit (its SignerUnavailable, RPCError,
 Incompatible, a malformed answer) becomes tkbox's `SignerUnavailable`, one
 line, fail closed.
@@ -73,10 +80,8 @@ line, fail closed.
 from __future__ import annotations
 
 import asyncio
-import base64
 import contextlib
 import hashlib
-import hmac
 import itertools
 import json
 import os
@@ -91,332 +96,42 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tkbox._fs import write_atomic
 from tkbox.errors import HostError, SignerUnavailable, UserError
-from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
+from tkbox.record.client import (
+    JSON,
+    Action,
+    Export,
+    Push,
+    SignerClient,
+    Verdict,
+    unrecordable,
+)
+from tkbox.record.tracekit_map import (
+    INCIDENT_PUSH,
+    WEBHOOK_BODY_MAX,
+    Contained,
+    args_digest,
+    event_source,
+    is_final,
+    read_answer,
+    read_webhook,
+    tool_call,
+)
+from tkbox.record.tracekit_setup import (
+    BOX_TOKEN_TTL_S,
+    Setup,
+    init_dev,
+    load_setup,
+    tracekit_command,
+    tracekit_home,
+)
 
 TRACEKIT_VERSION = "1.4.2"
-SOURCE_MAX = 256  # Tracekit's limit on observe's `source`
-WEBHOOK_BODY_MAX = 4 << 20
-WEBHOOK_SKEW_S = 300  # a signature older or newer than this is refused (a replay)
 EXPORT_TIMEOUT_S = 120.0
 FINAL_WAIT_S = 30.0  # how long export waits for a closed run to become final
 POLL_S = 0.5  # without a webhook, how often each open run's new records are read
 
-# The policy tkbox ships for Tracekit: its dev pack (coding rules: `curl … | sh`
-# refused, credential files, …) plus the Connect tool as Tracekit's `http`
-# class, so its internal-address and internal-name rules read every connection.
-# Tracekit's TK-N003 (server-net pack): localhost, a dotless name, internal suffixes.
-_INTERNAL_NAME = (r"^(localhost|[^.:\[]+|kubernetes\.default|"
-                  r".*?\.(localhost|internal|local|lan|corp|intranet|svc|home\.arpa))\.?$")
-POLICY = f"""\
-# tkbox's mapping for a Tracekit signer (tkbox.record.tracekit.POLICY).
-# Connect (one egress connection of a box) is an `http` call with {{url}}; the two
-# rules below refuse internal addresses and names as Tracekit's server-net pack
-# does (TK-N001, TK-N003). tkbox's door refuses them before it asks, too.
-version: 'tkbox-1'
-description: tkbox boxes (Bash, Write, Connect)
-tools:
-  Connect: http
-  tkbox.Approval: app
-deny:
-  - id: TKBOX-N001
-    class: http
-    field: internal
-    pattern: '^true$'
-    reason: connection to an internal address (private, loopback, link-local or metadata)
-    rationale: A box reaches the web it was given, never the host's network or metadata.
-  - id: TKBOX-N003
-    class: http
-    field: host
-    pattern: '{_INTERNAL_NAME}'
-    reason: connection to an internal name
-    rationale: The name twin of TKBOX-N001.
-"""
-
-# Quotas for a daemon with many boxes (Tracekit's defaults: 200 events/s, burst
-# 400, 100 open runs per identity; every box's run has the daemon's identity).
-LIMITS = {"events_per_s": 2000, "burst": 4000, "open_runs": 1000}
-# What a box's identity may call (Tracekit grants a token identity nothing by default).
-BOX_METHODS = ["register_run", "decide", "complete", "observe", "close_run", "read", "status"]
-BOX_TOKEN_TTL_S = 30 * 86400
-
-
-# --- the mapping (pure) ------------------------------------------------------------
-
-
-def tool_call(action: Action, resource: JSON, context: JSON) -> tuple[str, dict[str, Any]]:
-    """(Tracekit tool, args) for a tkbox decision."""
-    if action == "Bash":
-        command = resource.get("command")
-        if not isinstance(command, str):
-            argv = resource.get("argv")
-            if not (isinstance(argv, list) and all(isinstance(a, str) for a in argv)):
-                raise SignerUnavailable("a Bash decision needs resource.command or resource.argv")
-            import shlex
-
-            command = shlex.join(argv)
-        return "Bash", {**dict(context), "command": command}
-    if action == "Connect":
-        host, port = resource.get("host"), resource.get("port")
-        if not isinstance(host, str) or not isinstance(port, int) or isinstance(port, bool):
-            raise SignerUnavailable("a Connect decision needs resource.host and resource.port")
-        scheme = "http" if port == 80 else "https"
-        h = f"[{host}]" if ":" in host else host
-        return "Connect", {"url": f"{scheme}://{h}:{port}",
-                           "addresses": list(resource.get("addresses") or [])}
-    if action == "Write":
-        path = resource.get("path")
-        if not isinstance(path, str):
-            raise SignerUnavailable("a Write decision needs resource.path")
-        rest = {k: v for k, v in resource.items() if k != "path"}
-        sha = rest.pop("sha256", None)
-        # the path the policy reads goes last: no context key may replace it
-        return "Write", {**dict(context), **rest,
-                         **({"content_sha256": sha} if sha is not None else {}),
-                         "file_path": "/workspace/" + path.lstrip("/")}
-    return "tkbox." + action, {"resource": dict(resource), "context": dict(context)}
-
-
-@dataclass(frozen=True)
-class Answer:
-    allowed: bool
-    reason: str
-    decision_id: str
-    push: str | None  # "hold" or "quarantine" when the answer says the run is contained
-
-
-def read_answer(tool: str, d: Any) -> Answer:
-    """A decide answer -> Answer; SignerUnavailable when it is malformed."""
-    if not isinstance(d, dict):
-        raise SignerUnavailable("the Tracekit signer's decision is malformed; refusing")
-    decision, did, rules = d.get("decision"), d.get("decision_id"), d.get("rule_ids", [])
-    if decision not in ("allow", "deny", "ask") or not isinstance(did, str) \
-            or not isinstance(rules, list) or not all(isinstance(r, str) for r in rules):
-        raise SignerUnavailable("the Tracekit signer's decision is malformed; refusing")
-    why = d.get("reason") if isinstance(d.get("reason"), str) else ""
-    named = ", ".join(r for r in rules if r != "TK-UNKNOWN-TOOL")
-    push = "quarantine" if "TK-QUARANTINE" in rules else "hold" if "TK-HOLD" in rules else None
-    if decision == "allow":
-        return Answer(True, f"allowed by Tracekit ({named})" if named else "allowed by Tracekit",
-                      did, None)
-    what = ("refused by Tracekit" if decision == "deny" else
-            "held by Tracekit for a person's approval, which a tkbox door cannot wait for")
-    reason = f"{tool} {what}: {why or 'no reason given'}" + (f" [{named}]" if named else "")
-    return Answer(False, " ".join(reason.split())[:1024], did, push)
-
-
-def event_source(kind: str, body: JSON) -> str:
-    """observe's `source` for a tkbox event: the kind and a one-line summary of
-    the body, in clear, at most SOURCE_MAX characters (the body is committed)."""
-    summary = json.dumps(dict(body), sort_keys=True, separators=(",", ":"), ensure_ascii=False)
-    s = f"{kind} {summary}" if body else kind
-    return s if len(s) <= SOURCE_MAX else s[: SOURCE_MAX - 1] + "…"
-
-
-def args_digest(tool: str, args: Any) -> str:
-    """Tracekit's binding of a call's arguments: sha256 of RFC 8785 {tool, args}."""
-    from tracekit.format.canon import event_hash
-
-    return str(event_hash({"tool": tool, "args": args}))
-
-
-# --- the webhook (sans-IO) -----------------------------------------------------------
-
-INCIDENT_PUSH = {"run.held": "hold", "run.resumed": "release", "run.quarantined": "quarantine"}
-
-
-@dataclass(frozen=True)
-class Contained:
-    kind: str  # hold, release, quarantine
-    run_id: str
-    incident: str
-    run_seq: int | None
-
-
-def read_webhook(body: bytes, signature: str | None, secret: bytes,
-                 now: float) -> list[Contained]:
-    """The holds, releases and quarantines in one webhook POST.
-
-    Raises SignerUnavailable (the POST is answered 401/400 and ignored) when the
-    signature is missing, does not match `secret`, or is older than
-    WEBHOOK_SKEW_S (tracekit/signer/webhook.py: `t=<unix s>,v1=<hex
-    HMAC-SHA256(secret, "<t>." + body)>`), or the body is not a JSON array.
-    """
-    if not signature:
-        raise SignerUnavailable("webhook without X-Tracekit-Signature")
-    fields = dict(p.partition("=")[::2] for p in signature.split(","))
-    t, v1 = fields.get("t", ""), fields.get("v1", "")
-    if not t.isdigit() or str(int(t)) != t or len(v1) != 64:
-        raise SignerUnavailable("webhook with a malformed signature")
-    want = hmac.new(secret, t.encode() + b"." + body, hashlib.sha256).hexdigest()
-    if not hmac.compare_digest(want, v1):
-        raise SignerUnavailable("webhook with a signature that does not match our secret")
-    if abs(now - int(t)) > WEBHOOK_SKEW_S:
-        raise SignerUnavailable("webhook signed too long ago (a replay?)")
-    try:
-        events = json.loads(body)
-    except (ValueError, RecursionError):
-        raise SignerUnavailable("webhook body is not JSON") from None
-    if not isinstance(events, list):
-        raise SignerUnavailable("webhook body is not a JSON array")
-    out = []
-    for e in events:
-        tk = e.get("unmapped", {}).get("tracekit", {}) if isinstance(e, dict) else {}
-        if not isinstance(tk, dict):
-            continue
-        kind, run = INCIDENT_PUSH.get(str(tk.get("type"))), tk.get("run_id")
-        if kind is None or not isinstance(run, str):
-            continue
-        infos = e.get("finding_info_list") or [{}]
-        iid = infos[0].get("uid") if isinstance(infos, list) and isinstance(infos[0], dict) else ""
-        seq = tk.get("run_seq")
-        out.append(Contained(kind, run, iid if isinstance(iid, str) else "",
-                             seq if isinstance(seq, int) and not isinstance(seq, bool) else None))
-    return out
-
-
-def is_final(bundle: bytes) -> bool:
-    """Whether a Tracekit v2 bundle's run ends with its `run.final` record
-    (`tracekit verify` says VERIFIED TO HEAD for one that does not)."""
-    import io
-    import zipfile
-
-    try:
-        with zipfile.ZipFile(io.BytesIO(bundle)) as z:
-            for name in z.namelist():
-                if name.startswith("runs/") and name.endswith(".jsonl"):
-                    lines = [ln for ln in z.read(name).decode().splitlines() if ln.strip()]
-                    last = max((json.loads(ln)["event"] for ln in lines),
-                               key=lambda e: e["run_seq"], default=None)
-                    return bool(last and last.get("type") == "run.final")
-    except (zipfile.BadZipFile, ValueError, KeyError, TypeError):
-        return False
-    return False
-
-
-# --- setup ---------------------------------------------------------------------------
-
-
-def tracekit_home() -> Path:
-    """$TKBOX_TRACEKIT_HOME, else $TKBOX_HOME/tracekit."""
-    from tkbox import paths
-
-    env = os.environ.get("TKBOX_TRACEKIT_HOME")
-    return Path(env) if env else paths.home() / "tracekit"
-
-
-@dataclass(frozen=True)
-class Setup:
-    """What `init_dev` wrote; `tkbox.json` in the home names it for the daemon."""
-
-    home: Path
-    config: Path  # signer.yaml
-    socket: Path
-    webhook_port: int
-    webhook_secret: Path
-    operator_token: Path
-    http_port: int
-    tokens: Path  # the signer's token store (http.tokens): one identity per box
-
-    def as_json(self) -> dict[str, Any]:
-        return {"config": str(self.config), "socket": str(self.socket),
-                "webhook_port": self.webhook_port, "webhook_secret": str(self.webhook_secret),
-                "operator_token": str(self.operator_token), "http_port": self.http_port,
-                "tokens": str(self.tokens)}
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def init_dev(home: Path, *, webhook_port: int | None = None, http_port: int | None = None,
-             witnesses: list[dict[str, str]] | None = None) -> Setup:
-    """Write a same-user Tracekit signer's config under `home` (0700).
-
-    signer.yaml: store in `home/data`, socket `home/signer.sock`, tkbox's
-    POLICY on top of Tracekit's dev pack, LIMITS, a webhook to
-    127.0.0.1:`webhook_port` for incident records, and a loopback HTTP listener
-    whose bearer token (`home/operator.token`, identity `token:http`) is the
-    operator who may hold, quarantine and resume runs; Tracekit refuses to
-    give those calls to the identity that registers runs (the daemon's uid).
-    """
-    try:
-        from tracekit.signer import service
-    except ImportError:
-        raise HostError("tracekit-ai is not installed; pip install 'tracekit-ai==1.4.2'") from None
-    home = home.absolute()
-    try:
-        home.mkdir(mode=0o700, parents=True, exist_ok=True)
-        os.chmod(home, 0o700)
-        (home / "data").mkdir(mode=0o700, exist_ok=True)
-        port = webhook_port or _free_port()
-        http_port = http_port or _free_port()
-        (home / "boxes").mkdir(mode=0o700, exist_ok=True)
-        secret, token = home / "webhook.secret", home / "operator.token"
-        for p in (secret, token):
-            if not p.exists():
-                fd = os.open(p, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(base64.urlsafe_b64encode(os.urandom(32)).decode() + "\n")
-        (home / "tkbox-policy.yaml").write_text(POLICY)
-        dev_pack = os.path.relpath(service.DEFAULT_POLICY, home)
-        (home / "policy.yaml").write_text(
-            "# Tracekit's dev pack, then tkbox's mapping (written by tkbox)\n"
-            f"extends: [{json.dumps(dev_pack)}, tkbox-policy.yaml]\n")
-        lines = {
-            "data_dir": str(home / "data"),
-            "socket": str(home / "signer.sock"),
-            "policy": str(home / "policy.yaml"),
-            "grace_s": 1,
-            "limits": LIMITS,
-            "http": {"listen": f"127.0.0.1:{http_port}", "insecure_loopback": True,
-                     "authenticators": ["token"], "token_file": str(token),
-                     "tokens": str(home / "tokens.json")},
-            # token:http is the operator; every other token is one box's run
-            "authorize": {"token:http": ["run_hold", "run_quarantine", "run_resume",
-                                         "incident_list", "incident_show",
-                                         "incident_resolve", "status"],
-                          "token:*": [*BOX_METHODS, "delegate_run"],
-                          # the daemon, acting for each box's identity (delegate_run)
-                          f"uid:{os.getuid()}": BOX_METHODS},
-            "approvals": {"approvers": ["token:http"], "persons": {"token:http": "operator"}},
-            "webhook": [{"format": "ocsf", "url": f"http://127.0.0.1:{port}/tkbox",
-                         "events": ["incident"], "secret_file": str(secret)}],
-            **({"witnesses": witnesses} if witnesses else {}),
-        }
-        # JSON is YAML: Tracekit's reader takes it as it is.
-        (home / "signer.yaml").write_text(
-            "\n".join(f"{k}: {json.dumps(v)}" for k, v in lines.items()) + "\n")
-        setup = Setup(home, home / "signer.yaml", home / "signer.sock", port, secret, token,
-                      http_port, home / "tokens.json")
-        (home / "tkbox.json").write_text(json.dumps(setup.as_json(), indent=2) + "\n")
-    except OSError as exc:
-        raise HostError(f"cannot write the Tracekit signer's config in {home}: "
-                        f"{exc.strerror or exc}") from None
-    return setup
-
-
-def load_setup(home: Path) -> Setup | None:
-    """The Setup `init_dev` wrote in `home`, or None when there is none."""
-    try:
-        d = json.loads((home / "tkbox.json").read_text())
-        return Setup(home, Path(d["config"]), Path(d["socket"]), int(d["webhook_port"]),
-                     Path(d["webhook_secret"]), Path(d["operator_token"]), int(d["http_port"]),
-                     Path(d["tokens"]))
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError, KeyError, TypeError) as exc:
-        raise UserError(f"{home / 'tkbox.json'} is unreadable ({exc}); run "
-                        "`python -m tkbox.record.tracekit init` again") from None
-
-
-def tracekit_command() -> list[str]:
-    """How to run the `tracekit` command of the Tracekit installed beside tkbox."""
-    return [sys.executable, "-m", "tracekit"]
 
 
 # --- the client ------------------------------------------------------------------------
@@ -613,12 +328,11 @@ class TracekitSignerClient(SignerClient):
         path = self._token_file(run_id)
         if path is not None:
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_NOFOLLOW, 0o600)
-                with os.fdopen(fd, "w") as f:
-                    f.write(token)
-            except OSError as exc:
+                # Whole or not at all: a daemon that restarts reads it back.
+                write_atomic(path, token.encode(), 0o600)
+            except HostError as exc:
                 raise SignerUnavailable(f"cannot keep run {run_id}'s token in {path} "
-                                        f"({exc.strerror or exc})") from None
+                                        f"({exc})") from None
         await self.event(run_id, "tkbox.run.open", facts)
 
     async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
@@ -736,8 +450,10 @@ class TracekitSignerClient(SignerClient):
         finally:
             if poller is not None:
                 poller.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await poller
+                # It ends; a cancellation of our own consumer still goes through.
+                await asyncio.wait([poller])
+                if not poller.cancelled():
+                    poller.exception()  # retrieved (the poller only ends by cancel)
 
     async def _poll(self) -> None:
         """Without a webhook: every POLL_S, `read` each open run from its last
@@ -826,9 +542,7 @@ class TracekitSignerClient(SignerClient):
 
 
 def _check_recordable(value: Mapping[str, Any] | dict[str, Any]) -> None:
-    from tkbox.record.client import _unrecordable
-
-    why = _unrecordable(dict(value))
+    why = unrecordable(dict(value))
     if why:
         raise SignerUnavailable(f"cannot be recorded: {why} (records hold JSON objects, "
                                 "strings, booleans and integers only)")

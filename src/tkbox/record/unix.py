@@ -2,7 +2,7 @@
 
 One connection carries every request, pipelined (each has an id; answers
 may come in any order). A second connection, opened by `pushes()`, carries
-the signer's holds, releases and quarantines. Frames are `tkbox.signer.wire`.
+the signer's holds, releases and quarantines. Frames are `tkbox.formats.wire`.
 
 Fail closed: no socket, a connection that breaks, an answer that does not
 come within `timeout`, a frame we cannot read, or a request the signer will
@@ -15,15 +15,14 @@ from __future__ import annotations
 
 import asyncio
 import base64
-import contextlib
 import itertools
 from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 from tkbox.errors import SignerRefused, SignerUnavailable
+from tkbox.formats import wire
 from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
-from tkbox.signer import wire
 
 EXPORT_LIMIT = 512 << 20
 
@@ -50,7 +49,9 @@ class UnixSignerClient(SignerClient):
         self.export_timeout = export_timeout
         self._ids = itertools.count(1)
         self._writer: asyncio.StreamWriter | None = None
-        self._reader_task: asyncio.Task[None] | None = None
+        # Each connection's reader; owned here: one ends with its connection, and
+        # `aclose` cancels and awaits any still running.
+        self._readers: set[asyncio.Task[None]] = set()
         self._pending: dict[int, _Pending] = {}
         self._connect_lock = asyncio.Lock()
         self._push_writer: asyncio.StreamWriter | None = None
@@ -78,8 +79,10 @@ class UnixSignerClient(SignerClient):
                 return self._writer
             reader, writer = await self._open()
             self._writer = writer
-            self._reader_task = asyncio.get_running_loop().create_task(
+            task = asyncio.get_running_loop().create_task(
                 self._read_loop(reader, writer), name="signer-client-reader")
+            self._readers.add(task)
+            task.add_done_callback(self._readers.discard)
             return writer
 
     async def _read_loop(self, reader: asyncio.StreamReader,
@@ -268,10 +271,15 @@ class UnixSignerClient(SignerClient):
             self._drop(self._writer, "the client was closed")
         if self._push_writer is not None:
             self._push_writer.close()
-        if self._reader_task is not None:
-            self._reader_task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._reader_task
+        readers = list(self._readers)
+        for task in readers:
+            task.cancel()
+        if readers:
+            # Wait for them to end; a cancellation of aclose itself still goes through.
+            await asyncio.wait(readers)
+            for task in readers:
+                if not task.cancelled():
+                    task.exception()  # retrieved: a reader's error was already reported
 
 
 def _why(exc: BaseException) -> str:

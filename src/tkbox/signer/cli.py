@@ -15,6 +15,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import logging
 import os
@@ -25,7 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from tkbox import paths
-from tkbox.errors import TkboxError, UserError
+from tkbox.errors import SignerRefused, SignerUnavailable, TkboxError, UserError
 from tkbox.signer import config as config_mod
 
 signer_app = typer.Typer(help="The signer: decides and signs every crossing.",
@@ -116,14 +117,62 @@ def serve_cmd(home: Home = None, socket: Socket = None,
 
 
 async def _ask(sock: Path, op: str, **args: Any) -> dict[str, Any]:
-    from tkbox.record.unix import UnixSignerClient
+    """One request to the running signer on its socket, for an operator's command.
 
-    client = UnixSignerClient(sock, timeout=5.0)
+    The signer's own small client (the daemon's `tkbox.record.unix` is not the
+    signer's to import): one connection, one frame out, frames in until the
+    answer with our id (pushes are not asked for, so none come). Fails as the
+    daemon's client does: `SignerUnavailable`, or `SignerRefused` for a request
+    the signer will not take.
+    """
+    from tkbox.formats import wire
+
     try:
-        result, _ = await client._call(op, **args)
-        return result
+        reader, writer = await asyncio.wait_for(
+            asyncio.open_unix_connection(str(sock), limit=wire.MAX_FRAME + 4), 2.0)
+    except FileNotFoundError:
+        raise SignerUnavailable(
+            f"no signer at {sock}; start one with `tkbox signer serve`") from None
+    except (TimeoutError, OSError) as exc:
+        raise SignerUnavailable(f"the signer at {sock} does not answer "
+                                f"({_why(exc)}); check `tkbox signer status`") from None
+    try:
+        writer.write(wire.encode({"id": 1, "op": op, **args}))
+        await writer.drain()
+        decoder = wire.Decoder()
+        async with asyncio.timeout(5.0):
+            while True:
+                while (frame := decoder.next()) is not None:
+                    if frame.get("id") != 1:
+                        continue
+                    result, error = frame.get("result"), frame.get("error")
+                    if frame.get("ok") is True and isinstance(result, dict):
+                        return result
+                    if frame.get("kind") == "refused" and isinstance(error, str):
+                        raise SignerRefused(f"the signer refused: {error}")
+                    raise SignerUnavailable(
+                        f"the signer refused: {error}" if isinstance(error, str) else
+                        "the signer sent an answer that is neither a result nor an error")
+                data = await reader.read(1 << 16)
+                if not data:
+                    raise SignerUnavailable("the signer closed the connection")
+                decoder.feed(data)
+    except TimeoutError:
+        raise SignerUnavailable(f"the signer at {sock} did not answer {op} within 5 s; "
+                                "check `tkbox signer status`") from None
+    except wire.WireError as exc:
+        raise SignerUnavailable(f"the signer sent a bad frame ({exc})") from None
+    except (ConnectionError, OSError) as exc:
+        raise SignerUnavailable(
+            f"the connection to the signer broke ({_why(exc)})") from None
     finally:
-        await client.aclose()
+        writer.close()
+        with contextlib.suppress(ConnectionError, OSError):
+            await writer.wait_closed()
+
+
+def _why(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or exc.__class__.__name__
 
 
 @signer_app.command("status")
@@ -220,7 +269,7 @@ def trust_cmd(home: Home = None,
     if out is None:
         sys.stdout.buffer.write(data)
     else:
-        from tkbox.record.export import write_atomic
+        from tkbox._fs import write_atomic
 
         write_atomic(out, data)
 

@@ -19,9 +19,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from tkbox._fs import write_atomic
 from tkbox.errors import HostError, UserError
 from tkbox.formats import bundle, cosignature, note, policy
-from tkbox.record.export import write_atomic
 
 CONFIG = "config.json"
 KEY = "signer.key"

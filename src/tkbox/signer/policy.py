@@ -11,7 +11,7 @@ Every decision is one Cedar request:
 | context   | `{resource: <the request's resource>, request: <its context>, analysis: {...}}` |
 
 `context.analysis` is what the signer read in the request itself; for `Bash`
-it is `tkbox.signer.shell.analyze` of the command line (`parsed`,
+it is `tkbox.signer.download_exec.analyze` of the command line (`parsed`,
 `download_to_interpreter`, `mentions_downloader`, `findings`, `programs`).
 
 The policy set is the built-in packs (`packs/*.cedar`: `base` allows, the
@@ -35,7 +35,7 @@ from typing import Any
 
 import cedarpy
 
-from tkbox.signer.shell import analyze
+from tkbox.signer.download_exec import analyze
 
 log = logging.getLogger("tkbox.signer.policy")
 

@@ -32,10 +32,9 @@ from pathlib import Path
 from typing import Any
 
 from tkbox import __version__
-from tkbox.formats import bundle, note, record
+from tkbox.formats import bundle, note, record, wire
 from tkbox.formats.errors import FormatError
 from tkbox.signer import config as config_mod
-from tkbox.signer import wire
 from tkbox.signer.checkpoints import Checkpointer
 from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, Log, LogError
 from tkbox.signer.policy import Decision, PolicyEngine

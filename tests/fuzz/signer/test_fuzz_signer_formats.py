@@ -30,10 +30,10 @@ from tkbox.formats import (  # noqa: E402
     policy,
     proof,
     record,
+    wire,
 )
 from tkbox.formats import witness as wfmt  # noqa: E402
-from tkbox.signer import wire  # noqa: E402
-from tkbox.signer.shell import analyze  # noqa: E402
+from tkbox.signer.download_exec import analyze  # noqa: E402
 from tkbox.signer.witness import Witness  # noqa: E402
 from tkbox.verify import verify_bundle  # noqa: E402
 

@@ -25,7 +25,7 @@ from tkbox.doors.changes import door as door_mod  # noqa: E402
 from tkbox.doors.changes import fs as fs_mod  # noqa: E402
 from tkbox.doors.changes.patch import parse_patch  # noqa: E402
 from tkbox.guest.diff import write_patch  # noqa: E402
-from tkbox.record.client import FakeSigner  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 
 pytestmark = pytest.mark.integration
 RUN = "run-1"

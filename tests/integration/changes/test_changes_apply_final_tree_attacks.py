@@ -26,7 +26,7 @@ from changes_trees import Tree, build_upper, file, link, make_tree, read_tree  #
 from tkbox.doors.changes import ApplyReport, Limits, PatchRefused, apply_patch  # noqa: E402
 from tkbox.doors.changes.patch import git_blob_sha1  # noqa: E402
 from tkbox.guest.diff import write_patch  # noqa: E402
-from tkbox.record.client import FakeSigner  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 
 pytestmark = pytest.mark.integration
 RUN = "run-1"

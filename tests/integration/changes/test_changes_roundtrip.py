@@ -35,7 +35,7 @@ from changes_trees import (  # noqa: E402
 from tkbox.doors.changes import PatchRefused, apply_patch  # noqa: E402
 from tkbox.doors.changes.patch import parse_patch  # noqa: E402
 from tkbox.guest.diff import write_patch  # noqa: E402
-from tkbox.record.client import FakeSigner  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 
 pytestmark = pytest.mark.integration
 

@@ -26,7 +26,8 @@ from tkbox.doors.network import ApprovalBoard, EgressDoor, OperatorConfig, Syste
 from tkbox.doors.network.testing import FakeResolver  # noqa: E402
 from tkbox.errors import GuestError  # noqa: E402
 from tkbox.protocol.mux import MAX_STREAMS  # noqa: E402
-from tkbox.record.client import FakeSigner, SignerClient  # noqa: E402
+from tkbox.record.client import SignerClient  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 from tkbox.vm.fake import FakeLauncher  # noqa: E402
 
 

@@ -22,7 +22,7 @@ from fake_guests import hostile, link_flooder, polite  # noqa: E402
 
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options  # noqa: E402
 from tkbox.errors import GuestError, Refused, UserError  # noqa: E402
-from tkbox.record.client import FakeSigner  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 from tkbox.vm.fake import FakeLauncher  # noqa: E402
 
 

@@ -35,7 +35,7 @@ from tkbox.doors.network import (
     SystemResolver,
     serve_tcp,
 )
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 T = TypeVar("T")
 NAMES = ["origin.test", "other.test", "git.test", "mirror.test"]

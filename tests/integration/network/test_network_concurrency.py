@@ -22,7 +22,7 @@ from tkbox.doors.network import (
     SystemClock,
     serve_tcp,
 )
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 pytestmark = pytest.mark.integration
 

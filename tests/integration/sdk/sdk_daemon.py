@@ -26,7 +26,7 @@ from tkbox.protocol.framing import FramedStream
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
 from tkbox.protocol.streams import ByteStream
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 from tkbox.vm.base import VMSpec
 from tkbox.vm.fake import FakeLauncher
 

@@ -31,7 +31,7 @@ from tkbox.doors.network import (
 )
 from tkbox.doors.secrets import Secret, SecretsDoor
 from tkbox.image.testing import ScratchCA
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 T = TypeVar("T")
 NAMES = ["api.bound.test", "other.test", "api.anthropic.com"]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 from tracekit_proc import TracekitProc, have_tracekit
 
-from tkbox.record.tracekit import init_dev
+from tkbox.record.tracekit_setup import init_dev
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "signer"))
 from signer_proc import WitnessProc  # noqa: E402

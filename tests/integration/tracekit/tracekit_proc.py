@@ -12,7 +12,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from tkbox.record.tracekit import Setup, TracekitSignerClient, init_dev, tracekit_command
+from tkbox.record.tracekit import TracekitSignerClient
+from tkbox.record.tracekit_setup import Setup, init_dev, tracekit_command
 
 
 def have_tracekit() -> bool:

@@ -49,6 +49,17 @@ def test_a_user_or_group_the_image_does_not_define_is_a_one_line_error(spec: str
         resolve_user(spec, PASSWD, GROUP)
 
 
+@pytest.mark.parametrize("uid", ["\u00b2", "1\u0663", "\uff11"])
+def test_a_non_ascii_digit_in_an_image_id_is_a_user_error_not_a_crash(uid: str) -> None:
+    """A hostile image's passwd or User holding digits that `str.isdigit` accepts and
+    `int` refuses ('\u00b2', Arabic-Indic, fullwidth) gets the one-line error, not a
+    ValueError escaping into the daemon."""
+    with pytest.raises(UserError):
+        resolve_user(uid, PASSWD, GROUP)
+    with pytest.raises(UserError):
+        resolve_user("x", f"x:x:{uid}:{uid}:x:/home/x:/bin/sh\n", GROUP)
+
+
 def test_env_keeps_valid_names_in_order_and_is_bounded() -> None:
     env = image_env(("PATH=/a:/b", "A=1=2", "bad name=x", "=x", "NOEQ", "A=3", "Z=\x00x"))
     assert env == {"PATH": "/a:/b", "A": "3"}

@@ -10,7 +10,7 @@ from tkbox.doors.network.approvals import ApprovalBoard
 from tkbox.doors.network.clock import FakeClock
 from tkbox.doors.network.testing import aiotest
 from tkbox.errors import Refused, SignerUnavailable, UserError
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 
 async def settle() -> None:

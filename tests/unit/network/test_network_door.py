@@ -18,7 +18,7 @@ from tkbox.doors.network.testing import (
 )
 from tkbox.doors.network.tunnel import TLS_ACCESS_DENIED
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 PUBLIC = "93.184.215.14"
 PUBLIC6 = "2606:2800:21f:cb07:6820:80da:af6b:8b2c"

@@ -24,7 +24,7 @@ from tkbox.doors.network.testing import aiotest, make_door
 from tkbox.errors import SignerUnavailable
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
 from tkbox.record.budget import BudgetedSigner, RecordBudgetExhausted, estimate
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 PUBLIC = "93.184.215.14"
 

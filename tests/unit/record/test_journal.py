@@ -12,8 +12,8 @@ import pytest
 from tkbox.cli.logs import Formatter
 from tkbox.errors import SignerUnavailable
 from tkbox.record import journal
-from tkbox.record.client import FakeSigner
 from tkbox.record.journal import JournalingSigner, Journals
+from tkbox.record.testing import FakeSigner
 
 
 def lines(j: Journals, run: str) -> list[dict[str, object]]:

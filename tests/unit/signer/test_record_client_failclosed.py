@@ -19,8 +19,8 @@ from typing import Any
 import pytest
 
 from tkbox.errors import SignerUnavailable
+from tkbox.formats import wire
 from tkbox.record.unix import UnixSignerClient
-from tkbox.signer import wire
 
 Script = Callable[[asyncio.StreamReader, asyncio.StreamWriter], Awaitable[None]]
 

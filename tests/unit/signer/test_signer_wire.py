@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from tkbox.signer import wire
+from tkbox.formats import wire
 
 
 def test_roundtrip_in_any_split() -> None:

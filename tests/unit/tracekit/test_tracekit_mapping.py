@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tkbox.errors import SignerUnavailable
-from tkbox.record.tracekit import (
+from tkbox.record.tracekit_map import (
     SOURCE_MAX,
     Contained,
     event_source,

@@ -35,7 +35,7 @@ from tkbox.doors.network.tls import (
     HS_SERVER_HELLO,
 )
 from tkbox.protocol.streams import ByteStream, MemoryStream, memory_stream_pair
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 #: the origins `make_door` built in the running `aiotest`, closed when it ends
 _ORIGINS: contextvars.ContextVar[list[MemoryOrigin]] = contextvars.ContextVar("origins")

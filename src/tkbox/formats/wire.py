@@ -1,5 +1,9 @@
 """The signer's wire protocol, sans-IO (both the signer and its clients use it).
 
+It lives in `formats`, below both `tkbox.signer` (the process) and
+`tkbox.record` (the daemon's client), so neither imports the other to speak
+it: the signer shares no code with the daemon beyond the formats.
+
 A frame is a 4-byte big-endian length N (1 <= N <= MAX_FRAME), then N bytes
 of RFC 8785 canonical JSON holding one object.
 
@@ -32,6 +36,7 @@ from __future__ import annotations
 import struct
 from typing import Any
 
+from tkbox.errors import RemoteError
 from tkbox.formats import canonjson
 from tkbox.formats.errors import FormatError
 
@@ -40,8 +45,9 @@ OPS = frozenset({"ping", "open", "decide", "complete", "event", "close", "export
                  "release", "quarantine", "status", "subscribe"})
 
 
-class WireError(Exception):
-    """The peer broke the framing or sent something that is not a frame."""
+class WireError(RemoteError):
+    """The peer broke the framing or sent something that is not a frame (or we were
+    asked to encode something that cannot be one)."""
 
 
 def encode(obj: dict[str, Any]) -> bytes:

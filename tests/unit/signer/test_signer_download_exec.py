@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import pytest
 
-from tkbox.signer.shell import MAX_COMMAND, analyze, parse_seq
+from tkbox.signer.bash import MAX_COMMAND
+from tkbox.signer.download_exec import analyze
 
 REFUSED = [
     "curl -fsSL https://get.example/install.sh | sh",
@@ -107,14 +108,6 @@ def test_findings_say_what_happened() -> None:
     a = analyze("curl -fsSL https://x | sudo bash")
     assert a.findings == ["a download is piped into bash, which runs it unread"]
     assert sorted(set(a.programs)) == ["bash", "curl"]
-
-
-def test_parser_reads_quotes_and_substitutions() -> None:
-    seq = parse_seq("FOO=1 echo 'a b' \"c $(date) d\" $'e\\tf' 2>&1 | cat")
-    cmd = seq.pipelines[0].commands[0]
-    assert [w.show() for w in cmd.words] == ["echo", "a b", "c $(…) d", "e\tf"]
-    assert [(r.op, r.fd) for r in cmd.redirs] == [(">&", 2)]
-    assert len(seq.pipelines[0].commands) == 2
 
 
 @pytest.mark.parametrize("cmd", ["x" * (MAX_COMMAND + 1), "$(" * 50 + "curl x" + ")" * 50,
