@@ -153,6 +153,18 @@ def _no_constant(s: str) -> Any:
 _decode_plain = json.JSONDecoder(parse_float=_no_float, parse_constant=_no_constant).decode
 
 
+def _safe_int(s: str) -> int:
+    n = int(s)
+    if not -MAX_SAFE_INT <= n <= MAX_SAFE_INT:
+        raise _fail(f"integer {s[:40]} is outside the I-JSON range ±(2^53 - 1)")
+    return n
+
+
+# The decoder of the fastest path: every integer checked as it is read.
+_decode_checked = json.JSONDecoder(parse_float=_no_float, parse_constant=_no_constant,
+                                   parse_int=_safe_int).decode
+
+
 def loads(data: bytes, *, max_size: int = 1 << 20, where: str = "") -> Any:
     """Parse canonical JSON; anything not canonical raises CanonicalJSONError."""
     if len(data) > max_size:
@@ -161,9 +173,19 @@ def loads(data: bytes, *, max_size: int = 1 << 20, where: str = "") -> Any:
     # back as exactly these bytes. A duplicate member collapses and so cannot
     # print back the same; any difference goes the slow way, which says what it is.
     with contextlib.suppress(ValueError, RecursionError, CanonicalJSONError):
-        value = _decode_plain(data.decode("utf-8"))
-        if dumps(value) == data:
-            return value
+        if data.isascii() and data.count(b"{") + data.count(b"[") <= MAX_DEPTH:
+            # What `_plain` would check, known from the bytes: the decoder makes only
+            # exact dicts, lists, strs, ints (each checked in range as read), bools and
+            # None; ASCII holds no character beyond U+FFFF; fewer than MAX_DEPTH
+            # brackets cannot nest deeper. So the C encoder alone says if it prints back.
+            text = data.decode("ascii")
+            value = _decode_checked(text)
+            if _encode_plain(value) == text:
+                return value
+        else:
+            value = _decode_plain(data.decode("utf-8"))
+            if dumps(value) == data:
+                return value
     try:
         text = data.decode("utf-8")
         value = json.loads(
