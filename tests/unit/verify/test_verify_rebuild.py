@@ -213,7 +213,8 @@ def _mutations(raw: bytes, rng: random.Random) -> list[bytes]:
            raw.replace(b'"body":{', b'"body":{"n":1.5,'),
            raw.replace(b'"body":{', b'"body":{"\xc3\xa9":1,'),
            raw.replace(b'"body":{', b'"body":{"\\u00e9":1,'),
-           raw.replace(b'"body":{', b'"body":{"a":[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]]],'),
+           raw.replace(b'"body":{', b'"body":{"a":' + b"[" * 31 + b"1" + b"]" * 31 + b","),
+           raw.replace(b'"body":{', b'"body":{"a":' + b"[" * 32 + b"1" + b"]" * 32 + b","),
            raw.replace(b'"body":{', b'"body":{"b":1,"a":2,')]
     if obj.get("prev"):
         p = obj["prev"]
