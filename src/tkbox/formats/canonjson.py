@@ -122,7 +122,7 @@ def _plain(v: Any, depth: int) -> bool:
 def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical bytes of `value`. Raises CanonicalJSONError."""
     if _plain(value, 0):
-        text = _encode_plain(value)
+        text = encode_plain(value)
     else:
         out: list[str] = []
         _value(value, out, 0)

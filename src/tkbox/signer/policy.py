@@ -247,10 +247,13 @@ class PolicyEngine:
             "action": {"type": "Action", "id": action},
             "resource": {"type": f"Tkbox::{_RESOURCE_TYPE[action]}",
                          "id": _resource_id(action, resource, context)},
-            "context": _cedar({"resource": resource, "request": context, "analysis": analysis}),
+            # As text: cedarpy passes a string through instead of copying the request
+            # and encoding it itself.
+            "context": json.dumps(_cedar({"resource": resource, "request": context,
+                                          "analysis": analysis})),
         }
         try:
-            result = cedarpy.is_authorized(request, self._set, [])
+            result = cedarpy.is_authorized(request, self._set, "[]")
         except Exception as exc:  # noqa: BLE001 - any Cedar failure is a refusal
             msg = f"policy error: Cedar failed: {' '.join(str(exc).split())}"
             return Decision(False, msg, diagnostics=(msg,), analysis=analysis)
