@@ -133,6 +133,7 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
     append = out.append
     time_ok = TIME.fullmatch
     b2a = binascii.b2a_base64
+    new = object.__new__
     for j, raw in enumerate(raws):
         try:
             if len(raw) > MAX_RECORD or not (ascii_all or raw.isascii()) or \
@@ -172,7 +173,10 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
         except (ValueError, StopIteration, RecursionError, TypeError, FormatError):
             append(parse(raw, f"{where} {j}"))  # raises, naming the fault (or agrees)
             continue
-        append(Record(run, seq, prev_hash, time, kind, body, raw))
+        rec = new(Record)  # as Record(...) does, without its seven frozen setattrs
+        rec.__dict__.update(run=run, seq=seq, prev=prev_hash, time=time, kind=kind, body=body,
+                            raw=raw)
+        append(rec)
     return out
 
 
