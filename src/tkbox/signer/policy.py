@@ -18,8 +18,9 @@ Evaluation is a pure function of (policy set, request): Cedar gets no
 entities and no schema, and the shell reader reads only the command line.
 So two bounded caches are exact: the shell reader's analysis by command line,
 and the whole decision by the request's canonical JSON (run, action, resource,
-context). Both are emptied whenever the policy set is (re)loaded, and a
-request too large to be worth keeping is evaluated without them. An agent
+context). Both are emptied whenever the policy set is (re)loaded, a request
+too large to be worth keeping is evaluated without them, and a decision that
+carries diagnostics (a policy or reader failure) is not kept. An agent
 repeats itself (`git status`, the same test command); a repeat costs a
 dictionary lookup instead of the reader and Cedar (~100 µs).
 
@@ -208,7 +209,7 @@ class PolicyEngine:
                 return hit
         self.misses += 1
         d = self._evaluate(run, action, resource, context)
-        if key is not None:
+        if key is not None and not d.diagnostics:  # a failure is evaluated again next time
             _keep(self._decisions, key, d)
         return d
 
@@ -242,17 +243,17 @@ class PolicyEngine:
         if self._error or self._set is None:
             return Decision(False, self._error or "policy error: no policy loaded",
                             diagnostics=(self._error,), analysis=analysis)
-        request = {
-            "principal": {"type": "Tkbox::Run", "id": run},
-            "action": {"type": "Action", "id": action},
-            "resource": {"type": f"Tkbox::{_RESOURCE_TYPE[action]}",
-                         "id": _resource_id(action, resource, context)},
-            # As text: cedarpy passes a string through instead of copying the request
-            # and encoding it itself.
-            "context": json.dumps(_cedar({"resource": resource, "request": context,
-                                          "analysis": analysis})),
-        }
         try:
+            request = {
+                "principal": {"type": "Tkbox::Run", "id": run},
+                "action": {"type": "Action", "id": action},
+                "resource": {"type": f"Tkbox::{_RESOURCE_TYPE[action]}",
+                             "id": _resource_id(action, resource, context)},
+                # As text: cedarpy passes a string through instead of copying the
+                # request and encoding it itself.
+                "context": json.dumps(_cedar({"resource": resource, "request": context,
+                                              "analysis": analysis})),
+            }
             result = cedarpy.is_authorized(request, self._set, "[]")
         except Exception as exc:  # noqa: BLE001 - any Cedar failure is a refusal
             msg = f"policy error: Cedar failed: {' '.join(str(exc).split())}"
