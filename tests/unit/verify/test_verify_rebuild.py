@@ -270,3 +270,32 @@ def test_a_changed_byte_anywhere_gets_the_verdict_of_the_proof_by_proof_check(
     assert fast[0] == "ok 120"
     assert fast == slow
     assert sum(v.startswith("ok") for v in fast) == 1
+
+
+@given(base=st.integers(0, 6), cut=st.integers(0, 400), ins=st.binary(max_size=8),
+       drop=st.integers(0, 3))
+def test_fuzz_parse_many_is_parse_on_edited_records(base: int, cut: int, ins: bytes,
+                                                    drop: int) -> None:
+    """Garbage spliced anywhere into a real record: parse_many's verdict (the record, or
+    the error code) is parse's, and it raises nothing but FormatError."""
+    raw = _SAMPLE_RAWS[base % len(_SAMPLE_RAWS)]
+    i = cut % (len(raw) + 1)
+    m = raw[:i] + ins + raw[i + drop :]
+    try:
+        want: record.Record | str = record.parse(m, "record 0")
+    except FormatError as exc:
+        want = exc.code
+    try:
+        got: record.Record | str = record.parse_many([m])[0]
+    except FormatError as exc:
+        got = exc.code
+    assert got == want
+
+
+def _sample_raws() -> list[bytes]:
+    k = Kit()
+    k.run("s", decisions=2)
+    return k.raw
+
+
+_SAMPLE_RAWS = _sample_raws()
