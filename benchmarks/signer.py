@@ -14,7 +14,8 @@ this process on the same disk:
 - the same with agent-like requests: an agent repeats commands (`git status`,
   the same test), which the signer's exact decision cache answers. Same
   baseline.
-- one decision at a time, p50/p99: all of the above, one call at a time.
+- one decision at a time, p50/p99: all of the above, one call at a time
+  (500 of them, after 50 not timed).
   Baseline: raw `write` + `fdatasync` of 300 bytes to a file on the same
   disk, p50/p99: the disk's own floor for anything durable.
 - bundle verification, records/s, for each of `--records`: `verify_bundle`
@@ -181,6 +182,8 @@ async def decisions_with(c: Any, n: int, concurrency: int, tag: str = "",
     through any SignerClient; every request different unless `make` repeats."""
     try:
         await c.open_run("bench-latency" + tag, {})
+        for i in range(50):  # warm-up (first Cedar calls, first pages of the store): not timed
+            await c.decide("bench-latency" + tag, *make(2_000_000 + i))
         lat = []
         for i in range(min(n, 500)):  # one at a time: latency
             action, resource, context = make(1_000_000 + i)
