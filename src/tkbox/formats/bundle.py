@@ -28,6 +28,7 @@ operator (they make the assurance `witnessed` rather than `local`).
 
 from __future__ import annotations
 
+import binascii
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -114,6 +115,80 @@ def parse(data: bytes) -> Bundle:
     if len(checkpoint) > MAX_CHECKPOINT:
         raise lines.fail(f"the checkpoint is larger than {MAX_CHECKPOINT} bytes")
     return Bundle(run, tuple(entries), checkpoint)
+
+
+@dataclass(frozen=True)
+class Scanned:
+    """A bundle read in one pass for the verifier, its audit paths left as text.
+
+    `paths[j]` is record j's audit path exactly as the bundle holds it: its
+    lines, each with its LF, not yet decoded. Nothing in it is trusted: the
+    verifier compares it with the canonical text of the path it rebuilt
+    (`merkle.Rebuilt`), which checks every byte, and reads through `parse`
+    (which names the fault) whenever anything differs.
+    """
+
+    run: str
+    indexes: list[int]
+    extras: list[bytes]
+    paths: list[bytes]
+    checkpoint: bytes
+
+
+def scan(data: bytes) -> Scanned | None:
+    """The bundle as `Scanned` if it is laid out exactly as `encode` writes it, else
+    None (then `parse` reads it and says what is wrong). Whatever `scan` accepts,
+    `parse` accepts with the same run, indexes, records and checkpoint, provided
+    each path text is a sequence of canonical base64 hash lines (the verifier's
+    comparison makes sure of that)."""
+    if len(data) > MAX_BUNDLE:
+        return None
+    try:
+        lines = Lines(data, "bundle", "bundle.malformed")
+        if lines.next("the bundle header") != MAGIC:
+            return None
+        run = lines.keyword("run", "the run line")
+        count = _strict.decimal(lines.keyword("records", "the records line"),
+                                "bundle.malformed", "", maximum=MAX_RECORDS)
+    except FormatError:
+        return None
+    if not valid_run_id(run) or count == 0:
+        return None
+    start = lines.pos
+    end = data.find(b"\n\n", start - 1)
+    if end < start:
+        return None
+    checkpoint = data[end + 2 :]
+    body = data[start : end + 1]
+    if not checkpoint or len(checkpoint) > MAX_CHECKPOINT or not body.isascii():
+        return None
+    chunks = body.split(PROOF_HEADER.encode() + b"\n")
+    if len(chunks) != count + 1 or chunks[0]:
+        return None
+    max_extra_text = (MAX_RECORD + 2) // 3 * 4
+    a2b, b2a = binascii.a2b_base64, binascii.b2a_base64
+    indexes: list[int] = []
+    extras: list[bytes] = []
+    paths: list[bytes] = []
+    try:
+        for chunk in chunks[1:]:
+            extra, index, path = chunk.split(b"\n", 2)
+            digits = index[6:]
+            if extra[:6] != b"extra " or index[:6] != b"index " or \
+                    len(extra) - 6 > max_extra_text or path.count(b"\n") > MAX_PATH or \
+                    not digits.isdigit() or len(digits) > 20 or \
+                    (digits[0] == 48 and len(digits) > 1):  # b"0": no leading zero
+                return None
+            raw = a2b(extra[6:], strict_mode=True)
+            i = int(digits)
+            if b2a(raw, newline=False) != extra[6:] or i > _strict.UINT64_MAX:
+                return None  # not canonical base64, or beyond what `parse` takes
+            extras.append(raw)
+            indexes.append(i)
+            paths.append(path)
+    except (ValueError, binascii.Error):
+        return None
+    return Scanned(run, indexes, extras, paths, checkpoint)
 
 
 def _read_entries_fast(lines: Lines, count: int) -> list[Entry] | None:

@@ -122,7 +122,7 @@ def _plain(v: Any, depth: int) -> bool:
 def dumps(value: Any) -> bytes:
     """The RFC 8785 canonical bytes of `value`. Raises CanonicalJSONError."""
     if _plain(value, 0):
-        text = _encode_plain(value)
+        text = encode_plain(value)
     else:
         out: list[str] = []
         _value(value, out, 0)
@@ -153,6 +153,51 @@ def _no_constant(s: str) -> Any:
 _decode_plain = json.JSONDecoder(parse_float=_no_float, parse_constant=_no_constant).decode
 
 
+def _safe_int(s: str) -> int:
+    n = int(s)
+    if not -MAX_SAFE_INT <= n <= MAX_SAFE_INT:
+        raise _fail(f"integer {s[:40]} is outside the I-JSON range ±(2^53 - 1)")
+    return n
+
+
+# The decoder of the fastest path: every integer checked as it is read.
+_checked = json.JSONDecoder(parse_float=_no_float, parse_constant=_no_constant,
+                            parse_int=_safe_int)
+_decode_checked = _checked.decode
+
+
+def _refuse(v: Any) -> Any:
+    raise _fail(f"{type(v).__name__} is not a JSON value")
+
+
+# The same encoder as `_encode_plain`, made once: `JSONEncoder.encode` builds a new
+# C encoder on every call, which costs about as much as encoding a small record.
+_c_make_encoder = getattr(json.encoder, "c_make_encoder", None)
+_c_encode = None if _c_make_encoder is None else _c_make_encoder(
+    None, _refuse, _encode_string, None, ":", ",", True, False, False)
+
+
+def encode_plain(value: Any) -> str:
+    """The C encoder of the fast paths: byte-identical to RFC 8785 for the values
+    `_plain` accepts (and for any value the C decoder made from ASCII text)."""
+    if _c_encode is None:
+        return _encode_plain(value)
+    return "".join(_c_encode(value, 0))
+
+
+_unchecked = json.JSONDecoder(parse_float=_no_float, parse_constant=_no_constant)
+
+
+def scanner(*, check_ints: bool = True) -> Any:
+    """`scan(text, 0) -> (value, end)`: one JSON value read by the C scanner,
+    floats and constants refused and integers checked within ±(2^53 - 1)
+    (CanonicalJSONError); StopIteration or ValueError if there is no JSON
+    value at 0; `end` says where it stopped. For callers that check canonical
+    form themselves (`record.parse_many`). `check_ints=False` leaves integers
+    unchecked: only for text known to hold no run of 16 digits."""
+    return (_checked if check_ints else _unchecked).scan_once  # type: ignore[attr-defined]
+
+
 def loads(data: bytes, *, max_size: int = 1 << 20, where: str = "") -> Any:
     """Parse canonical JSON; anything not canonical raises CanonicalJSONError."""
     if len(data) > max_size:
@@ -161,9 +206,19 @@ def loads(data: bytes, *, max_size: int = 1 << 20, where: str = "") -> Any:
     # back as exactly these bytes. A duplicate member collapses and so cannot
     # print back the same; any difference goes the slow way, which says what it is.
     with contextlib.suppress(ValueError, RecursionError, CanonicalJSONError):
-        value = _decode_plain(data.decode("utf-8"))
-        if dumps(value) == data:
-            return value
+        if data.isascii() and data.count(b"{") + data.count(b"[") <= MAX_DEPTH:
+            # What `_plain` would check, known from the bytes: the decoder makes only
+            # exact dicts, lists, strs, ints (each checked in range as read), bools and
+            # None; ASCII holds no character beyond U+FFFF; fewer than MAX_DEPTH
+            # brackets cannot nest deeper. So the C encoder alone says if it prints back.
+            text = data.decode("ascii")
+            value = _decode_checked(text)
+            if encode_plain(value) == text:
+                return value
+        else:
+            value = _decode_plain(data.decode("utf-8"))
+            if dumps(value) == data:
+                return value
     try:
         text = data.decode("utf-8")
         value = json.loads(

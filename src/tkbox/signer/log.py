@@ -13,9 +13,13 @@ at any point leaves either a whole transaction or none of it.
 Appends are staged in memory in order (the run's next `seq` and `prev` are
 assigned at once, so concurrent requests cannot interleave a chain), then
 written by one writer thread in group commits: every staged record not yet
-written goes into one transaction. A record is acknowledged (its future
-resolves) only after its transaction committed. If a write fails the signer
-stops: it cannot keep what it would acknowledge.
+written goes into one transaction, which is one fsync of the WAL. The batch
+is handed over at the end of the loop's turn, not at the first record, so
+the requests read together (32 in flight arrive in one read) share one
+commit, and the records staged while a commit is in flight share the next.
+A record is acknowledged (its future resolves) only after its transaction
+committed. If a write fails the signer stops: it cannot keep what it would
+acknowledge.
 
 A run's states, and what moves it:
 
@@ -120,6 +124,9 @@ class Log:
         self.durable_size = 0
         self._staged: list[Staged] = []
         self._busy = False  # a batch is with the writer thread
+        self._handover_soon = False  # a hand-over is scheduled for the end of this turn
+        self._last: asyncio.Future[None] | None = None  # the future of the last staged record
+        self.commits = 0  # transactions committed (each one fsync of the WAL)
         self._loop: asyncio.AbstractEventLoop | None = None
         self._queue: queue.SimpleQueue[list[Staged] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
@@ -215,16 +222,21 @@ class Log:
         idx = self.tree.append(rec.hash)
         fut: asyncio.Future[None] = asyncio.get_running_loop().create_future()
         self._staged.append(Staged(idx, rec, fut))
+        self._last = fut
         if self._thread is None:
             self._loop = asyncio.get_running_loop()
             self._thread = threading.Thread(target=self._writer, name="log-writer", daemon=True)
             self._thread.start()
-        if not self._busy:
-            self._hand_over()
+        if not self._busy and not self._handover_soon:
+            self._handover_soon = True
+            asyncio.get_running_loop().call_soon(self._hand_over)
         return rec, fut
 
     def _hand_over(self) -> None:
         """Give every staged record to the writer thread: one transaction (group commit)."""
+        self._handover_soon = False
+        if self._busy or not self._staged:
+            return
         if self._failed:
             for s in self._staged:
                 s.future.set_exception(LogError("the signer could not write its log"))
@@ -258,6 +270,7 @@ class Log:
                 if not s.future.done():
                     s.future.set_exception(LogError("the signer could not write its log"))
         else:
+            self.commits += 1
             self.durable_size = batch[-1].idx + 1
             for s in batch:
                 if not s.future.done():
@@ -280,9 +293,14 @@ class Log:
                 raise
 
     async def wait_durable(self) -> None:
-        """Until everything staged so far is durable (or has failed)."""
-        while (self._staged or self._busy) and not self._failed:
-            await asyncio.sleep(0.001)
+        """Until everything staged so far is durable (or has failed).
+
+        Batches commit in the order they were staged, so the last staged
+        record's future resolving means every record before it is durable.
+        """
+        last = self._last
+        if last is not None and not last.done():
+            await asyncio.wait({last})
 
     # --- reads ---------------------------------------------------------------
 

@@ -14,6 +14,16 @@ Every decision is one Cedar request:
 it is `tkbox.signer.download_exec.analyze` of the command line (`parsed`,
 `download_to_interpreter`, `mentions_downloader`, `findings`, `programs`).
 
+Evaluation is a pure function of (policy set, request): Cedar gets no
+entities and no schema, and the shell reader reads only the command line.
+So two bounded caches are exact: the shell reader's analysis by command line,
+and the whole decision by the request's canonical JSON (run, action, resource,
+context). Both are emptied whenever the policy set is (re)loaded, a request
+too large to be worth keeping is evaluated without them, and a decision that
+carries diagnostics (a policy or reader failure) is not kept. An agent
+repeats itself (`git status`, the same test command); a repeat costs a
+dictionary lookup instead of the reader and Cedar (~100 µs).
+
 The policy set is the built-in packs (`packs/*.cedar`: `base` allows, the
 others forbid) plus the user's file. A refusal's reason is the `@reason`
 annotation of the forbid policies that matched. Anything that goes wrong in
@@ -35,16 +45,25 @@ from typing import Any
 
 import cedarpy
 
+from tkbox.formats import canonjson
+from tkbox.formats.errors import FormatError
 from tkbox.signer.download_exec import analyze
 
 log = logging.getLogger("tkbox.signer.policy")
 
 ACTIONS = ("Bash", "Connect", "Write", "Approval")
 DEFAULT_PACKS = ("base", "download-exec")
+#: entries in each cache (analyses by command line, decisions by request)
+CACHE_ENTRIES = 4096
+#: a command line or request larger than this is evaluated without the caches
+CACHE_MAX_KEY = 8192
 
 
 @dataclass(frozen=True)
 class Decision:
+    """One decision. Kept in the cache and shared between records: never mutate
+    `analysis` (the record's canonical JSON is made from it, read only)."""
+
     allowed: bool
     reason: str
     policies: tuple[str, ...] = ()  # @id of the policies that decided
@@ -107,6 +126,9 @@ class PolicyEngine:
         self._reasons: dict[str, str] = {}
         self._ids: dict[str, str] = {}
         self.digest = ""
+        self._analyses: dict[str, dict[str, Any]] = {}
+        self._decisions: dict[bytes, Decision] = {}
+        self.hits = self.misses = 0
         self._load()
 
     def _file_stamp(self) -> tuple[int, int] | None:
@@ -120,6 +142,8 @@ class PolicyEngine:
 
     def _load(self) -> None:
         self._stamp = self._file_stamp()
+        self._analyses.clear()
+        self._decisions.clear()
         sources = [(f"pack {p}", pack_text(p)) for p in self.packs]
         if self._stamp is not None and self.user_file is not None:
             try:
@@ -169,7 +193,38 @@ class PolicyEngine:
 
     def decide(self, run: str, action: str, resource: dict[str, Any],
                context: dict[str, Any]) -> Decision:
+        """The decision for one request; from the cache when this exact request
+        (byte for byte, in canonical JSON) was decided under this policy set."""
         self._maybe_reload()
+        try:
+            key: bytes | None = canonjson.dumps([run, action, resource, context])
+        except FormatError:
+            key = None  # not JSON Cedar could take either: evaluated, and refused, below
+        if key is not None and len(key) > CACHE_MAX_KEY:
+            key = None
+        if key is not None:
+            hit = self._decisions.get(key)
+            if hit is not None:
+                self.hits += 1
+                return hit
+        self.misses += 1
+        d = self._evaluate(run, action, resource, context)
+        if key is not None and not d.diagnostics:  # a failure is evaluated again next time
+            _keep(self._decisions, key, d)
+        return d
+
+    def _analyze(self, cmd: str) -> dict[str, Any]:
+        """The shell reader's analysis of `cmd` (a pure function of the text)."""
+        if len(cmd) > CACHE_MAX_KEY:
+            return analyze(cmd).to_json()
+        hit = self._analyses.get(cmd)
+        if hit is None:
+            hit = analyze(cmd).to_json()
+            _keep(self._analyses, cmd, hit)
+        return hit
+
+    def _evaluate(self, run: str, action: str, resource: dict[str, Any],
+                  context: dict[str, Any]) -> Decision:
         analysis: dict[str, Any] = {"parsed": True, "error": "", "download_to_interpreter": False,
                                     "mentions_downloader": False, "findings": [], "programs": []}
         if action not in ACTIONS:
@@ -180,7 +235,7 @@ class PolicyEngine:
                 return Decision(False, "a Bash decision needs the command line "
                                 "(resource.command or resource.argv)")
             try:
-                analysis = analyze(cmd).to_json()
+                analysis = self._analyze(cmd)
             except Exception as exc:  # noqa: BLE001 - a reader bug refuses, never allows
                 log.exception("the shell reader failed")
                 msg = f"policy error: the command line reader failed ({exc.__class__.__name__})"
@@ -188,15 +243,18 @@ class PolicyEngine:
         if self._error or self._set is None:
             return Decision(False, self._error or "policy error: no policy loaded",
                             diagnostics=(self._error,), analysis=analysis)
-        request = {
-            "principal": {"type": "Tkbox::Run", "id": run},
-            "action": {"type": "Action", "id": action},
-            "resource": {"type": f"Tkbox::{_RESOURCE_TYPE[action]}",
-                         "id": _resource_id(action, resource, context)},
-            "context": _cedar({"resource": resource, "request": context, "analysis": analysis}),
-        }
         try:
-            result = cedarpy.is_authorized(request, self._set, [])
+            request = {
+                "principal": {"type": "Tkbox::Run", "id": run},
+                "action": {"type": "Action", "id": action},
+                "resource": {"type": f"Tkbox::{_RESOURCE_TYPE[action]}",
+                             "id": _resource_id(action, resource, context)},
+                # As text: cedarpy passes a string through instead of copying the
+                # request and encoding it itself.
+                "context": json.dumps(_cedar({"resource": resource, "request": context,
+                                              "analysis": analysis})),
+            }
+            result = cedarpy.is_authorized(request, self._set, "[]")
         except Exception as exc:  # noqa: BLE001 - any Cedar failure is a refusal
             msg = f"policy error: Cedar failed: {' '.join(str(exc).split())}"
             return Decision(False, msg, diagnostics=(msg,), analysis=analysis)
@@ -214,6 +272,13 @@ class PolicyEngine:
         findings = analysis.get("findings") or []
         reason = reasons[0] + (f" ({findings[0]})" if findings else "")
         return Decision(False, reason, ids, (), analysis)
+
+
+def _keep(cache: dict[Any, Any], key: Any, value: Any) -> None:
+    """Insert, forgetting the oldest entry beyond CACHE_ENTRIES (insertion order)."""
+    if len(cache) >= CACHE_ENTRIES:
+        del cache[next(iter(cache))]
+    cache[key] = value
 
 
 _RESOURCE_TYPE = {"Bash": "Command", "Connect": "Host", "Write": "File", "Approval": "Approval"}

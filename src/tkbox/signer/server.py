@@ -68,12 +68,23 @@ class Refusal(Exception):
     """A request the signer will not take; one line for a person."""
 
 
+@dataclass(frozen=True)
+class Durable:
+    """A handler's answer that may go out once `fut` (the record's durability) resolves.
+
+    Answered from the future's callback: no task per request on the decision path."""
+
+    fut: asyncio.Future[None]
+    result: dict[str, Any]
+
+
 @dataclass(eq=False)
 class Conn:
     peer: Peer
     writer: asyncio.StreamWriter
     subscribed: bool = False
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    waiting: set[asyncio.Future[None]] = field(default_factory=set)  # answers not yet durable
 
     _out: list[bytes] = field(default_factory=list)
     _flush_soon: bool = False
@@ -110,7 +121,7 @@ class Signer:
         self.uid = os.getuid()
         self._server: asyncio.AbstractServer | None = None
         self._ops: dict[str, Callable[[Conn, dict[str, Any]], Awaitable[dict[str, Any]] |
-                                      dict[str, Any]]] = {
+                                      Durable | dict[str, Any]]] = {
             "ping": self._ping, "status": self._status, "open": self._open,
             "decide": self._decide, "complete": self._complete, "event": self._event,
             "close": self._close, "export": self._export, "hold": self._hold,
@@ -198,6 +209,8 @@ class Signer:
             self.conns.discard(conn)
             for t in list(conn.tasks):
                 await asyncio.wait({t})
+            if conn.waiting:
+                await asyncio.wait(set(conn.waiting))
             conn.flush()
             writer.close()
 
@@ -232,6 +245,26 @@ class Signer:
         if isinstance(result, dict):
             conn.send({"id": rid, "ok": True, "result": result})
             slots.release()
+            return
+        if isinstance(result, Durable):
+            answer = result.result
+            conn.waiting.add(result.fut)
+
+            def durable(fut: asyncio.Future[None]) -> None:
+                conn.waiting.discard(fut)
+                slots.release()
+                exc = None if fut.cancelled() else fut.exception()
+                if fut.cancelled() or isinstance(exc, LogError):
+                    conn.send({"id": rid, "ok": False, "kind": "refused",
+                               "error": str(exc or "the signer is stopping")})
+                elif exc is not None:
+                    log.error("%s failed: %s", op, exc.__class__.__name__)
+                    conn.send({"id": rid, "ok": False, "kind": "failed",
+                               "error": f"{op} failed in the signer: {exc.__class__.__name__}"})
+                else:
+                    conn.send({"id": rid, "ok": True, "result": answer})
+
+            result.fut.add_done_callback(durable)
             return
 
         async def finish(awaitable: Awaitable[dict[str, Any]]) -> None:
@@ -289,16 +322,12 @@ class Signer:
                 "size": latest.size, "by": latest.cosigned_by, "failures": latest.failures},
         }
 
-    async def _durable(self, fut: asyncio.Future[None], result: dict[str, Any]) -> dict[str, Any]:
-        await fut
-        return result
-
     def _append(self, run: str, kind: str, body: dict[str, Any],
-                result: dict[str, Any] | None = None) -> Awaitable[dict[str, Any]]:
+                result: dict[str, Any] | None = None) -> Durable:
         rec, fut = self.log.stage(run, kind, body)
-        return self._durable(fut, {"seq": rec.seq, **(result or {})})
+        return Durable(fut, {"seq": rec.seq, **(result or {})})
 
-    def _open(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def _open(self, conn: Conn, req: dict[str, Any]) -> Durable:
         run = wire.need(req, "run", str)
         facts = wire.need(req, "facts", dict)
         body = {
@@ -310,7 +339,7 @@ class Signer:
         }
         return self._append(run, record.OPEN, body)
 
-    def _decide(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def _decide(self, conn: Conn, req: dict[str, Any]) -> Durable:
         run = wire.need(req, "run", str)
         action = wire.need(req, "action", str)
         resource = wire.need(req, "resource", dict)
@@ -323,10 +352,10 @@ class Signer:
             d = self.policy.decide(run, action, resource, context)
         body = {"action": action, "resource": resource, "context": context, **d.record_body()}
         rec, fut = self.log.stage(run, record.DECISION, body)
-        return self._durable(fut, {"allowed": d.allowed, "reason": d.reason,
-                                   "decision": f"{run}/{rec.seq}"})
+        return Durable(fut, {"allowed": d.allowed, "reason": d.reason,
+                             "decision": f"{run}/{rec.seq}"})
 
-    def _complete(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def _complete(self, conn: Conn, req: dict[str, Any]) -> Durable:
         run = wire.need(req, "run", str)
         did = wire.need(req, "decision", str)
         outcome = wire.need(req, "outcome", dict)
@@ -341,7 +370,7 @@ class Signer:
             raise Refusal(f"decision {did} is completed already")
         return self._append(run, record.COMPLETE, {"decision": seq, "outcome": outcome})
 
-    def _event(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def _event(self, conn: Conn, req: dict[str, Any]) -> Durable:
         run = wire.need(req, "run", str)
         kind = wire.need(req, "kind", str)
         body = wire.need(req, "body", dict)
@@ -350,7 +379,7 @@ class Signer:
                           "tkbox.gap, and not one the signer writes itself)")
         return self._append(run, kind, body)
 
-    def _close(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
+    def _close(self, conn: Conn, req: dict[str, Any]) -> Durable:
         run = wire.need(req, "run", str)
         return self._append(run, record.CLOSE, {})
 

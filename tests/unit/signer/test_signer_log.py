@@ -132,3 +132,77 @@ def test_a_failed_write_stops_the_signer_and_acknowledges_nothing(tmp_path: Path
 
     asyncio.run(go())
     assert fatal and "cannot write the log" in fatal[0]
+
+
+class _GatedLog(Log):
+    """A log whose writer waits at a gate before each commit, counting the records of each."""
+
+    def __init__(self, path: Path) -> None:
+        import threading
+
+        self.gate = threading.Event()
+        self.batches: list[int] = []
+        super().__init__(path)
+
+    def _write(self, batch: list) -> None:  # type: ignore[type-arg]
+        self.gate.wait(10)
+        super()._write(batch)
+        self.batches.append(len(batch))
+
+
+def test_group_commit_requests_staged_together_share_one_commit_and_wait_for_it(
+        tmp_path: Path) -> None:
+    """32 records staged in one turn of the loop (32 requests in flight, read at once)
+    go into one transaction, one fsync; none is acknowledged before that commit ends,
+    and the records staged while it is in flight share the next one, not one each."""
+
+    async def go() -> None:
+        lg = _GatedLog(tmp_path / "log.db")
+        _open(lg, "r")
+        lg.gate.set()
+        await lg.wait_durable()
+        lg.gate.clear()
+        first = [lg.stage("r", "tkbox.gap", {"i": i})[1] for i in range(32)]
+        for _ in range(20):  # the writer holds the batch at the gate: nothing is durable
+            await asyncio.sleep(0)
+        assert not any(f.done() for f in first)
+        assert lg.durable_size == 1 and lg.commits == 1
+        second = [lg.stage("r", "tkbox.gap", {"i": i})[1] for i in range(32, 50)]
+        for _ in range(20):
+            await asyncio.sleep(0)
+        assert not any(f.done() for f in first + second)
+        lg.gate.set()
+        await asyncio.gather(*first)
+        await lg.wait_durable()
+        assert all(f.done() for f in second)
+        assert lg.batches == [1, 32, 18] and lg.commits == 3
+        assert lg.durable_size == 51
+        lg.close()
+
+    asyncio.run(go())
+
+
+def test_wait_durable_waits_on_the_last_record_not_a_polling_clock(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """wait_durable returns exactly when the last staged record is durable, and never
+    sleeps in a loop (it used to poll every millisecond)."""
+
+    async def no_sleep(delay: float, *a: object) -> None:
+        raise AssertionError(f"wait_durable slept {delay}")
+
+    async def go() -> None:
+        lg = _GatedLog(tmp_path / "log.db")
+        _open(lg, "r")
+        _, fut = lg.stage("r", "tkbox.gap", {})
+        waiter = asyncio.ensure_future(lg.wait_durable())
+        await asyncio.wait({waiter}, timeout=0.05)
+        assert not waiter.done() and not fut.done()
+        lg.gate.set()
+        await waiter
+        assert fut.done() and lg.durable_size == 2
+        await lg.wait_durable()  # nothing staged: returns at once
+        lg.close()
+
+    with monkeypatch.context() as m:
+        m.setattr("tkbox.signer.log.asyncio.sleep", no_sleep)
+        asyncio.run(go())

@@ -67,3 +67,41 @@ def test_an_evaluation_error_is_a_refusal_with_its_diagnostic(tmp_path: Path) ->
     d = PolicyEngine(f).decide("r", "Connect", {"host": "x", "port": 443}, {})
     assert not d.allowed and d.reason.startswith("policy error:")
     assert "nothing" in d.diagnostics[0]
+
+
+def test_the_decision_cache_never_answers_for_another_request_or_policy(tmp_path: Path) -> None:
+    """Attack: a request that differs from a cached one only in its run, its context
+    or the type of one value (1 against true) must not get the cached decision (the
+    order of members is not a difference: the key is canonical JSON); and a policy
+    change must reach requests decided before it (the cache is emptied)."""
+    f = tmp_path / "policy.cedar"
+    _write(f, '@id("no-prod")\nforbid (principal == Tkbox::Run::"prod", action, resource);\n'
+              '@id("no-ci")\nforbid (principal, action, resource) when '
+              '{ context.request has ci && context.request.ci == true };\n')
+    e = PolicyEngine(f)
+    base = ("dev", "Bash", {"command": "make"}, {"cwd": "/w"})
+    assert e.decide(*base).allowed
+    assert e.decide(*base).allowed and e.hits == 1  # the same request: from the cache
+    assert not e.decide("prod", "Bash", {"command": "make"}, {"cwd": "/w"}).allowed
+    assert not e.decide("dev", "Bash", {"command": "make"}, {"cwd": "/w", "ci": True}).allowed
+    assert e.decide("dev", "Bash", {"command": "make"}, {"cwd": "/w", "ci": 1}).allowed
+    assert not e.decide("dev", "Bash", {"command": "make"}, {"ci": True, "cwd": "/w"}).allowed
+    _write(f, '@id("no-make")\nforbid (principal, action, resource) when '
+              '{ context.analysis.programs.contains("make") };\n')
+    d = e.decide(*base)
+    assert not d.allowed and d.policies == ("no-make",)
+
+
+def test_a_repeated_command_is_read_once_and_an_oversized_one_is_not_kept() -> None:
+    from tkbox.signer import policy
+
+    e = PolicyEngine(None)
+    e.decide("r", "Bash", {"command": "git status"}, {"cwd": "/a"})
+    e.decide("r", "Bash", {"command": "git status"}, {"cwd": "/b"})  # another request
+    assert list(e._analyses) == ["git status"] and e.misses == 2
+    huge = "echo " + "x" * policy.CACHE_MAX_KEY
+    assert e.decide("r", "Bash", {"command": huge}, {}).allowed
+    assert huge not in e._analyses and len(e._decisions) == 2
+    for i in range(policy.CACHE_ENTRIES + 10):  # bounded: the oldest go first
+        e.decide("r", "Connect", {"host": f"h{i}.example", "port": 443}, {})
+    assert len(e._decisions) == policy.CACHE_ENTRIES
