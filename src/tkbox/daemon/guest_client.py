@@ -12,11 +12,11 @@ has an overall deadline, so a guest trickling its patch cannot hold `stop`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from tkbox.daemon.tasks import cancel_and_wait
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
@@ -203,7 +203,9 @@ class GuestClient:
                     await fs.send(item if isinstance(item, dict) else {"op": "signal",
                                                                        "sig": item})
 
-            sender = asyncio.ensure_future(send_side())
+            # Owned by this call: cancelled and awaited in `finally`, whatever ends it.
+            sender = asyncio.get_running_loop().create_task(send_side(),
+                                                            name=f"box {self.box}: exec input")
             while True:
                 msg = await self._recv(fs, None, "exec")
                 ev = msg.get("ev")
@@ -217,11 +219,11 @@ class GuestClient:
                 else:
                     raise self._bad(f"an unexpected event {str(ev)[:40]!r} during exec")
         finally:
-            if sender is not None:
-                sender.cancel()
-                with contextlib.suppress(BaseException):
-                    await sender
-            await fs.aclose()
+            try:
+                if sender is not None:
+                    await cancel_and_wait(sender)
+            finally:
+                await fs.aclose()
 
     def _exit(self, msg: dict[str, Any]) -> ExecResult:
         status, sig = msg.get("status"), msg.get("signal", 0)

@@ -16,7 +16,6 @@ import asyncio
 import contextlib
 import hashlib
 import io
-import json
 import logging
 import os
 import re
@@ -30,11 +29,23 @@ from typing import Any
 
 from tkbox import paths
 from tkbox.daemon import lifecycle
+from tkbox.daemon.box import Box, DoorFactory
+from tkbox.daemon.boxstate import BoxState, BoxStateUnreadable
 from tkbox.daemon.guest_client import ExecResult, GuestClient, _str, seconds
+from tkbox.daemon.lifecycle import Event, State
+from tkbox.daemon.roles import (
+    ApprovalsBoard,
+    GuestBuilder,
+    GuestBuildInfo,
+    ImageSource,
+    ResolvedImage,
+)
+from tkbox.daemon.tasks import TaskOwner, cancel_and_wait
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.commands.core import build_request
 from tkbox.doors.secrets import prestart
 from tkbox.errors import (
+    BoxNotFound,
     GuestError,
     HostError,
     InternalError,
@@ -53,6 +64,8 @@ from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
 from tkbox.record.journal import Journals
 from tkbox.vm.base import VM, Disk, Launcher, VMSpec
+
+__all__ = ["Box", "BoxManager", "BoxSpec", "Options"]
 
 log = logging.getLogger("tkbox.daemon")
 
@@ -101,68 +114,11 @@ class BoxSpec:
     timeout_s: int | None = None  # the box stops by itself after this long (recorded)
 
 
-class Box:
-    """One box: its state on disk and, while it lives, its VM and doors."""
-
-    def __init__(self, directory: Path, state: dict[str, Any]) -> None:
-        self.dir = directory
-        self.s = state
-        self.vm: VM | None = None
-        self.guest: GuestClient | None = None
-        self.door: Any = None  # the network door, when one is wired
-        self.tasks: set[asyncio.Task[Any]] = set()
-        self.execs: dict[str, asyncio.Queue[int]] = {}
-        self.lock = asyncio.Lock()
-        self.ready: asyncio.Future[dict[str, Any]] | None = None
-        self.boot_served = False
-        self.secrets: list[Any] = []  # tkbox.doors.secrets.Secret: daemon memory only
-        self.input_guards: dict[str, prestart.InputGuard] = {}  # per terminal command
-
-    @property
-    def name(self) -> str:
-        return str(self.s["name"])
-
-    @property
-    def state(self) -> str:
-        return str(self.s["state"])
-
-    @property
-    def run_id(self) -> str:
-        return str(self.s["run_id"])
-
-    def save(self) -> None:
-        tmp = self.dir / f".box.json.{secrets.token_hex(4)}"
-        tmp.write_text(json.dumps(self.s, indent=1, sort_keys=True))
-        os.replace(tmp, self.dir / "box.json")
-
-    def move(self, event: str) -> None:
-        self.s["state"] = lifecycle.next_state(self.state, event, f"box {self.name}")
-        self.s["updated"] = time.time()
-        self.save()
-
-    def spawn(self, coro: Any) -> asyncio.Task[Any]:
-        t: asyncio.Task[Any] = asyncio.ensure_future(coro)
-        self.tasks.add(t)
-        t.add_done_callback(self.tasks.discard)
-        return t
-
-    def public(self) -> dict[str, Any]:
-        out = {k: v for k, v in self.s.items() if k not in ("env_values",)}
-        out["display_name"] = self.name + (" [UNRECORDED]" if self.s.get("unrecorded") else "")
-        ports = self.vm.ports if self.vm is not None else None
-        budget = getattr(ports, "budget", None)
-        if budget is not None:
-            # How much the guest was slowed by its work budget and output/input bounds.
-            out["guest_throttled_s"] = round(budget.throttled, 3)
-            out["guest_reads_paused"] = int(getattr(ports, "paused_reads", 0))
-        return out
-
-
 class BoxManager:
     def __init__(self, *, launcher: Launcher, signer: SignerClient, options: Options,
-                 images: Any, guest_build: Any, accel_reason: str = "",
-                 home: Path | None = None, door_factory: Any = None,
-                 approvals: Any = None) -> None:
+                 images: ImageSource, guest_build: GuestBuilder, accel_reason: str = "",
+                 home: Path | None = None, door_factory: DoorFactory | None = None,
+                 approvals: ApprovalsBoard | None = None) -> None:
         self.launcher = launcher
         # Every record goes through the per-run budget, so every run stays exportable.
         unbounded = options.unrecorded  # nothing is recorded, so there is nothing to bound
@@ -172,7 +128,7 @@ class BoxManager:
                                      on_exhausted=self._budget_exhausted)
         self.opts = options
         self.images = images
-        self.guest_build = guest_build  # () -> GuestBuild (cached)
+        self.guest_build = guest_build  # cached after the first call
         self.journals: Journals | None = None  # `tkbox logs` (set by the server)
         self.accel_reason = accel_reason
         self.root = paths.private_dir((home or paths.home()) / "boxes")
@@ -182,7 +138,8 @@ class BoxManager:
         self.boxes: dict[str, Box] = {}
         self.gaps: list[tuple[str, dict[str, Any]]] = []
         self.operator_facts: dict[str, Any] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        # The daemon's own background tasks (the signer's pushes, budget stops).
+        self.tasks = TaskOwner("the daemon")
 
     # ---- start-up and shutdown -------------------------------------------------
 
@@ -195,21 +152,21 @@ class BoxManager:
                     shutil.rmtree(d, ignore_errors=True)  # a create that never finished
                 continue
             try:
-                state = json.loads(f.read_text())
-            except (OSError, ValueError):
-                log.warning("box state %s is unreadable; left as is", f)
+                info = BoxState.load(f)
+            except BoxStateUnreadable as exc:
+                log.warning("box state %s is unreadable (%s); left as is", f, exc)
                 continue
-            box = Box(d, state)
+            box = Box(d, info)
             self.boxes[box.name] = box
-            if box.state in lifecycle.LIVE:
-                lost = box.state
-                box.s["error"] = f"the daemon stopped while the box was {lost}; its VM is gone"
-                box.move("daemon_lost")
+            if lifecycle.is_live(box.state):
+                lost = box.state.value
+                box.info.error = f"the daemon stopped while the box was {lost}; its VM is gone"
+                box.move(Event.DAEMON_LOST)
                 self._gap(box, {"reason": "daemon restart", "state": lost})
         await self.flush_gaps()
 
     def _gap(self, box: Box, body: dict[str, Any]) -> None:
-        if not box.s.get("unrecorded"):
+        if not box.unrecorded:
             self.gaps.append((box.run_id, {"box": box.name, **body,
                                            "time_ms": int(time.time() * 1000)}))
 
@@ -231,13 +188,14 @@ class BoxManager:
 
     async def shutdown(self) -> None:
         """SIGTERM: stop every live box cleanly (patch saved), kill what will not stop."""
-        live = [b for b in self.boxes.values() if b.state in ("running", "held")]
+        live = [b for b in self.boxes.values() if lifecycle.can(b.state, Event.STOP)]
         await asyncio.gather(*(self._stop_quietly(b) for b in live))
         for b in self.boxes.values():
             if b.vm is not None:
                 await b.vm.kill()
-        for t in list(self._tasks):
-            t.cancel()
+        # Every task ends with its owner: each box's, then the daemon's own.
+        await asyncio.gather(*(b.tasks.aclose() for b in self.boxes.values()))
+        await self.tasks.aclose()
 
     async def _stop_quietly(self, box: Box) -> None:
         try:
@@ -251,7 +209,7 @@ class BoxManager:
 
     async def record(self, box: Box, kind: str, body: dict[str, Any]) -> None:
         """An event that must be kept; if it cannot be, the box stops (fail closed)."""
-        if box.s.get("unrecorded"):
+        if box.unrecorded:
             return
         try:
             await self.signer.event(box.run_id, kind, body)
@@ -261,7 +219,7 @@ class BoxManager:
 
     def _budget_exhausted(self, run_id: str, why: str) -> None:
         """A run reached its record budget: stop its box, and say so in the run."""
-        box = next((b for b in self.boxes.values() if b.s.get("run_id") == run_id), None)
+        box = next((b for b in self.boxes.values() if b.run_id == run_id), None)
         if box is None:
             return
 
@@ -272,18 +230,23 @@ class BoxManager:
                 "estimated_bundle_bytes": size})
             await self.contain(box, why)
 
-        t = asyncio.ensure_future(stop_it())
-        self._tasks.add(t)
-        t.add_done_callback(self._tasks.discard)
+        if not self.tasks.closed:
+            self.tasks.spawn(stop_it(), name=f"stop {box.name}: record budget")
+
+    def contain_soon(self, box: Box, why: str) -> None:
+        """`contain` from a callback that cannot wait (a door losing a record): the
+        box owns the task, so it ends with the box."""
+        if not box.tasks.closed:
+            box.tasks.spawn(self.contain(box, why), name="contain")
 
     async def contain(self, box: Box, why: str) -> None:
         """Stop a box at once because the record cannot be kept."""
         log.warning("box %s stopped: %s", box.name, why)
-        if box.state in lifecycle.LIVE or not box.s.get("error"):
-            box.s["error"] = f"stopped: {why}"  # the first cause, not what it then broke
+        if lifecycle.is_live(box.state) or not box.info.error:
+            box.info.error = f"stopped: {why}"  # the first cause, not what it then broke
         # The state moves first: the VM watcher must not see a "running" box die.
-        if lifecycle.can(box.state, "vm_died"):
-            box.move("vm_died")
+        if lifecycle.can(box.state, Event.VM_DIED):
+            box.move(Event.VM_DIED)
         if box.door is not None:
             with contextlib.suppress(Exception):
                 await box.door.close()
@@ -303,18 +266,19 @@ class BoxManager:
             await asyncio.sleep(0.5)
 
     async def _on_push(self, kind: str, run_id: str, reason: str) -> None:
-        box = next((b for b in self.boxes.values() if b.s.get("run_id") == run_id), None)
+        box = next((b for b in self.boxes.values() if b.run_id == run_id), None)
         if box is None:
             return
-        if kind == "hold" and box.state == "running" and box.vm is not None:
+        if kind == "hold" and lifecycle.can(box.state, Event.HOLD) and box.vm is not None:
             await box.vm.pause()
-            box.move("hold")
-        elif kind == "release" and box.state == "held" and box.vm is not None:
+            box.move(Event.HOLD)
+        elif kind == "release" and lifecycle.can(box.state, Event.RELEASE) \
+                and box.vm is not None:
             await box.vm.resume()
-            box.move("release")
-        elif kind == "quarantine" and box.state in lifecycle.LIVE:
-            box.s["error"] = f"quarantined by the signer: {reason}".rstrip(": ")
-            box.move("quarantine")  # first, so the VM's end is not taken for a crash
+            box.move(Event.RELEASE)
+        elif kind == "quarantine" and lifecycle.can(box.state, Event.QUARANTINE):
+            box.info.error = f"quarantined by the signer: {reason}".rstrip(": ")
+            box.move(Event.QUARANTINE)  # first, so the VM's end is not taken for a crash
             if box.door is not None:
                 with contextlib.suppress(Exception):
                     await box.door.close()
@@ -326,11 +290,11 @@ class BoxManager:
     def get(self, name: str) -> Box:
         box = self.boxes.get(name)
         if box is None:
-            raise UserError(f"no box named {name!r}; see 'tkbox ls'")
+            raise BoxNotFound(f"no box named {name!r}; see 'tkbox ls'")
         return box
 
     def list_boxes(self) -> list[dict[str, Any]]:
-        return [b.public() for b in sorted(self.boxes.values(), key=lambda b: b.s["created"])]
+        return [b.public() for b in sorted(self.boxes.values(), key=lambda b: b.info.created)]
 
     # ---- create ------------------------------------------------------------------
 
@@ -364,24 +328,22 @@ class BoxManager:
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
         staging = self.root / f".creating-{run_id}"
         staging.mkdir(mode=0o700)
-        box = Box(self.root / spec.name, {
-            "name": spec.name, "run_id": run_id, "state": "creating", "created": time.time(),
-            "updated": time.time(), "image": spec.image, "image_digest": image.digest,
-            "workspace": str(ws.resolve()), "allow": list(spec.allow),
-            "env_names": sorted(spec.env), "limits": {"memory_mib": spec.memory_mib,
-            "vcpus": spec.vcpus, "disk_mib": spec.disk_mib},
-            "unrecorded": self.opts.unrecorded, "accel": "", "kernel": build.kernel_version,
-            "guest_build": build.digest[:16],
-            "secrets": [s.spec.describe() for s in loaded], "inspect": spec.inspect or "bound",
-            "model_hosts": list(spec.model_hosts),
-            "image_config": _image_config_facts(image, run_user),
-            "timeout_s": spec.timeout_s,
-        })
+        box = Box(self.root / spec.name, BoxState(
+            name=spec.name, run_id=run_id, _state=State.CREATING, created=time.time(),
+            updated=time.time(), image=spec.image, image_digest=image.digest,
+            workspace=str(ws.resolve()), allow=list(spec.allow),
+            env_names=sorted(spec.env), limits={"memory_mib": spec.memory_mib,
+                                                "vcpus": spec.vcpus, "disk_mib": spec.disk_mib},
+            unrecorded=self.opts.unrecorded, accel="", kernel=build.kernel_version,
+            guest_build=build.digest[:16],
+            secrets=[dict(s.spec.describe()) for s in loaded],
+            inspect=spec.inspect or "bound", model_hosts=list(spec.model_hosts),
+            image_config=_image_config_facts(image, run_user), timeout_s=spec.timeout_s))
         box.secrets = loaded
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
-                 "workspace": box.s["workspace"], "allowlist": list(spec.allow),
-                 "limits": {**box.s["limits"], "timeout_s": spec.timeout_s},
+                 "workspace": box.info.workspace, "allowlist": list(spec.allow),
+                 "limits": {**box.info.limits, "timeout_s": spec.timeout_s},
                  "env_names": sorted(spec.env),
                  "operator": {**(self.operator_facts or {
                      "egress_block": self.opts.egress_block,
@@ -389,9 +351,9 @@ class BoxManager:
                      "egress_hosts": self.opts.egress_hosts}),
                      "extra_ca_certs": len(self.opts.ca_certs)},
                  "guest": {"kernel": build.kernel_version, "initramfs": build.digest},
-                 "secrets": box.s["secrets"], "inspect": box.s["inspect"],
-                 "model_hosts": box.s["model_hosts"],
-                 "image_config": box.s["image_config"]}
+                 "secrets": box.info.secrets, "inspect": box.info.inspect,
+                 "model_hosts": box.info.model_hosts,
+                 "image_config": box.info.image_config}
         try:
             if self.door_factory is not None:
                 box.door = self.door_factory(box)  # a bad --allow entry is refused here
@@ -399,7 +361,7 @@ class BoxManager:
                 await self.signer.open_run(run_id, facts)
             owner = (run_user.uid, run_user.gid) if run_user else (0, 0)
             stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs", owner)
-            box.s["workspace_copy"] = stats
+            box.info.workspace_copy = stats
             await asyncio.to_thread(build_upper, staging / "upper.ext4", spec.disk_mib)
             box.save()
             final = self.root / spec.name
@@ -415,16 +377,17 @@ class BoxManager:
         try:
             await self._boot(box, spec, image, build, run_user)
             if spec.timeout_s is not None:
-                box.spawn(self._expire(box, spec.timeout_s))
+                box.expiry = box.tasks.spawn(self._expire(box, spec.timeout_s),
+                                             name="--timeout")
         except BaseException as exc:
-            box.s["error"] = str(exc) if isinstance(exc, TkboxError) else \
+            box.info.error = str(exc) if isinstance(exc, TkboxError) else \
                 f"{exc.__class__.__name__}: {exc}"
             if box.vm is not None:
                 await box.vm.kill()
             box.vm = None
-            if lifecycle.can(box.state, "boot_failed"):
-                box.move("boot_failed")
-            await self.record(box, "tkbox.box.failed", {"reason": box.s["error"][:500]})
+            if lifecycle.can(box.state, Event.BOOT_FAILED):
+                box.move(Event.BOOT_FAILED)
+            await self.record(box, "tkbox.box.failed", {"reason": box.info.error[:500]})
             raise
         return box
 
@@ -441,17 +404,18 @@ class BoxManager:
         Counted from when the box was ready; a box already stopping or stopped is left be.
         """
         await asyncio.sleep(after_s)
-        if box.state not in ("running", "held"):
+        box.expiry = None  # it fired: a stop from here must not cancel this very task
+        if not lifecycle.can(box.state, Event.STOP):
             return
         log.warning("box %s reached its --timeout of %d s; stopping it", box.name, after_s)
         await self.record(box, "tkbox.timeout", {"after_s": after_s})
-        box.s["error"] = f"stopped: it reached its --timeout of {after_s} s"
+        box.info.error = f"stopped: it reached its --timeout of {after_s} s"
         try:
             await self.stop(box.name)
         except TkboxError as exc:
             log.warning("stopping %s at its timeout failed: %s", box.name, exc)
 
-    def _boot_config(self, box: Box, spec: BoxSpec, image: Any = None,
+    def _boot_config(self, box: Box, spec: BoxSpec, image: ResolvedImage | None = None,
                      run_user: RunUser | None = None) -> dict[str, Any]:
         # Lowest first: tkbox's defaults, the image's Env, the doors' variables, --env
         # (tkbox.image.runconfig says why).
@@ -461,13 +425,13 @@ class BoxManager:
                # Bytecode caches are files nobody commits; without this, running the
                # tests in the box put __pycache__/*.pyc into the patch and the checkout.
                "PYTHONDONTWRITEBYTECODE": "1"}
-        config = getattr(image, "config", None)
+        config = image.config if image is not None else None
         if config is not None:
             env.update(image_env(config.env))
         env.update({"HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
                     "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""})
         pems = list(self.opts.ca_certs)
-        if box.door is not None and getattr(box.door, "ca_pem", None):
+        if box.door is not None and box.door.ca_pem:
             pems.insert(0, box.door.ca_pem)
         if pems:
             bundle = "/etc/ssl/certs/ca-certificates.crt"
@@ -489,7 +453,7 @@ class BoxManager:
                            "groups": list(run_user.groups)}
         return cfg
 
-    async def _boot(self, box: Box, spec: BoxSpec, image: Any, build: Any,
+    async def _boot(self, box: Box, spec: BoxSpec, image: ResolvedImage, build: GuestBuildInfo,
                     run_user: RunUser | None = None) -> None:
         vm_dir = self.vms_root / box.run_id
         vm_spec = VMSpec(
@@ -504,24 +468,24 @@ class BoxManager:
         t0 = time.monotonic()
         vm = await self.launcher.start(vm_spec)
         box.vm = vm
-        box.s["accel"] = vm.accel
-        box.s["start"] = {"kind": vm.start_kind, "reason": vm.start_reason}
+        box.info.accel = vm.accel
+        box.info.start = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
         vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
         vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
-        box.spawn(self._watch_vm(box))
-        box.spawn(self._watch_transport(box, vm))
+        box.tasks.spawn(self._watch_vm(box), name="VM watcher")
+        box.tasks.spawn(self._watch_transport(box, vm), name="transport watcher")
         try:
             msg = await asyncio.wait_for(asyncio.shield(box.ready), BOOT_TIMEOUT)
         except TimeoutError:
             raise HostError(f"box {box.name} did not boot within {BOOT_TIMEOUT:.0f}s; see "
                             f"{vm_dir / 'console.log'} (TKBOX_GUEST_DEBUG=1 for kernel output)"
                             ) from None
-        box.s["boot_seconds"] = round(time.monotonic() - t0, 3)
-        box.move("booted")
+        box.info.boot_seconds = round(time.monotonic() - t0, 3)
+        box.move(Event.BOOTED)
         up = seconds(msg.get("uptime"))  # guest-supplied: checked, never trusted
         await self.record(box, "tkbox.box.ready", {
-            "boot_ms": int(box.s["boot_seconds"] * 1000), "accel": vm.accel,
+            "boot_ms": int(box.info.boot_seconds * 1000), "accel": vm.accel,
             "start": vm.start_kind, "start_reason": vm.start_reason[:300],
             "guest_uptime_ms": int(up * 1000) if up is not None else None})
 
@@ -530,7 +494,7 @@ class BoxManager:
         if box.boot_served:
             return  # served once: later streams are closed unanswered
         box.boot_served = True
-        fs = FramedStream(stream, limits=GUEST_FRAMES, budget=stream_budget(box))
+        fs = FramedStream(stream, limits=GUEST_FRAMES, budget=box.budget())
         try:
             await fs.send(config)
             msg = await asyncio.wait_for(fs.receive(), BOOT_TIMEOUT)
@@ -551,7 +515,7 @@ class BoxManager:
 
     async def _serve_egress(self, box: Box, stream: ByteStream) -> None:
         """Port 1025: one proxied connection, through the network door."""
-        if box.door is None or box.state not in ("running",):
+        if box.door is None or not lifecycle.takes_crossings(box.state):
             await _refuse_http(stream, "egress is closed: this box has no network door "
                                        "open (it is stopping, or the door is not wired)")
             return
@@ -562,16 +526,19 @@ class BoxManager:
         if vm is None:
             return
         code = await vm.wait()
-        box.s["vm_exit"] = code
+        box.info.vm_exit = code
         if box.ready is not None and not box.ready.done():
             box.ready.set_exception(GuestError(
                 f"box {box.name}: the VM ended during boot (status {code}); see "
                 f"{self.vms_root / box.run_id / 'console.log'}"))
-        if box.state in ("running", "held"):
-            box.s["error"] = f"the VM ended unexpectedly (status {code})"
-            box.move("vm_died")
-            await self.record(box, "tkbox.containment", {"reason": box.s["error"]})
-        if box.door is not None and box.state not in ("stopping", "stopped"):
+        if box.expiry is not None:
+            box.expiry.cancel()  # the VM is gone: there is nothing left to stop in time
+            box.expiry = None
+        if lifecycle.vm_end_is_unexpected(box.state):
+            box.info.error = f"the VM ended unexpectedly (status {code})"
+            box.move(Event.VM_DIED)
+            await self.record(box, "tkbox.containment", {"reason": box.info.error})
+        if box.door is not None and not lifecycle.stop_began(box.state):
             # The door's open connections end, and its last refusal summary is recorded.
             with contextlib.suppress(Exception):
                 await box.door.close()
@@ -584,19 +551,19 @@ class BoxManager:
         # A VM that ended (QEMU killed, the guest powered off) closes the link too: that
         # is the VM watcher's to report, not the guest's fault. A guest that broke the
         # protocol leaves its VM running.
-        ended = asyncio.ensure_future(vm.wait())
+        ended = box.tasks.spawn(vm.wait(), name="VM end")
         done, _ = await asyncio.wait({ended}, timeout=1.0)
         if done:
             return
-        ended.cancel()
-        if box.vm is vm and box.state in ("creating", "running", "held"):
-            box.s["error"] = f"the guest broke its transport ({why}); the VM was killed"
+        await cancel_and_wait(ended)
+        if box.vm is vm and lifecycle.guest_keeps_transport(box.state):
+            box.info.error = f"the guest broke its transport ({why}); the VM was killed"
             if box.ready is not None and not box.ready.done():
-                box.ready.set_exception(GuestError(f"box {box.name}: {box.s['error']}"))
-            if lifecycle.can(box.state, "vm_died"):
-                box.move("vm_died")
+                box.ready.set_exception(GuestError(f"box {box.name}: {box.info.error}"))
+            if lifecycle.can(box.state, Event.VM_DIED):
+                box.move(Event.VM_DIED)
             await vm.kill()
-            await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
+            await self.record(box, "tkbox.containment", {"reason": box.info.error[:500]})
 
     # ---- exec -------------------------------------------------------------------
 
@@ -610,7 +577,8 @@ class BoxManager:
         a terminal; the keystrokes themselves are not in the record (docs/limits.md).
         """
         box = self.get(name)
-        if box.state != "running" or box.guest is None:
+        guest = box.guest
+        if not lifecycle.takes_crossings(box.state) or guest is None:
             raise UserError(f"cannot exec in box {name}: it is {box.state}; "
                             f"{lifecycle.HINTS.get(box.state, '')}")
         try:
@@ -629,7 +597,7 @@ class BoxManager:
                 "env_names": sorted(env or {})})
             raise
         decision_id = None
-        if not box.s.get("unrecorded"):
+        if not box.unrecorded:
             try:
                 context = req.context()
                 if tty is not None:
@@ -653,16 +621,15 @@ class BoxManager:
             await out_q.put({"ev": "out", "fd": fd, "data": data})
 
         async def run() -> ExecResult:
-            assert box.guest is not None
             try:
-                return await box.guest.exec(list(req.argv), cwd=req.cwd, env=req.env,
+                return await guest.exec(list(req.argv), cwd=req.cwd, env=req.env,
                                             stdin=stdin, output=output, signals=signals,
                                             tty=tty)
             finally:
                 await out_q.put(None)
 
         t0 = time.monotonic()
-        task = box.spawn(run())
+        task = box.tasks.spawn(run(), name=f"exec {exec_id}")
         result: ExecResult | None = None
         error: str | None = None
         try:
@@ -673,6 +640,10 @@ class BoxManager:
                 result = await task
             except GuestError as exc:
                 error = str(exc)
+            except asyncio.CancelledError:
+                if _being_cancelled():
+                    raise
+                error = "the command ended with its box"  # `rm --force`, daemon shutdown
             if result is not None:
                 yield {"ev": "exit", "status": result.status, "signal": result.signal,
                        "error": result.error}
@@ -681,12 +652,17 @@ class BoxManager:
         finally:
             box.execs.pop(exec_id, None)
             box.input_guards.pop(exec_id, None)
+            cancelled: asyncio.CancelledError | None = None
             if not task.done():
                 # The client went away (Ctrl-C): stop the command in the guest.
                 with contextlib.suppress(asyncio.QueueFull):
                     signals.put_nowait(15)
-                with contextlib.suppress(BaseException):
-                    await asyncio.wait_for(asyncio.shield(task), 3)
+                with contextlib.suppress(Exception):  # how it ended is recorded below
+                    try:
+                        await asyncio.wait_for(asyncio.shield(task), 3)
+                    except asyncio.CancelledError as exc:
+                        if _being_cancelled():
+                            cancelled = exc  # ours: raised again once the outcome is recorded
                 task.cancel()
             outcome = {"status": result.status if result else None,
                        "signal": result.signal if result else None,
@@ -699,6 +675,8 @@ class BoxManager:
                 except TkboxError as exc:
                     self._gap(box, {"reason": f"completion not recorded: {exc}"})
                     await self.contain(box, f"a completion could not be recorded ({exc})")
+            if cancelled is not None:
+                raise cancelled
 
     def _exec_queue(self, name: str, exec_id: str) -> asyncio.Queue[Any]:
         q = self.get(name).execs.get(exec_id)
@@ -741,7 +719,8 @@ class BoxManager:
     async def stop(self, name: str) -> Box:
         box = self.get(name)
         async with box.lock:
-            box.move("stop")
+            was = box.state
+            box.move(Event.STOP)
             # Egress closes the moment the stop begins.
             if box.door is not None:
                 with contextlib.suppress(Exception):
@@ -752,7 +731,7 @@ class BoxManager:
             vm, guest = box.vm, box.guest
             if vm is None or guest is None:
                 raise InternalError(f"box {name} has no VM while {box.state}")
-            if box.state == "stopping" and getattr(vm, "proc", None) is not None:
+            if lifecycle.can(was, Event.RELEASE):
                 with contextlib.suppress(Exception):
                     await vm.resume()  # a held box must run to give its patch
             patch_path = box.dir / "patch.diff"
@@ -770,27 +749,31 @@ class BoxManager:
                 os.replace(tmp, patch_path)
             except TkboxError as exc:
                 tmp.unlink(missing_ok=True)
-                box.s["error"] = f"the patch could not be saved: {exc}"
+                box.info.error = f"the patch could not be saved: {exc}"
                 await vm.kill()
-                box.move("stop_failed")
-                await self.record(box, "tkbox.containment", {"reason": box.s["error"][:500]})
+                box.move(Event.STOP_FAILED)
+                await self.record(box, "tkbox.containment", {"reason": box.info.error[:500]})
                 # The run has lost the box's changes: that is a gap in what it shows.
                 self._gap(box, {"reason": "patch lost at stop", "error": str(exc)[:500]})
                 await self.flush_gaps()
                 raise
             data = patch_path.read_bytes()
-            box.s["patch"] = {"sha256": hashlib.sha256(data).hexdigest(), "bytes": len(data),
-                              "stats": stats}
+            patch_sha256 = hashlib.sha256(data).hexdigest()
+            box.info.patch = {"sha256": patch_sha256, "bytes": len(data), "stats": stats}
             with contextlib.suppress(TkboxError):
                 await guest.shutdown()
+            ended = box.tasks.spawn(vm.wait(), name="VM end")  # shielded: never cut short
             try:
-                await asyncio.wait_for(asyncio.shield(vm.wait()), 20)
+                await asyncio.wait_for(asyncio.shield(ended), 20)
             except TimeoutError:
                 await vm.kill()
             box.vm = None
             box.guest = None
-            box.move("stopped")
-        await self.record(box, "tkbox.box.stop", {"patch_sha256": box.s["patch"]["sha256"],
+            box.move(Event.STOPPED)
+            if box.expiry is not None:
+                box.expiry.cancel()  # stopped before its --timeout
+                box.expiry = None
+        await self.record(box, "tkbox.box.stop", {"patch_sha256": patch_sha256,
                                                   "patch_bytes": len(data)})
         shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
         return box
@@ -798,7 +781,7 @@ class BoxManager:
     def patch(self, name: str) -> bytes:
         box = self.get(name)
         p = box.dir / "patch.diff"
-        if box.state not in ("stopped", "exported") or not p.is_file():
+        if not lifecycle.has_patch(box.state) or not p.is_file():
             raise UserError(f"box {name} has no saved patch: it is {box.state}; "
                             f"{lifecycle.HINTS.get(box.state, '')}")
         return p.read_bytes()
@@ -807,7 +790,7 @@ class BoxManager:
 
     def _running(self, name: str, verb: str) -> tuple[Box, GuestClient]:
         box = self.get(name)
-        if box.state != "running" or box.guest is None:
+        if not lifecycle.takes_crossings(box.state) or box.guest is None:
             raise UserError(f"cannot {verb} box {name}: it is {box.state}; files cross only "
                             f"while a box runs. {lifecycle.HINTS.get(box.state, '')}")
         return box, box.guest
@@ -815,7 +798,7 @@ class BoxManager:
     async def _decide_copy(self, box: Box, direction: str, box_path: str, data: bytes,
                            mode: int, host_path: str) -> str | None:
         """One `Write` decision for a copy across the boundary (None when unrecorded)."""
-        if box.s.get("unrecorded"):
+        if box.unrecorded:
             return None
         resource = {"path": box_path, "sha256": hashlib.sha256(data).hexdigest(),
                     "mode": f"{0o100000 | (mode & 0o777):o}"}
@@ -874,7 +857,7 @@ class BoxManager:
         """
         box, guest = self._running(name, "copy out of")
         path = box_path_of(box_path)
-        ws = os.path.realpath(box.s["workspace"])
+        ws = os.path.realpath(box.info.workspace)
         dest = os.path.realpath(host_path)
         if dest == ws or dest.startswith(ws.rstrip("/") + "/"):
             raise UserError(f"{host_path} is inside the box's checkout; changes to it return "
@@ -893,21 +876,21 @@ class BoxManager:
         from tkbox.doors.changes import apply_patch
 
         box = self.get(name)
-        if box.state != "stopped":
+        if not lifecycle.can(box.state, Event.APPLY):
             raise UserError(f"cannot apply box {name}: it is {box.state}; apply works only on "
                             "a stopped box before export")
         data = await asyncio.to_thread(self.patch, name)  # up to the patch limit: off the loop
-        target = Path(checkout or box.s["workspace"]).expanduser()
+        target = Path(checkout or box.info.workspace).expanduser()
         if not target.is_dir():
             raise UserError(f"checkout {target} does not exist or is not a directory")
-        if allow_sensitive and not box.s.get("unrecorded"):
+        if allow_sensitive and not box.unrecorded:
             await self.record(box, "tkbox.unsafe", {"flag": "--allow-sensitive"})
         report = await apply_patch(data, target, self.signer, box.run_id,
                                    allow_sensitive=allow_sensitive, dry_run=dry_run)
         result: dict[str, Any] = report.to_json()
         if not dry_run:
             await self.record(box, "tkbox.apply", _apply_record(result))
-            box.s.setdefault("applied", []).append({"checkout": str(target), "time": time.time()})
+            box.info.applied.append({"checkout": str(target), "time": time.time()})
             box.save()
         return result
 
@@ -915,10 +898,10 @@ class BoxManager:
 
     async def export(self, name: str) -> tuple[bytes, bytes]:
         box = self.get(name)
-        if box.s.get("unrecorded"):
+        if box.unrecorded:
             raise UserError(f"box {name} was started by a daemon run with --unrecorded: "
                             "nothing was recorded, so there is nothing to export")
-        lifecycle.next_state(box.state, "export", f"box {name}")
+        lifecycle.next_state(box.state, Event.EXPORT, f"box {name}")  # refused before the signer
         await self.flush_gaps()
         if any(r == box.run_id for r, _ in self.gaps):
             raise SignerUnavailable("the signer does not answer, so this run's gaps cannot be "
@@ -930,28 +913,30 @@ class BoxManager:
         except TkboxError:
             pass  # already closed by an earlier export attempt
         exp = await self.signer.export(box.run_id)
-        box.move("export")
+        box.move(Event.EXPORT)
         return exp.bundle, exp.trust
 
     async def rm(self, name: str, force: bool = False) -> None:
         box = self.get(name)
-        if box.state in lifecycle.LIVE:
+        if lifecycle.is_live(box.state):
             if not force:
                 raise UserError(f"box {name} is {box.state}; stop it first or use --force")
             if box.vm is not None:
                 await box.vm.kill()
-            box.s["error"] = "removed with --force while live"
+            box.info.error = "removed with --force while live"
             self._gap(box, {"reason": "removed with --force while live"})
             await self.flush_gaps()
-        for t in list(box.tasks):
-            t.cancel()
+        await box.tasks.aclose()
         shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
         shutil.rmtree(box.dir, ignore_errors=True)
         del self.boxes[name]
 
 
-def stream_budget(box: Box) -> Any:
-    return box.vm.ports.budget if box.vm is not None else None
+def _being_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (not merely awaiting a task
+    that was): a cancellation that must be passed on, never taken."""
+    me = asyncio.current_task()
+    return me is not None and me.cancelling() > 0
 
 
 def _boot_answer_ok(msg: dict[str, Any]) -> bool:
@@ -992,18 +977,17 @@ def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
             "held_back": listed("held back"), "refused": listed("refused")}
 
 
-def _image_user(image: Any) -> RunUser | None:
+def _image_user(image: ResolvedImage) -> RunUser | None:
     """The user the image names, resolved against its own root disk (None: root)."""
-    config = getattr(image, "config", None)
-    rootfs = getattr(image, "rootfs", None)
-    if config is None or not config.user or rootfs is None:
+    config = image.config
+    if config is None or not config.user:
         return None
-    return user_of(Path(rootfs), config.user)
+    return user_of(Path(image.rootfs), config.user)
 
 
-def _image_config_facts(image: Any, run_user: RunUser | None) -> dict[str, Any]:
+def _image_config_facts(image: ResolvedImage, run_user: RunUser | None) -> dict[str, Any]:
     """What of the image's config the box applied, for its run's open record."""
-    config = getattr(image, "config", None)
+    config = image.config
     if config is None:
         return {}
     return {"env_names": sorted(image_env(config.env)), "user": config.user[:256],
