@@ -1,8 +1,9 @@
 """Fakes of the box manager's collaborators, for tests above them (and for users).
 
-Each one satisfies its role's Protocol in `tkbox.daemon.roles` (each names its
-Protocol as a base, so mypy checks it here, and `tests/unit/daemon/test_roles.py` checks them at run time), so a
-test that uses them runs the same `BoxManager` the daemon runs.
+Each one satisfies its role's Protocol in `tkbox.daemon.roles`: each names its
+Protocol as a base, so mypy checks it here, and `tests/unit/daemon/test_roles.py`
+checks them at run time. A test that uses them runs the same `BoxManager` the
+daemon runs.
 """
 
 from __future__ import annotations
