@@ -1,6 +1,9 @@
-"""Boxes: create, exec, stop, apply, export, rm, and what the signer pushes.
+"""Boxes: create, boot, stop, apply, export, rm; `BoxManager` puts every verb together.
 
-One `BoxManager` per daemon. Each box's state is on disk
+One `BoxManager` per daemon: the core (`core.ManagerCore`: boxes, records,
+containment, the signer's pushes) with the command verbs (`commands`) and the
+copy verbs (`copies`), and here the box's own life: create and boot, the
+watchers of its VM and transport, stop, apply, export and rm. Each box's state is on disk
 (`$TKBOX_HOME/boxes/NAME/box.json`, written atomically), so `ls` and
 `inspect` survive a restart; a box found in a live state at start has lost
 its VM, is marked failed, and the loss is recorded as `tkbox.gap`.
@@ -15,55 +18,41 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
-import io
 import logging
 import os
 import re
 import secrets
 import shutil
 import time
-from collections.abc import AsyncIterator
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tkbox import paths
 from tkbox.daemon import lifecycle
-from tkbox.daemon.box import Box, DoorFactory
-from tkbox.daemon.boxstate import BoxState, BoxStateUnreadable
-from tkbox.daemon.guest_client import ExecResult, GuestClient, _str, seconds
+from tkbox.daemon.bootconfig import boot_answer_ok, boot_config, image_config_facts, image_user
+from tkbox.daemon.box import Box
+from tkbox.daemon.boxstate import BoxState
+from tkbox.daemon.commands import CommandVerbs
+from tkbox.daemon.copies import CopyVerbs
+from tkbox.daemon.core import BoxSpec, Options
+from tkbox.daemon.guest_client import GuestClient, _str, seconds
 from tkbox.daemon.lifecycle import Event, State
-from tkbox.daemon.roles import (
-    ApprovalsBoard,
-    GuestBuilder,
-    GuestBuildInfo,
-    ImageSource,
-    ResolvedImage,
-)
-from tkbox.daemon.tasks import TaskOwner, cancel_and_wait
+from tkbox.daemon.roles import GuestBuildInfo, ResolvedImage
+from tkbox.daemon.tasks import cancel_and_wait
 from tkbox.daemon.workspace import build_lower, build_upper
-from tkbox.doors.commands.core import build_request
 from tkbox.doors.secrets import prestart
 from tkbox.errors import (
-    BoxNotFound,
     GuestError,
     HostError,
     InternalError,
-    Refused,
-    SignerRefused,
     SignerUnavailable,
     TkboxError,
     UserError,
 )
-from tkbox.guest import rpc
-from tkbox.image.runconfig import RunUser, image_env, user_of
+from tkbox.image.runconfig import RunUser
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
 from tkbox.protocol.streams import ByteStream, StreamClosed
-from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
-from tkbox.record.client import SignerClient
-from tkbox.record.journal import Journals
-from tkbox.vm.base import VM, Disk, Launcher, VMSpec
+from tkbox.vm.base import VM, Disk, VMSpec
 
 __all__ = ["Box", "BoxManager", "BoxSpec", "Options"]
 
@@ -73,118 +62,14 @@ NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,62}$")
 BOOT_TIMEOUT = float(os.environ.get("TKBOX_BOOT_TIMEOUT", "180"))
 #: seconds the guest has, from the start of `tkbox stop`, to send its whole patch
 STOP_DEADLINE = float(os.environ.get("TKBOX_STOP_DEADLINE", "120"))
-PROXY_URL = "http://127.0.0.1:3128"
 #: the longest --timeout a box may have (a week)
 MAX_TIMEOUT_S = 7 * 24 * 3600
 
 
-@dataclass
-class Options:
-    """What the daemon was started with (the host's settings, never the box's)."""
+class BoxManager(CommandVerbs, CopyVerbs):
+    """The daemon's boxes and every verb on them (the API's one collaborator)."""
 
-    unrecorded: bool = False
-    egress_block: list[str] = field(default_factory=list)
-    egress_permit: list[str] = field(default_factory=list)
-    egress_hosts: str | None = None
-    ca_certs: list[str] = field(default_factory=list)  # PEM texts
-    approval_wait: int = 120  # seconds a connection waits for a person
-    run_records: int = RUN_RECORDS  # records a run may hold before its box is stopped
-    run_bytes: int = RUN_BYTES  # estimated bundle bytes likewise
-    tunnel_idle: float = 300.0  # seconds a tunnel may carry nothing either way
-    tunnel_total: float = 4 * 3600.0  # seconds a tunnel may stay open at all
-    max_connections: int = 0  # egress connections daemon-wide; 0: from RLIMIT_NOFILE
-
-
-@dataclass
-class BoxSpec:
-    name: str
-    image: str
-    workspace: str
-    allow: list[str] = field(default_factory=list)
-    env: dict[str, str] = field(default_factory=dict)
-    memory_mib: int = 1024
-    vcpus: int = 1
-    disk_mib: int = 4096
-    # `--secret` spec strings; values the client read itself (name -> value), else
-    # the daemon reads each source; `--inspect all`. Values live only in Box.secrets.
-    secrets: list[str] = field(default_factory=list)
-    secret_values: dict[str, str] = field(default_factory=dict, repr=False)
-    inspect: str = ""
-    model_hosts: list[str] = field(default_factory=list)  # recorded as model calls
-    timeout_s: int | None = None  # the box stops by itself after this long (recorded)
-
-
-class BoxManager:
-    def __init__(self, *, launcher: Launcher, signer: SignerClient, options: Options,
-                 images: ImageSource, guest_build: GuestBuilder, accel_reason: str = "",
-                 home: Path | None = None, door_factory: DoorFactory | None = None,
-                 approvals: ApprovalsBoard | None = None) -> None:
-        self.launcher = launcher
-        # Every record goes through the per-run budget, so every run stays exportable.
-        unbounded = options.unrecorded  # nothing is recorded, so there is nothing to bound
-        self.signer = BudgetedSigner(signer,
-                                     max_records=2**62 if unbounded else options.run_records,
-                                     max_bytes=2**62 if unbounded else options.run_bytes,
-                                     on_exhausted=self._budget_exhausted)
-        self.opts = options
-        self.images = images
-        self.guest_build = guest_build  # cached after the first call
-        self.journals: Journals | None = None  # `tkbox logs` (set by the server)
-        self.accel_reason = accel_reason
-        self.root = paths.private_dir((home or paths.home()) / "boxes")
-        self.vms_root = paths.private_dir(paths.vms(home))
-        self.door_factory = door_factory
-        self.approvals = approvals
-        self.boxes: dict[str, Box] = {}
-        self.gaps: list[tuple[str, dict[str, Any]]] = []
-        self.operator_facts: dict[str, Any] | None = None
-        # The daemon's own background tasks (the signer's pushes, budget stops).
-        self.tasks = TaskOwner("the daemon")
-
-    # ---- start-up and shutdown -------------------------------------------------
-
-    async def load(self) -> None:
-        """Read boxes from disk; a box that was live has lost its VM."""
-        for d in sorted(self.root.iterdir()):
-            f = d / "box.json"
-            if not f.is_file():
-                if d.name.startswith(".creating-"):
-                    shutil.rmtree(d, ignore_errors=True)  # a create that never finished
-                continue
-            try:
-                info = BoxState.load(f)
-            except BoxStateUnreadable as exc:
-                log.warning("box state %s is unreadable (%s); left as is", f, exc)
-                continue
-            box = Box(d, info)
-            self.boxes[box.name] = box
-            if lifecycle.is_live(box.state):
-                lost = box.state.value
-                box.info.error = f"the daemon stopped while the box was {lost}; its VM is gone"
-                box.move(Event.DAEMON_LOST)
-                self._gap(box, {"reason": "daemon restart", "state": lost})
-        await self.flush_gaps()
-
-    def _gap(self, box: Box, body: dict[str, Any]) -> None:
-        if not box.unrecorded:
-            self.gaps.append((box.run_id, {"box": box.name, **body,
-                                           "time_ms": int(time.time() * 1000)}))
-
-    async def flush_gaps(self) -> None:
-        """Record the queued gaps in order. A signer that does not answer keeps them all
-        for the next flush; a gap the signer refuses (its run was closed behind the
-        daemon's back) is logged and dropped, so it cannot hold back other runs' gaps."""
-        while self.gaps:
-            run_id, body = self.gaps[0]
-            try:
-                await self.signer.event(run_id, "tkbox.gap", body)
-            except SignerRefused as exc:
-                log.warning("gap for %s refused by the signer: %s", run_id, exc)
-            except SignerUnavailable:
-                return
-            except TkboxError as exc:
-                log.warning("gap for %s not recordable: %s", run_id, exc)
-            self.gaps.pop(0)
+    # ---- shutdown ------------------------------------------------------------
 
     async def shutdown(self) -> None:
         """SIGTERM: stop every live box cleanly (patch saved), kill what will not stop."""
@@ -204,97 +89,6 @@ class BoxManager:
             log.warning("stopping %s at shutdown failed: %s", box.name, exc)
             if box.vm is not None:
                 await box.vm.kill()
-
-    # ---- records ---------------------------------------------------------------
-
-    async def record(self, box: Box, kind: str, body: dict[str, Any]) -> None:
-        """An event that must be kept; if it cannot be, the box stops (fail closed)."""
-        if box.unrecorded:
-            return
-        try:
-            await self.signer.event(box.run_id, kind, body)
-        except TkboxError as exc:
-            self._gap(box, {"reason": f"event {kind} not recorded: {exc}", "event": kind})
-            await self.contain(box, f"an event could not be recorded ({exc})")
-
-    def _budget_exhausted(self, run_id: str, why: str) -> None:
-        """A run reached its record budget: stop its box, and say so in the run."""
-        box = next((b for b in self.boxes.values() if b.run_id == run_id), None)
-        if box is None:
-            return
-
-        async def stop_it() -> None:
-            records, size = self.signer.usage(run_id)
-            await self.record(box, "tkbox.containment", {
-                "reason": why[:500], "budget": "records", "records": records,
-                "estimated_bundle_bytes": size})
-            await self.contain(box, why)
-
-        if not self.tasks.closed:
-            self.tasks.spawn(stop_it(), name=f"stop {box.name}: record budget")
-
-    def contain_soon(self, box: Box, why: str) -> None:
-        """`contain` from a callback that cannot wait (a door losing a record): the
-        box owns the task, so it ends with the box."""
-        if not box.tasks.closed:
-            box.tasks.spawn(self.contain(box, why), name="contain")
-
-    async def contain(self, box: Box, why: str) -> None:
-        """Stop a box at once because the record cannot be kept."""
-        log.warning("box %s stopped: %s", box.name, why)
-        if lifecycle.is_live(box.state) or not box.info.error:
-            box.info.error = f"stopped: {why}"  # the first cause, not what it then broke
-        # The state moves first: the VM watcher must not see a "running" box die.
-        if lifecycle.can(box.state, Event.VM_DIED):
-            box.move(Event.VM_DIED)
-        if box.door is not None:
-            with contextlib.suppress(Exception):
-                await box.door.close()
-        if box.vm is not None:
-            await box.vm.kill()
-
-    async def watch_pushes(self) -> None:
-        """Holds, releases and quarantines, as the signer pushes them."""
-        while True:
-            try:
-                async for p in self.signer.pushes():
-                    await self._on_push(p.kind, p.run_id, p.reason)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:  # noqa: BLE001 - reconnect after a pause
-                log.info("signer push channel: %s", exc)
-            await asyncio.sleep(0.5)
-
-    async def _on_push(self, kind: str, run_id: str, reason: str) -> None:
-        box = next((b for b in self.boxes.values() if b.run_id == run_id), None)
-        if box is None:
-            return
-        if kind == "hold" and lifecycle.can(box.state, Event.HOLD) and box.vm is not None:
-            await box.vm.pause()
-            box.move(Event.HOLD)
-        elif kind == "release" and lifecycle.can(box.state, Event.RELEASE) \
-                and box.vm is not None:
-            await box.vm.resume()
-            box.move(Event.RELEASE)
-        elif kind == "quarantine" and lifecycle.can(box.state, Event.QUARANTINE):
-            box.info.error = f"quarantined by the signer: {reason}".rstrip(": ")
-            box.move(Event.QUARANTINE)  # first, so the VM's end is not taken for a crash
-            if box.door is not None:
-                with contextlib.suppress(Exception):
-                    await box.door.close()
-            if box.vm is not None:
-                await box.vm.kill()
-
-    # ---- lookups -----------------------------------------------------------------
-
-    def get(self, name: str) -> Box:
-        box = self.boxes.get(name)
-        if box is None:
-            raise BoxNotFound(f"no box named {name!r}; see 'tkbox ls'")
-        return box
-
-    def list_boxes(self) -> list[dict[str, Any]]:
-        return [b.public() for b in sorted(self.boxes.values(), key=lambda b: b.info.created)]
 
     # ---- create ------------------------------------------------------------------
 
@@ -323,7 +117,7 @@ class BoxManager:
                                    f"--env {k}")
         await asyncio.to_thread(prestart.check_workspace, loaded, ws)
         image = await self.images.resolve(spec.image)  # UserError if unknown
-        run_user = await asyncio.to_thread(_image_user, image)
+        run_user = await asyncio.to_thread(image_user, image)
         build = await asyncio.to_thread(self.guest_build)
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
         staging = self.root / f".creating-{run_id}"
@@ -338,7 +132,7 @@ class BoxManager:
             guest_build=build.digest[:16],
             secrets=[dict(s.spec.describe()) for s in loaded],
             inspect=spec.inspect or "bound", model_hosts=list(spec.model_hosts),
-            image_config=_image_config_facts(image, run_user), timeout_s=spec.timeout_s))
+            image_config=image_config_facts(image, run_user), timeout_s=spec.timeout_s))
         box.secrets = loaded
         box.dir = staging
         facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
@@ -415,44 +209,6 @@ class BoxManager:
         except TkboxError as exc:
             log.warning("stopping %s at its timeout failed: %s", box.name, exc)
 
-    def _boot_config(self, box: Box, spec: BoxSpec, image: ResolvedImage | None = None,
-                     run_user: RunUser | None = None) -> dict[str, Any]:
-        # Lowest first: tkbox's defaults, the image's Env, the doors' variables, --env
-        # (tkbox.image.runconfig says why).
-        env = {"PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-               "HOME": run_user.home if run_user else "/root", "LANG": "C.UTF-8",
-               "TERM": "dumb",
-               # Bytecode caches are files nobody commits; without this, running the
-               # tests in the box put __pycache__/*.pyc into the patch and the checkout.
-               "PYTHONDONTWRITEBYTECODE": "1"}
-        config = image.config if image is not None else None
-        if config is not None:
-            env.update(image_env(config.env))
-        env.update({"HTTP_PROXY": PROXY_URL, "HTTPS_PROXY": PROXY_URL, "http_proxy": PROXY_URL,
-                    "https_proxy": PROXY_URL, "NO_PROXY": "", "no_proxy": ""})
-        pems = list(self.opts.ca_certs)
-        if box.door is not None and box.door.ca_pem:
-            pems.insert(0, box.door.ca_pem)
-        if pems:
-            bundle = "/etc/ssl/certs/ca-certificates.crt"
-            env.update({"SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle,
-                        "CURL_CA_BUNDLE": bundle, "PIP_CERT": bundle, "GIT_SSL_CAINFO": bundle,
-                        "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
-        env.update(spec.env)
-        for sec in box.secrets:
-            env[sec.name] = sec.placeholder.decode("ascii")
-        host = spec.name + ("-unrecorded" if self.opts.unrecorded else "")
-        # seed: host randomness the guest credits to its kernel and reseeds from
-        # before anything else (a box restored from a template needs its own).
-        cfg = {"v": 1, "time": time.time(), "seed": os.urandom(64), "hostname": host[:63],
-               "env": env,
-               "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
-               "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
-        if run_user is not None:
-            cfg["user"] = {"uid": run_user.uid, "gid": run_user.gid,
-                           "groups": list(run_user.groups)}
-        return cfg
-
     async def _boot(self, box: Box, spec: BoxSpec, image: ResolvedImage, build: GuestBuildInfo,
                     run_user: RunUser | None = None) -> None:
         vm_dir = self.vms_root / box.run_id
@@ -464,7 +220,7 @@ class BoxManager:
             memory_mib=spec.memory_mib, vcpus=spec.vcpus)
         loop = asyncio.get_running_loop()
         box.ready = loop.create_future()
-        config = self._boot_config(box, spec, image, run_user)
+        config = boot_config(box, spec, self.opts, image, run_user)
         t0 = time.monotonic()
         vm = await self.launcher.start(vm_spec)
         box.vm = vm
@@ -500,7 +256,7 @@ class BoxManager:
             msg = await asyncio.wait_for(fs.receive(), BOOT_TIMEOUT)
         except (FrameError, StreamClosed, EOFError, TimeoutError) as exc:
             msg = {"ev": "error", "message": f"boot stream broke: {exc.__class__.__name__}"}
-        if isinstance(msg, dict) and not _boot_answer_ok(msg):
+        if isinstance(msg, dict) and not boot_answer_ok(msg):
             msg = {"ev": "error", "message": "the boot answer is not {ev: ready, uptime} or "
                                              "{ev: error, message} (unknown keys are refused)"}
         if box.ready is None or box.ready.done():
@@ -564,155 +320,6 @@ class BoxManager:
                 box.move(Event.VM_DIED)
             await vm.kill()
             await self.record(box, "tkbox.containment", {"reason": box.info.error[:500]})
-
-    # ---- exec -------------------------------------------------------------------
-
-    async def exec(self, name: str, argv: list[str], cwd: str | None, env: dict[str, str] | None,
-                   stdin: bytes | None,
-                   tty: dict[str, int] | None = None) -> AsyncIterator[dict[str, Any]]:
-        """Run one command; yields events: started, out, exit (or error).
-
-        With `tty` (rows, cols) the command gets a terminal; its keystrokes arrive by
-        `exec_input` and size changes by `exec_resize`. The decision records that it was
-        a terminal; the keystrokes themselves are not in the record (docs/limits.md).
-        """
-        box = self.get(name)
-        guest = box.guest
-        if not lifecycle.takes_crossings(box.state) or guest is None:
-            raise UserError(f"cannot exec in box {name}: it is {box.state}; "
-                            f"{lifecycle.HINTS.get(box.state, '')}")
-        try:
-            prestart.check_command(box.secrets, argv, env, stdin)
-        except Refused as exc:
-            # A secret's value in the command: the record names the secret, not the argv.
-            await self.record(box, "tkbox.command.refused", {
-                "reason": str(exc)[:500], "env_names": sorted(env or {})})
-            raise
-        try:
-            req = build_request(argv, cwd, env, stdin)
-        except Refused as exc:
-            # Refused before the signer was asked: still part of the record.
-            await self.record(box, "tkbox.command.refused", {
-                "argv0": argv[0][:256] if argv else "", "reason": str(exc)[:500],
-                "env_names": sorted(env or {})})
-            raise
-        decision_id = None
-        if not box.unrecorded:
-            try:
-                context = req.context()
-                if tty is not None:
-                    context["tty"] = True
-                verdict = await self.signer.decide(box.run_id, "Bash", req.resource(),
-                                                   context)
-            except SignerUnavailable as exc:
-                raise Refused(f"refused: the signer did not answer, so no command may run "
-                              f"({exc}); start it with 'tkbox signer serve'") from None
-            if not verdict.allowed:
-                raise Refused(f"refused by the signer: {verdict.reason}")
-            decision_id = verdict.decision_id
-        exec_id = secrets.token_hex(4)
-        signals: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
-        box.execs[exec_id] = signals
-        out_q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
-        counts = {1: 0, 2: 0}
-
-        async def output(fd: int, data: bytes) -> None:
-            counts[fd] += len(data)
-            await out_q.put({"ev": "out", "fd": fd, "data": data})
-
-        async def run() -> ExecResult:
-            try:
-                return await guest.exec(list(req.argv), cwd=req.cwd, env=req.env,
-                                            stdin=stdin, output=output, signals=signals,
-                                            tty=tty)
-            finally:
-                await out_q.put(None)
-
-        t0 = time.monotonic()
-        task = box.tasks.spawn(run(), name=f"exec {exec_id}")
-        result: ExecResult | None = None
-        error: str | None = None
-        try:
-            yield {"ev": "started", "exec_id": exec_id, "command": req.command}
-            while (item := await out_q.get()) is not None:
-                yield item
-            try:
-                result = await task
-            except GuestError as exc:
-                error = str(exc)
-            except asyncio.CancelledError:
-                if _being_cancelled():
-                    raise
-                error = "the command ended with its box"  # `rm --force`, daemon shutdown
-            if result is not None:
-                yield {"ev": "exit", "status": result.status, "signal": result.signal,
-                       "error": result.error}
-            else:
-                yield {"ev": "error", "message": error or "the command did not finish"}
-        finally:
-            box.execs.pop(exec_id, None)
-            box.input_guards.pop(exec_id, None)
-            cancelled: asyncio.CancelledError | None = None
-            if not task.done():
-                # The client went away (Ctrl-C): stop the command in the guest.
-                with contextlib.suppress(asyncio.QueueFull):
-                    signals.put_nowait(15)
-                with contextlib.suppress(Exception):  # how it ended is recorded below
-                    try:
-                        await asyncio.wait_for(asyncio.shield(task), 3)
-                    except asyncio.CancelledError as exc:
-                        if _being_cancelled():
-                            cancelled = exc  # ours: raised again once the outcome is recorded
-                task.cancel()
-            outcome = {"status": result.status if result else None,
-                       "signal": result.signal if result else None,
-                       "error": (error or (result.error if result else "client went away"))[:300],
-                       "stdout_bytes": counts[1], "stderr_bytes": counts[2],
-                       "duration_ms": int((time.monotonic() - t0) * 1000)}
-            if decision_id is not None:
-                try:
-                    await self.signer.complete(box.run_id, decision_id, outcome)
-                except TkboxError as exc:
-                    self._gap(box, {"reason": f"completion not recorded: {exc}"})
-                    await self.contain(box, f"a completion could not be recorded ({exc})")
-            if cancelled is not None:
-                raise cancelled
-
-    def _exec_queue(self, name: str, exec_id: str) -> asyncio.Queue[Any]:
-        q = self.get(name).execs.get(exec_id)
-        if q is None:
-            raise UserError(f"no running command {exec_id} in box {name}")
-        return q
-
-    async def exec_input(self, name: str, exec_id: str, data: bytes) -> None:
-        """Keystrokes for a command that has a terminal (bounded by the API's body)."""
-        box = self.get(name)
-        self._exec_queue(name, exec_id)
-        guard = box.input_guards.setdefault(exec_id, prestart.InputGuard(box.secrets))
-        try:
-            data = guard.feed(data)  # no secret's value is typed into the box
-        except Refused as exc:
-            await self.record(box, "tkbox.command.refused", {"reason": str(exc)[:500]})
-            raise
-        if not data:
-            return
-        await asyncio.wait_for(self._exec_queue(name, exec_id).put(
-            {"op": "stdin", "data": data}), 10)
-
-    async def exec_resize(self, name: str, exec_id: str, rows: int, cols: int) -> None:
-        with contextlib.suppress(asyncio.QueueFull):
-            self._exec_queue(name, exec_id).put_nowait({"op": "resize", "rows": rows,
-                                                        "cols": cols})
-
-    async def signal(self, name: str, exec_id: str, sig: int) -> None:
-        box = self.get(name)
-        q = box.execs.get(exec_id)
-        if q is None:
-            raise UserError(f"no running command {exec_id} in box {name}")
-        if sig not in (1, 2, 3, 9, 15):
-            raise UserError("signal must be one of HUP, INT, QUIT, KILL, TERM")
-        with contextlib.suppress(asyncio.QueueFull):
-            q.put_nowait(sig)
 
     # ---- stop ---------------------------------------------------------------
 
@@ -786,89 +393,6 @@ class BoxManager:
                             f"{lifecycle.HINTS.get(box.state, '')}")
         return p.read_bytes()
 
-    # ---- cp -----------------------------------------------------------------------
-
-    def _running(self, name: str, verb: str) -> tuple[Box, GuestClient]:
-        box = self.get(name)
-        if not lifecycle.takes_crossings(box.state) or box.guest is None:
-            raise UserError(f"cannot {verb} box {name}: it is {box.state}; files cross only "
-                            f"while a box runs. {lifecycle.HINTS.get(box.state, '')}")
-        return box, box.guest
-
-    async def _decide_copy(self, box: Box, direction: str, box_path: str, data: bytes,
-                           mode: int, host_path: str) -> str | None:
-        """One `Write` decision for a copy across the boundary (None when unrecorded)."""
-        if box.unrecorded:
-            return None
-        resource = {"path": box_path, "sha256": hashlib.sha256(data).hexdigest(),
-                    "mode": f"{0o100000 | (mode & 0o777):o}"}
-        context = {"copy": direction, "host_path": host_path[:4096], "size": len(data)}
-        try:
-            verdict = await self.signer.decide(box.run_id, "Write", resource, context)
-        except SignerUnavailable as exc:
-            raise Refused(f"refused: the signer did not answer, so nothing crosses ({exc}); "
-                          "start it with 'tkbox signer serve'") from None
-        if not verdict.allowed:
-            raise Refused(f"refused by the signer: {verdict.reason}")
-        return verdict.decision_id
-
-    async def _complete_copy(self, box: Box, decision_id: str | None, ok: bool,
-                             error: str = "") -> None:
-        if decision_id is None:
-            return
-        try:
-            await self.signer.complete(box.run_id, decision_id,
-                                       {"written": ok, "error": error[:300]})
-        except TkboxError as exc:
-            self._gap(box, {"reason": f"completion not recorded: {exc}"})
-            await self.contain(box, f"a completion could not be recorded ({exc})")
-
-    async def copy_in(self, name: str, box_path: str, data: bytes, mode: int,
-                      host_path: str) -> dict[str, Any]:
-        """`tkbox cp LOCAL BOX:PATH`: a crossing into the box, decided and recorded."""
-        box, guest = self._running(name, "copy into")
-        path = box_path_of(box_path)
-        if len(data) > rpc.MAX_FILE:
-            raise UserError(f"{host_path} is larger than {rpc.MAX_FILE} bytes; copy it into the "
-                            "workspace before the box starts instead")
-        try:
-            # The path first: the second message names it.
-            prestart.refuse_values(box.secrets, path.encode("utf-8", "surrogateescape"),
-                                   "the path copied to")
-            prestart.refuse_values(box.secrets, data, f"the file copied to {path[:200]}")
-        except Refused as exc:
-            await self.record(box, "tkbox.command.refused", {"reason": str(exc)[:500]})
-            raise
-        decision = await self._decide_copy(box, "in", path, data, mode, host_path)
-        try:
-            await guest.write_file(path, data, mode=mode)
-        except TkboxError as exc:
-            await self._complete_copy(box, decision, False, str(exc))
-            raise
-        await self._complete_copy(box, decision, True)
-        return {"path": path, "size": len(data), "sha256": hashlib.sha256(data).hexdigest()}
-
-    async def copy_out(self, name: str, box_path: str, host_path: str) -> tuple[bytes, str]:
-        """`tkbox cp BOX:PATH LOCAL`: the file is read whole, then decided and recorded
-        (path, size, hash, where it goes) before a byte of it leaves the daemon.
-
-        Code changes still return only through `tkbox apply`: a destination inside the
-        box's own checkout is refused.
-        """
-        box, guest = self._running(name, "copy out of")
-        path = box_path_of(box_path)
-        ws = os.path.realpath(box.info.workspace)
-        dest = os.path.realpath(host_path)
-        if dest == ws or dest.startswith(ws.rstrip("/") + "/"):
-            raise UserError(f"{host_path} is inside the box's checkout; changes to it return "
-                            f"only through 'tkbox stop {name}' and 'tkbox apply {name}'")
-        buf = io.BytesIO()
-        await guest.read_file(path, buf)
-        data = buf.getvalue()
-        decision = await self._decide_copy(box, "out", path, data, 0o644, dest)
-        await self._complete_copy(box, decision, True)
-        return data, path
-
     # ---- apply --------------------------------------------------------------------
 
     async def apply(self, name: str, checkout: str | None, allow_sensitive: bool,
@@ -932,19 +456,6 @@ class BoxManager:
         del self.boxes[name]
 
 
-def _being_cancelled() -> bool:
-    """Whether the running task itself is being cancelled (not merely awaiting a task
-    that was): a cancellation that must be passed on, never taken."""
-    me = asyncio.current_task()
-    return me is not None and me.cancelling() > 0
-
-
-def _boot_answer_ok(msg: dict[str, Any]) -> bool:
-    """The guest's one answer on port 1026: `ready` (uptime) or `error` (message), nothing else."""
-    allowed = {"ready": {"uptime"}, "error": {"message"}}.get(msg.get("ev"))  # type: ignore[arg-type]
-    return allowed is not None and set(msg) - {"ev"} <= allowed
-
-
 async def _refuse_http(stream: ByteStream, reason: str) -> None:
     body = (reason + "\n").encode()
     head = (f"HTTP/1.1 403 Forbidden\r\nContent-Type: text/plain\r\nContent-Length: {len(body)}"
@@ -975,34 +486,3 @@ def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
     return {"patch_sha256": result["patch_sha256"], "counts": dict(result["counts"]),
             "allow_sensitive": bool(result["allow_sensitive"]),
             "held_back": listed("held back"), "refused": listed("refused")}
-
-
-def _image_user(image: ResolvedImage) -> RunUser | None:
-    """The user the image names, resolved against its own root disk (None: root)."""
-    config = image.config
-    if config is None or not config.user:
-        return None
-    return user_of(Path(image.rootfs), config.user)
-
-
-def _image_config_facts(image: ResolvedImage, run_user: RunUser | None) -> dict[str, Any]:
-    """What of the image's config the box applied, for its run's open record."""
-    config = image.config
-    if config is None:
-        return {}
-    return {"env_names": sorted(image_env(config.env)), "user": config.user[:256],
-            "run_as": run_user.to_json() if run_user else None,
-            "working_dir": config.working_dir[:4096]}
-
-
-def box_path_of(path: str) -> str:
-    """A path in the box as given to `tkbox cp`: absolute, or relative to /workspace;
-    normalised, at most 4,096 bytes, no NUL."""
-    if not path or "\x00" in path or len(path.encode()) > 4096:
-        raise UserError(f"{path[:80]!r} is not a path in the box; give /abs/path or a path "
-                        "relative to /workspace")
-    full = path if path.startswith("/") else f"/workspace/{path}"
-    norm = os.path.normpath(full)
-    if norm == "/":
-        raise UserError("give a file in the box, not its root directory")
-    return norm

@@ -86,3 +86,10 @@ async def cancel_and_wait(task: asyncio.Task[Any]) -> None:
             me = asyncio.current_task()
             if me is not None and me.cancelling():
                 raise
+
+
+def being_cancelled() -> bool:
+    """Whether the running task itself is being cancelled (not merely awaiting a task
+    that was): a cancellation that must be passed on, never taken."""
+    me = asyncio.current_task()
+    return me is not None and me.cancelling() > 0
