@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from tkbox.daemon.boxstate import BoxState
-from tkbox.daemon.guest_client import GuestClient
+from tkbox.daemon.guest_client import ExecInput, GuestClient
 from tkbox.daemon.lifecycle import Event, State
 from tkbox.daemon.roles import NetworkDoor
 from tkbox.daemon.tasks import TaskOwner
@@ -33,7 +33,7 @@ class Box:
         self.door: NetworkDoor | None = None  # the network door, when one is wired
         self.tasks = TaskOwner(f"box {info.name}")  # every task of the box, ended with it
         self.expiry: asyncio.Task[None] | None = None  # --timeout's timer
-        self.execs: dict[str, asyncio.Queue[Any]] = {}  # signals and keystrokes, per command
+        self.execs: dict[str, asyncio.Queue[ExecInput]] = {}  # signals and keystrokes, per command
         self.lock = asyncio.Lock()
         self.ready: asyncio.Future[dict[str, Any]] | None = None
         self.boot_served = False

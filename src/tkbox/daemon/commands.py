@@ -16,7 +16,7 @@ from typing import Any
 
 from tkbox.daemon import lifecycle
 from tkbox.daemon.core import ManagerCore
-from tkbox.daemon.guest_client import ExecResult
+from tkbox.daemon.guest_client import ExecInput, ExecResult
 from tkbox.daemon.tasks import being_cancelled
 from tkbox.doors.commands.core import build_request
 from tkbox.doors.secrets import prestart
@@ -76,7 +76,7 @@ class CommandVerbs(ManagerCore):
                 raise Refused(f"refused by the signer: {verdict.reason}")
             decision_id = verdict.decision_id
         exec_id = secrets.token_hex(4)
-        signals: asyncio.Queue[Any] = asyncio.Queue(maxsize=64)
+        signals: asyncio.Queue[ExecInput] = asyncio.Queue(maxsize=64)
         box.execs[exec_id] = signals
         out_q: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue(maxsize=8)
         counts = {1: 0, 2: 0}
@@ -143,7 +143,7 @@ class CommandVerbs(ManagerCore):
             if cancelled is not None:
                 raise cancelled
 
-    def _exec_queue(self, name: str, exec_id: str) -> asyncio.Queue[Any]:
+    def _exec_queue(self, name: str, exec_id: str) -> asyncio.Queue[ExecInput]:
         q = self.get(name).execs.get(exec_id)
         if q is None:
             raise UserError(f"no running command {exec_id} in box {name}")

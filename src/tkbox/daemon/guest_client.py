@@ -24,6 +24,9 @@ from tkbox.protocol.ports import PORT_RPC, PortError, Ports
 from tkbox.protocol.streams import StreamClosed
 
 OutputSink = Callable[[int, bytes], Awaitable[None]]
+#: what a running command is sent: a signal number, or `{"op": "stdin", "data"}` /
+#: `{"op": "resize", "rows", "cols"}` for a terminal
+ExecInput = int | dict[str, Any]
 
 
 def _int(v: Any) -> bool:
@@ -175,7 +178,7 @@ class GuestClient:
             await fs.aclose()
 
     async def exec(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
-                   output: OutputSink, signals: asyncio.Queue[Any],
+                   output: OutputSink, signals: asyncio.Queue[ExecInput],
                    tty: dict[str, int] | None = None) -> ExecResult:
         """Run one command. `signals` carries signal numbers and, for a terminal (`tty`:
         its rows and cols), `{"op": "stdin", "data"}` and `{"op": "resize", ...}` too."""

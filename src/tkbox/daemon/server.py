@@ -100,7 +100,7 @@ class _Server(uvicorn.Server):
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
                 signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
-    from tkbox.image.initramfs import build
+    from tkbox.image.initramfs import GuestBuild, build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.store import ImageStore
     from tkbox.vm.qemu import QemuLauncher, decide_accel, qemu_binary
@@ -137,9 +137,9 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
     journals = Journals(paths.home() / "journal")
     signer = JournalingSigner(signer, journals)  # `tkbox logs`: what the signer acknowledged
-    cache: dict[str, Any] = {}
+    cache: dict[str, GuestBuild] = {}
 
-    def guest_build() -> Any:
+    def guest_build() -> GuestBuild:
         if "b" not in cache:
             cache["b"] = build(paths.private_dir(paths.guest_build()), kernel=kernel)
         return cache["b"]
