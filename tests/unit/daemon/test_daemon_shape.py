@@ -62,6 +62,13 @@ def state_string_comparisons(source: str) -> list[int]:
             and any(is_state_word(e) for e in [n.left, *n.comparators])]
 
 
+def state_writes(source: str) -> list[int]:
+    """Assignments to a box's state (`x.state = ...`, `x._state = ...`)."""
+    return [n.lineno for n in ast.walk(ast.parse(source))
+            if isinstance(n, ast.Attribute) and isinstance(n.ctx, ast.Store)
+            and n.attr in ("state", "_state")]
+
+
 @pytest.mark.parametrize("path", SOURCES, ids=lambda p: p.name)
 def test_every_task_has_an_owner(path: Path) -> None:
     if path.name in OWNED_ELSEWHERE:
@@ -80,6 +87,13 @@ def test_no_state_is_compared_as_a_string_outside_the_table(path: Path) -> None:
     assert state_string_comparisons(path.read_text()) == []
 
 
+@pytest.mark.parametrize("path", [p for p in SOURCES if p.name != "boxstate.py"],
+                         ids=lambda p: p.name)
+def test_only_the_state_record_writes_a_state(path: Path) -> None:
+    """`BoxState.move` (by the table) is the one writer of a box's state."""
+    assert state_writes(path.read_text()) == []
+
+
 def test_the_checks_catch_what_they_forbid() -> None:
     bad = """
 import asyncio, contextlib
@@ -94,10 +108,12 @@ async def f(box, t):
         pass
     if box.state == "running" or box.state in ("held", "stopping"):
         pass
+    box.info._state = "failed"
 """
     assert unowned_tasks(bad) == [4, 5]
     assert swallowed_cancellations(bad) == [6, 10]
     assert state_string_comparisons(bad) == [12, 12]
+    assert state_writes(bad) == [14]
     ok = """
 async def f(box):
     try:
