@@ -74,14 +74,14 @@ def check_answer(op: str, msg: dict[str, Any]) -> str | None:
     ev = raw if isinstance(raw, str) else ""
     schema = SCHEMAS[op].get(ev)
     if schema is None:
-        return f"an unexpected event {_str(raw, 40)!r} in answer to {op}"
+        return f"an unexpected event {guest_text(raw, 40)!r} in answer to {op}"
     required, optional = schema
     for key, value in msg.items():
         if key == "ev":
             continue
         test = required.get(key) or optional.get(key)
         if test is None:
-            return f"an unknown key {_str(key, 40)!r} in a {ev} answer to {op}"
+            return f"an unknown key {guest_text(key, 40)!r} in a {ev} answer to {op}"
         if not test(value):
             return f"a malformed {_FRAME_NAMES.get(ev, ev + ' answer')} ({key!r}) to {op}"
     missing = sorted(k for k in required if k not in msg)
@@ -97,7 +97,7 @@ class ExecResult:
     error: str = ""
 
 
-def _str(v: Any, limit: int = 4096) -> str:
+def guest_text(v: Any, limit: int = 4096) -> str:
     """A guest-supplied string made safe to show and record: bounded, one line,
     no control characters (a hostile guest must not write to the user's terminal)."""
     if not isinstance(v, str):
@@ -124,7 +124,7 @@ def safe_stats(v: Any) -> dict[str, int | str]:
             continue
         if isinstance(val, int) and not 0 <= val < 2**53:
             continue
-        out[_str(k, 64)] = val if isinstance(val, int) else _str(val, 256)
+        out[guest_text(k, 64)] = val if isinstance(val, int) else guest_text(val, 256)
     return out
 
 
@@ -163,7 +163,8 @@ class GuestClient:
                 raise self._bad(why)
         ev = msg.get("ev")
         if ev == "error":
-            raise GuestError(f"box {self.box}: guest agent error: {_str(msg.get('message'), 300)}")
+            text = guest_text(msg.get("message"), 300)
+            raise GuestError(f"box {self.box}: guest agent error: {text}")
         return msg
 
     async def ping(self, timeout: float = 10.0) -> float:
@@ -232,7 +233,7 @@ class GuestClient:
         status, sig = msg.get("status"), msg.get("signal", 0)
         if not isinstance(status, int) or not 0 <= status <= 255 or not isinstance(sig, int):
             raise self._bad("a malformed exit status")
-        return ExecResult(status, sig, _str(msg.get("error"), 500))
+        return ExecResult(status, sig, guest_text(msg.get("error"), 500))
 
     async def diff(self, sink: BinaryIO, *, kill: bool, max_bytes: int = rpc.MAX_PATCH,
                    timeout: float = 300.0, deadline: float | None = None) -> dict[str, Any]:

@@ -34,7 +34,7 @@ from tkbox.daemon.boxstate import BoxState
 from tkbox.daemon.commands import CommandVerbs
 from tkbox.daemon.copies import CopyVerbs
 from tkbox.daemon.core import BoxSpec, Options
-from tkbox.daemon.guest_client import GuestClient, _str, seconds
+from tkbox.daemon.guest_client import GuestClient, guest_text, seconds
 from tkbox.daemon.lifecycle import Event, State
 from tkbox.daemon.roles import GuestBuildInfo, ResolvedImage
 from tkbox.daemon.tasks import cancel_and_wait
@@ -265,7 +265,7 @@ class BoxManager(CommandVerbs, CopyVerbs):
             text = msg.get("message") if isinstance(msg, dict) else None
             box.ready.set_exception(GuestError(
                 f"box {box.name}: the guest failed to start: "
-                f"{_str(text, 300) if text else 'no ready answer'}"))
+                f"{guest_text(text, 300) if text else 'no ready answer'}"))
         else:
             box.ready.set_result(msg)
 
