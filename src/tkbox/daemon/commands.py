@@ -94,7 +94,7 @@ class CommandVerbs(ManagerCore):
                 await out_q.put(None)
 
         t0 = time.monotonic()
-        task = box.tasks.spawn(run(), name=f"exec {exec_id}")
+        task = box.tasks.spawn(run(), name=f"exec {exec_id}", awaited=True)
         result: ExecResult | None = None
         error: str | None = None
         try:

@@ -307,7 +307,7 @@ class BoxManager(CommandVerbs, CopyVerbs):
         # A VM that ended (QEMU killed, the guest powered off) closes the link too: that
         # is the VM watcher's to report, not the guest's fault. A guest that broke the
         # protocol leaves its VM running.
-        ended = box.tasks.spawn(vm.wait(), name="VM end")
+        ended = box.tasks.spawn(vm.wait(), name="VM end", awaited=True)
         done, _ = await asyncio.wait({ended}, timeout=1.0)
         if done:
             return
@@ -369,7 +369,7 @@ class BoxManager(CommandVerbs, CopyVerbs):
             box.info.patch = {"sha256": patch_sha256, "bytes": len(data), "stats": stats}
             with contextlib.suppress(TkboxError):
                 await guest.shutdown()
-            ended = box.tasks.spawn(vm.wait(), name="VM end")  # shielded: never cut short
+            ended = box.tasks.spawn(vm.wait(), name="VM end", awaited=True)  # never cut short
             try:
                 await asyncio.wait_for(asyncio.shield(ended), 20)
             except TimeoutError:

@@ -25,7 +25,7 @@ import logging
 from collections.abc import Coroutine
 from typing import Any, TypeVar
 
-from tkbox.errors import InternalError
+from tkbox.errors import InternalError, TkboxError
 
 log = logging.getLogger("tkbox.daemon")
 
@@ -40,22 +40,31 @@ class TaskOwner:
         self._tasks: set[asyncio.Task[Any]] = set()
         self._closed = False
 
-    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str = "") -> asyncio.Task[T]:
+    def spawn(self, coro: Coroutine[Any, Any, T], *, name: str = "",
+              awaited: bool = False) -> asyncio.Task[T]:
+        """Start `coro` as a task of this owner. `awaited`: the caller awaits the task
+        and handles its error itself; otherwise an error ending it is logged here
+        (a `TkboxError` as a warning, anything else as a bug, with its traceback)."""
         if self._closed:
             coro.close()
             raise InternalError(f"{self.name} has ended; it cannot start {name or 'a task'}")
         task = asyncio.get_running_loop().create_task(coro, name=f"{self.name}: {name}")
         self._tasks.add(task)
-        task.add_done_callback(self._done)
+        task.add_done_callback(self._done_awaited if awaited else self._done)
         return task
+
+    def _done_awaited(self, task: asyncio.Task[Any]) -> None:
+        self._tasks.discard(task)
 
     def _done(self, task: asyncio.Task[Any]) -> None:
         self._tasks.discard(task)
         if task.cancelled():
             return
         exc = task.exception()  # taken here, so no task's error goes unseen
-        if exc is not None:
+        if isinstance(exc, TkboxError):
             log.warning("%s failed: %s: %s", task.get_name(), exc.__class__.__name__, exc)
+        elif exc is not None:
+            log.error("%s failed (a bug in tkbox)", task.get_name(), exc_info=exc)
 
     def __len__(self) -> int:
         return len(self._tasks)

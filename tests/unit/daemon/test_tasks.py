@@ -8,7 +8,7 @@ import asyncio
 import pytest
 
 from tkbox.daemon.tasks import TaskOwner, cancel_and_wait
-from tkbox.errors import InternalError
+from tkbox.errors import GuestError, InternalError
 
 
 def test_aclose_cancels_and_awaits_every_task_and_then_refuses_new_ones() -> None:
@@ -51,18 +51,29 @@ def test_a_task_closing_its_own_owner_is_not_awaited_by_itself() -> None:
 
 
 def test_a_failed_task_is_logged_not_lost(caplog: pytest.LogCaptureFixture) -> None:
-    async def boom() -> None:
-        raise ValueError("the watcher broke")
+    """A task nobody awaits: its error is logged (a bug as an error, with its
+    traceback); a task its spawner awaits leaves its error to the spawner."""
+
+    async def boom(exc: Exception) -> None:
+        raise exc
 
     async def main() -> None:
         owner = TaskOwner("box b")
-        t = owner.spawn(boom(), name="watcher")
-        await asyncio.wait({t})
+        tasks = [owner.spawn(boom(ValueError("the watcher broke")), name="watcher"),
+                 owner.spawn(boom(GuestError("guest gone")), name="door"),
+                 owner.spawn(boom(GuestError("handled")), name="exec", awaited=True)]
+        await asyncio.wait(tasks)
+        with pytest.raises(GuestError, match="handled"):
+            await tasks[2]
         await owner.aclose()
 
     with caplog.at_level("WARNING", logger="tkbox.daemon"):
         asyncio.run(main())
-    assert "box b: watcher failed: ValueError: the watcher broke" in caplog.text
+    by_level = {(r.levelname, r.getMessage()) for r in caplog.records}
+    assert ("ERROR", "box b: watcher failed (a bug in tkbox)") in by_level
+    assert ("WARNING", "box b: door failed: GuestError: guest gone") in by_level
+    assert "handled" not in caplog.text
+    assert "ValueError: the watcher broke" in caplog.text  # the traceback is kept
 
 
 def test_cancel_and_wait_takes_the_tasks_end_but_passes_on_the_callers_cancellation() -> None:
