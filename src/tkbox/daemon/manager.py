@@ -223,7 +223,9 @@ class BoxManager(CommandVerbs, CopyVerbs):
         config = boot_config(box, spec, self.opts, image, run_user)
         t0 = time.monotonic()
         vm = await self.launcher.start(vm_spec)
-        box.vm = vm
+        box.vm = vm  # set first: whatever happens next, the create's failure path kills it
+        if box.tasks.closed:
+            raise UserError(f"box {box.name} was removed (rm --force) while it was created")
         box.info.accel = vm.accel
         box.info.start = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
