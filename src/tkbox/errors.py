@@ -3,12 +3,15 @@
 ```
 TkboxError                       everything tkbox raises on purpose
 ├── UserError                    the person (or program) driving tkbox was wrong:
-│                                bad flag, unknown box, name in use, missing file
+│   │                            bad flag, unknown box, name in use, missing file
+│   └── BoxNotFound              ... it named a box that does not exist (HTTP 404)
 ├── HostError                    this host lacks something (QEMU, a kernel, KVM),
 │                                or a host resource failed (disk full, socket)
 ├── RemoteError                  a party we do not control sent something bad;
 │   ├── GuestError               ... the VM (every byte from it is hostile)
 │   ├── RegistryError            ... an image registry
+│   ├── OriginError              ... a server a box reached through a door (its
+│   │                            TLS, its HTTP answer); never the guest's fault
 │   ├── SignerUnavailable        ... the signer did not answer (fail closed)
 │   │   └── SignerRefused        ... it answered, and would not take the request
 │   └── BundleError              ... a bundle or trust file under verification
@@ -47,6 +50,12 @@ class UserError(TkboxError):
     exit_code = 2
 
 
+class BoxNotFound(UserError):
+    """A request named a box that does not exist. The daemon's API answers 404 for it
+    (by this type, never by its message) and still names it `UserError` on the wire,
+    so every client, old or new, exits 2 for it."""
+
+
 class HostError(TkboxError):
     exit_code = 3
 
@@ -61,6 +70,13 @@ class GuestError(RemoteError):
 
 class RegistryError(RemoteError):
     """An image registry answered wrongly (bad digest, bad manifest, HTTP error)."""
+
+
+class OriginError(RemoteError):
+    """A server that a box reached through a door (the network or secrets door) sent
+    something the door cannot relay: a malformed answer, bad TLS, a connection cut
+    mid-answer. The origin is to blame, not the guest: a box whose origin misbehaves
+    is not a hostile box."""
 
 
 class SignerUnavailable(RemoteError):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import base64
+import dataclasses
 import json
 import logging
 import os
@@ -29,10 +30,15 @@ from pydantic import BaseModel, Field
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from tkbox import __version__
+from tkbox.daemon import lifecycle
 from tkbox.daemon.manager import BoxManager, BoxSpec
+from tkbox.daemon.roles import StatusReporter
+from tkbox.doors.network import PendingApproval
 from tkbox.errors import (
+    BoxNotFound,
     GuestError,
     HostError,
+    OriginError,
     Refused,
     RegistryError,
     SignerUnavailable,
@@ -104,16 +110,25 @@ class AnswerBody(BaseModel):
     allow: bool
 
 
-STATUS = {UserError: 400, Refused: 403, HostError: 500, GuestError: 502,
-          RegistryError: 502, SignerUnavailable: 503}
+#: HTTP status by error type; the most specific type in an error's class hierarchy wins
+STATUS: dict[type[TkboxError], int] = {
+    UserError: 400, BoxNotFound: 404, Refused: 403, HostError: 500, GuestError: 502,
+    RegistryError: 502, OriginError: 502, SignerUnavailable: 503}
+
+#: the `type` an error is named by on the wire, where it is not its class's own name:
+#: clients know a missing box as a UserError (exit status 2), as they always have
+WIRE_TYPE: dict[type[TkboxError], str] = {BoxNotFound: "UserError"}
+
+
+def status_of(exc: TkboxError) -> int:
+    return next((STATUS[t] for t in type(exc).__mro__ if t in STATUS), 500)
 
 
 def error_response(exc: TkboxError) -> JSONResponse:
-    status = next((s for t, s in STATUS.items() if isinstance(exc, t)), 500)
-    if isinstance(exc, UserError) and "no box named" in str(exc):
-        status = 404
-    return JSONResponse({"error": {"type": type(exc).__name__, "message": str(exc)}},
-                        status_code=status)
+    kind = next((WIRE_TYPE[t] for t in type(exc).__mro__ if t in WIRE_TYPE),
+                type(exc).__name__)
+    return JSONResponse({"error": {"type": kind, "message": str(exc)}},
+                        status_code=status_of(exc))
 
 
 def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
@@ -156,10 +171,9 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
     async def inspect(name: str) -> dict[str, Any]:
         box = manager.get(name)
         out = box.public()
-        status = getattr(box.vm, "status", None)
-        if status is not None:
+        if isinstance(box.vm, StatusReporter):
             try:
-                out["vm_status"] = await asyncio.wait_for(status(), 5)
+                out["vm_status"] = await asyncio.wait_for(box.vm.status(), 5)
             except Exception as exc:  # noqa: BLE001 - a status is a nicety, never an error
                 out["vm_status"] = f"unknown ({exc.__class__.__name__})"
         return out
@@ -210,7 +224,7 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
             raise UserError("this daemon keeps no journal (it runs --unrecorded)")
 
         def done() -> bool:
-            return box.state not in ("creating", "running", "held", "stopping")
+            return not lifecycle.is_live(box.state)
 
         async def stream() -> AsyncIterator[bytes]:
             async for entry in journals.follow(box.run_id, follow=follow, done=done):
@@ -280,27 +294,13 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
         box = manager.get(name)
         if box.door is None:
             raise UserError(f"box {name} has no open network door (it is {box.state})")
-        if hasattr(box.door, "resolve_and_check"):
-            result = await box.door.resolve_and_check(host, port)
-        else:
-            result = await _maybe_await(box.door.check(host, port))
-        return result.to_dict() if hasattr(result, "to_dict") else dict(result.__dict__)
+        return (await box.door.resolve_and_check(host, port)).to_dict()
 
     return app
 
 
-async def _maybe_await(v: Any) -> Any:
-    if asyncio.iscoroutine(v):
-        return await v
-    return v
-
-
-def _approval(p: Any) -> dict[str, Any]:
-    import dataclasses
-
-    is_instance = dataclasses.is_dataclass(p) and not isinstance(p, type)
-    d = dataclasses.asdict(p) if is_instance else dict(p.__dict__)
-    return {k: v for k, v in d.items() if not k.startswith("_")}
+def _approval(p: PendingApproval) -> dict[str, Any]:
+    return dataclasses.asdict(p)
 
 
 def _line(ev: dict[str, Any]) -> bytes:

@@ -6,7 +6,8 @@ import asyncio
 import logging
 from typing import Any
 
-from tkbox.daemon.manager import Box, BoxManager, Options
+from tkbox.daemon.box import Box
+from tkbox.daemon.manager import BoxManager, Options
 from tkbox.doors.network import (
     ApprovalBoard,
     EgressDoor,
@@ -38,7 +39,6 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient | Non
     clock = SystemClock()
     board = ApprovalBoard(signer, clock, wait_seconds=opts.approval_wait)
     resolver = SystemResolver()
-    loop = asyncio.get_running_loop()
     nofile = raise_nofile()  # at start: one box's tunnels must not take every descriptor
     cap = opts.max_connections or connections_for(nofile)
     pool = ConnectionPool(cap)
@@ -48,13 +48,13 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient | Non
     def factory(box: Box) -> EgressDoor:
         def lost(exc: TkboxError) -> None:
             # A connection record that cannot be kept stops the box (fail closed).
-            loop.create_task(manager.contain(box, f"an egress record could not be kept ({exc})"))
+            # The box owns the task that stops it, so it ends with the box.
+            manager.contain_soon(box, f"an egress record could not be kept ({exc})")
 
-        hosts = read_hosts(box.s["allow"], box.secrets, str(box.s.get("inspect", "")),
-                           box.s.get("model_hosts", ()))
+        hosts = read_hosts(box.info.allow, box.secrets, box.info.inspect, box.info.model_hosts)
 
         async def record(kind: str, body: dict[str, Any]) -> None:
-            if box.s.get("unrecorded"):
+            if box.unrecorded:
                 return
             try:
                 await signer.event(box.run_id, kind, body)

@@ -12,11 +12,11 @@ has an overall deadline, so a guest trickling its patch cannot hold `stop`.
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
+from tkbox.daemon.tasks import cancel_and_wait
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
@@ -24,6 +24,9 @@ from tkbox.protocol.ports import PORT_RPC, PortError, Ports
 from tkbox.protocol.streams import StreamClosed
 
 OutputSink = Callable[[int, bytes], Awaitable[None]]
+#: what a running command is sent: a signal number, or `{"op": "stdin", "data"}` /
+#: `{"op": "resize", "rows", "cols"}` for a terminal
+ExecInput = int | dict[str, Any]
 
 
 def _int(v: Any) -> bool:
@@ -71,14 +74,14 @@ def check_answer(op: str, msg: dict[str, Any]) -> str | None:
     ev = raw if isinstance(raw, str) else ""
     schema = SCHEMAS[op].get(ev)
     if schema is None:
-        return f"an unexpected event {_str(raw, 40)!r} in answer to {op}"
+        return f"an unexpected event {guest_text(raw, 40)!r} in answer to {op}"
     required, optional = schema
     for key, value in msg.items():
         if key == "ev":
             continue
         test = required.get(key) or optional.get(key)
         if test is None:
-            return f"an unknown key {_str(key, 40)!r} in a {ev} answer to {op}"
+            return f"an unknown key {guest_text(key, 40)!r} in a {ev} answer to {op}"
         if not test(value):
             return f"a malformed {_FRAME_NAMES.get(ev, ev + ' answer')} ({key!r}) to {op}"
     missing = sorted(k for k in required if k not in msg)
@@ -94,7 +97,7 @@ class ExecResult:
     error: str = ""
 
 
-def _str(v: Any, limit: int = 4096) -> str:
+def guest_text(v: Any, limit: int = 4096) -> str:
     """A guest-supplied string made safe to show and record: bounded, one line,
     no control characters (a hostile guest must not write to the user's terminal)."""
     if not isinstance(v, str):
@@ -121,7 +124,7 @@ def safe_stats(v: Any) -> dict[str, int | str]:
             continue
         if isinstance(val, int) and not 0 <= val < 2**53:
             continue
-        out[_str(k, 64)] = val if isinstance(val, int) else _str(val, 256)
+        out[guest_text(k, 64)] = val if isinstance(val, int) else guest_text(val, 256)
     return out
 
 
@@ -160,7 +163,8 @@ class GuestClient:
                 raise self._bad(why)
         ev = msg.get("ev")
         if ev == "error":
-            raise GuestError(f"box {self.box}: guest agent error: {_str(msg.get('message'), 300)}")
+            text = guest_text(msg.get("message"), 300)
+            raise GuestError(f"box {self.box}: guest agent error: {text}")
         return msg
 
     async def ping(self, timeout: float = 10.0) -> float:
@@ -175,7 +179,7 @@ class GuestClient:
             await fs.aclose()
 
     async def exec(self, argv: list[str], *, cwd: str, env: dict[str, str], stdin: bytes | None,
-                   output: OutputSink, signals: asyncio.Queue[Any],
+                   output: OutputSink, signals: asyncio.Queue[ExecInput],
                    tty: dict[str, int] | None = None) -> ExecResult:
         """Run one command. `signals` carries signal numbers and, for a terminal (`tty`:
         its rows and cols), `{"op": "stdin", "data"}` and `{"op": "resize", ...}` too."""
@@ -203,7 +207,9 @@ class GuestClient:
                     await fs.send(item if isinstance(item, dict) else {"op": "signal",
                                                                        "sig": item})
 
-            sender = asyncio.ensure_future(send_side())
+            # Owned by this call: cancelled and awaited in `finally`, whatever ends it.
+            sender = asyncio.get_running_loop().create_task(send_side(),
+                                                            name=f"box {self.box}: exec input")
             while True:
                 msg = await self._recv(fs, None, "exec")
                 ev = msg.get("ev")
@@ -217,17 +223,17 @@ class GuestClient:
                 else:
                     raise self._bad(f"an unexpected event {str(ev)[:40]!r} during exec")
         finally:
-            if sender is not None:
-                sender.cancel()
-                with contextlib.suppress(BaseException):
-                    await sender
-            await fs.aclose()
+            try:
+                if sender is not None:
+                    await cancel_and_wait(sender)
+            finally:
+                await fs.aclose()
 
     def _exit(self, msg: dict[str, Any]) -> ExecResult:
         status, sig = msg.get("status"), msg.get("signal", 0)
         if not isinstance(status, int) or not 0 <= status <= 255 or not isinstance(sig, int):
             raise self._bad("a malformed exit status")
-        return ExecResult(status, sig, _str(msg.get("error"), 500))
+        return ExecResult(status, sig, guest_text(msg.get("error"), 500))
 
     async def diff(self, sink: BinaryIO, *, kill: bool, max_bytes: int = rpc.MAX_PATCH,
                    timeout: float = 300.0, deadline: float | None = None) -> dict[str, Any]:

@@ -23,6 +23,7 @@ import uvicorn
 from tkbox import __version__, paths
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
+from tkbox.daemon.tasks import TaskOwner
 from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.record.client import SignerClient
 from tkbox.record.unrecorded import UnrecordedSigner
@@ -63,7 +64,7 @@ class _Server(uvicorn.Server):
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
                 signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
-    from tkbox.image.initramfs import build
+    from tkbox.image.initramfs import GuestBuild, build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.store import ImageStore
     from tkbox.vm.qemu import QemuLauncher, decide_accel, qemu_binary
@@ -100,9 +101,9 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
     journals = Journals(paths.home() / "journal")
     signer = JournalingSigner(signer, journals)  # `tkbox logs`: what the signer acknowledged
-    cache: dict[str, Any] = {}
+    cache: dict[str, GuestBuild] = {}
 
-    def guest_build() -> Any:
+    def guest_build() -> GuestBuild:
         if "b" not in cache:
             cache["b"] = build(paths.private_dir(paths.guest_build()), kernel=kernel)
         return cache["b"]
@@ -129,15 +130,18 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     loop = asyncio.get_running_loop()
     stopping = asyncio.Event()
     server = _Server(config, lambda: loop.call_soon_threadsafe(stopping.set))
-    pushes = asyncio.ensure_future(manager.watch_pushes())
+    manager.tasks.spawn(manager.watch_pushes(), name="signer pushes")
+    own = TaskOwner("the daemon's server")
 
     async def on_stop() -> None:
         await stopping.wait()
         print("tkbox: stopping every box…", file=sys.stderr)
-        await manager.shutdown()
-        server.should_exit = True
+        try:
+            await manager.shutdown()
+        finally:
+            server.should_exit = True
 
-    stopper = asyncio.ensure_future(on_stop())
+    stopper = own.spawn(on_stop(), name="stop every box")
     for sig in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(sig, stopping.set)
     print(f"tkbox daemon {__version__} listening on {path}", file=sys.stderr, flush=True)
@@ -145,14 +149,17 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         await server.serve(sockets=[sock])
     finally:
         stopping.set()
-        with contextlib.suppress(BaseException):
-            await asyncio.wait_for(stopper, 90)
-        pushes.cancel()
-        images.close()
-        with contextlib.suppress(Exception):
-            await signer.aclose()
-        with contextlib.suppress(OSError):
-            path.unlink()
+        try:
+            with contextlib.suppress(Exception):  # TimeoutError, or logged by its owner
+                await asyncio.wait_for(stopper, 90)
+        finally:  # cancelled or not, every task ends and every resource is released
+            await own.aclose()
+            await manager.tasks.aclose()
+            images.close()
+            with contextlib.suppress(Exception):
+                await signer.aclose()
+            with contextlib.suppress(OSError):
+                path.unlink()
 
 
 def main(opts: Options, socket_path: Path | None = None,

@@ -13,7 +13,6 @@ ext4 file the guest mounts as the overlay's upper layer.
 
 from __future__ import annotations
 
-import fnmatch
 import io
 import os
 import re
@@ -27,41 +26,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tkbox.doors.secrets.credentials import is_credential
 from tkbox.errors import HostError, UserError
 from tkbox.gitconfig import Entry, parse_list, render, same
 
-#: names of credential files, matched against each path component's name
-CREDENTIAL_NAMES = (
-    ".env", ".env.*", "*.env", ".envrc", "*.pem", "*.key", "*.p12", "*.pfx", "*.jks",
-    "*.keystore", ".netrc", "_netrc", ".npmrc", ".yarnrc", ".yarnrc.yml", ".pypirc",
-    ".pgpass", ".git-credentials", "id_rsa*", "id_dsa*", "id_ecdsa*", "id_ed25519*",
-    ".htpasswd", "credentials", "credentials.json", "*.kubeconfig", "kubeconfig",
-    ".vault-token", "terraform.tfstate*", "*.tfvars", "secrets.y*ml", ".boto", ".s3cfg",
-)
-#: directories never copied (their whole subtree)
-CREDENTIAL_DIRS = (".ssh", ".aws", ".gnupg", ".kube", ".azure", ".gcloud")
-#: exact relative paths never copied
-CREDENTIAL_PATHS = (".docker/config.json", ".config/gcloud", ".config/gh/hosts.yml",
-                    ".git/hooks", ".git/credentials")
-
-
-def is_credential(rel: str, is_dir: bool) -> bool:
-    parts = rel.split("/")
-    lower = [p.lower() for p in parts]
-    if is_dir and lower[-1] in CREDENTIAL_DIRS:
-        return True
-    for p in CREDENTIAL_PATHS:
-        if rel == p or rel.startswith(p + "/"):
-            return True
-    if not is_dir:
-        name = lower[-1]
-        if any(fnmatch.fnmatchcase(name, pat) for pat in CREDENTIAL_NAMES):
-            # `.env.example` and friends carry no secrets by convention.
-            if name.endswith((".example", ".sample", ".template", ".dist")):
-                return False
-            return True
-    return False
-
+__all__ = ["build_lower", "build_upper", "credential_reason", "is_credential"]
 
 # userinfo in a URL (`scheme://user[:pass]@`), or `user:pass@host` in scp form
 _USERINFO = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^/?#]*@|(?:^|[\s\"'=])[^\s/@:]+:[^\s/@]+@",

@@ -18,10 +18,10 @@ import pytest
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "signer"))
 from fake_guests import answering, flood_refusals, hog_streams, trickler  # noqa: E402
-from test_hostile_guest import FakeBuild, FakeImages  # noqa: E402
 
 from tkbox.daemon import manager as manager_mod  # noqa: E402
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options  # noqa: E402
+from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages, HoldingDoor  # noqa: E402
 from tkbox.doors.network import ApprovalBoard, EgressDoor, OperatorConfig, SystemClock  # noqa: E402
 from tkbox.doors.network.testing import FakeResolver  # noqa: E402
 from tkbox.errors import GuestError  # noqa: E402
@@ -35,34 +35,20 @@ def make(tmp: Path, agent: Any, signer: SignerClient | None = None,
          options: Options | None = None, door: str = "real") -> tuple[BoxManager, Any]:
     signer = signer if signer is not None else FakeSigner()
     m = BoxManager(launcher=FakeLauncher(agent), signer=signer, options=options or Options(),
-                   images=FakeImages(tmp), guest_build=lambda: FakeBuild(tmp / "k", tmp / "i"),
+                   images=FakeImages(tmp), guest_build=FakeBuilder(FakeBuild(tmp / "k", tmp / "i")),
                    home=tmp / "home")
     clock = SystemClock()
     board = ApprovalBoard(m.signer, clock)
-    loop = asyncio.get_running_loop()
 
     def real_door(box: Any) -> EgressDoor:
         def lost(exc: Exception) -> None:
-            loop.create_task(m.contain(box, f"an egress record could not be kept ({exc})"))
+            m.contain_soon(box, f"an egress record could not be kept ({exc})")
 
         return EgressDoor(box.run_id, m.signer, [], OperatorConfig(), FakeResolver({}), board,
                           clock, box=box.name, on_record_lost=lost)
 
     m.door_factory = real_door if door == "real" else (lambda box: HoldingDoor())
     return m, signer
-
-
-class HoldingDoor:
-    """A door that keeps every stream the guest opens, even after close: the worst case
-    for the host's own streams."""
-
-    ca_pem = None
-
-    async def handle(self, stream: Any) -> None:
-        await asyncio.Event().wait()
-
-    async def close(self) -> None:
-        return None
 
 
 @pytest.fixture
@@ -125,7 +111,7 @@ def test_guest_holding_every_stream_cannot_stop_exec_or_the_diff(tmp_path: Path,
         events = [e async for e in m.exec("hog", ["true"], None, None, None)]
         assert events[-1]["ev"] == "exit" and events[-1]["status"] == 0
         box = await m.stop("hog")
-        assert box.state == "stopped" and box.s["patch"]["bytes"] > 0
+        assert box.state == "stopped" and box.info.patch["bytes"] > 0
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))
@@ -182,7 +168,7 @@ def test_run_past_its_record_budget_stops_the_box_and_still_exports_and_verifies
                     break
                 await asyncio.sleep(0.05)
             assert box.state == "failed", box.state
-            assert "record budget" in box.s["error"]
+            assert "record budget" in box.info.error
             await asyncio.sleep(0.2)
             exported = await m.export("budget")  # closes the run: the close is never refused
             await client.aclose()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import asyncio
 import sys
 import tracemalloc
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -21,32 +20,10 @@ sys.path.insert(0, str(Path(__file__).parent))
 from fake_guests import hostile, link_flooder, polite  # noqa: E402
 
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options  # noqa: E402
+from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages  # noqa: E402
 from tkbox.errors import GuestError, Refused, UserError  # noqa: E402
 from tkbox.record.testing import FakeSigner  # noqa: E402
 from tkbox.vm.fake import FakeLauncher  # noqa: E402
-
-
-@dataclass
-class FakeImage:
-    digest: str
-    rootfs: Path
-
-
-class FakeImages:
-    def __init__(self, root: Path) -> None:
-        self.rootfs = root / "root.sqfs"
-        self.rootfs.write_bytes(b"")
-
-    async def resolve(self, ref: str) -> FakeImage:
-        return FakeImage("sha256:" + "0" * 64, self.rootfs)
-
-
-@dataclass
-class FakeBuild:
-    kernel: Path
-    initramfs: Path
-    kernel_version: str = "fake"
-    digest: str = "f" * 64
 
 
 def make_manager(tmp: Path, agents: dict[str, Any]) -> tuple[BoxManager, FakeSigner]:
@@ -60,7 +37,7 @@ def make_manager(tmp: Path, agents: dict[str, Any]) -> tuple[BoxManager, FakeSig
     images = FakeImages(tmp)
     build = FakeBuild(tmp / "vmlinux", tmp / "initramfs")
     m = BoxManager(launcher=FakeLauncher(dispatch), signer=signer, options=Options(),
-                   images=images, guest_build=lambda: build, home=tmp / "home")
+                   images=images, guest_build=FakeBuilder(build), home=tmp / "home")
     return m, signer
 
 
@@ -174,8 +151,8 @@ def test_guest_breaking_the_mux_kills_only_its_own_box(tmp_path: Path, checkout:
                 break
             await asyncio.sleep(0.1)
         assert box.state == "failed"
-        assert "broke its transport" in box.s["error"]
-        assert "past its credit" in box.s["error"] or "unknown mux frame type" in box.s["error"]
+        assert "broke its transport" in box.info.error
+        assert "past its credit" in box.info.error or "unknown mux frame type" in box.info.error
         with pytest.raises(UserError, match="it is failed"):
             await run_cmd(m, "linkflood-1", ["true"])
         ok = await run_cmd(m, "polite-1", ["echo", "still", "fine"])
@@ -339,7 +316,7 @@ def test_hostile_values_in_well_formed_frames_are_sanitised(tmp_path: Path,
         err = events[-1]["error"]
         assert "\n" not in err and "\x1b" not in err and "\x07" not in err
         box = await m.stop("sly-1")
-        assert box.s["patch"]["stats"] == {"files": 1}
+        assert box.info.patch["stats"] == {"files": 1}
         assert box.state == "stopped"
         await cleanup(m)
 

@@ -15,13 +15,13 @@ import asyncio
 import socket
 import threading
 import time
-from dataclasses import dataclass
 from pathlib import Path
 
 import uvicorn
 
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
+from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages
 from tkbox.protocol.framing import FramedStream
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
@@ -34,29 +34,6 @@ PATCH = (b"diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n"
          b"index 0000000000000000000000000000000000000000.."
          b"ce013625030ba8dba906f756967f9e9ca394464a\n"
          b"--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n")
-
-
-@dataclass
-class FakeImage:
-    digest: str
-    rootfs: Path
-
-
-class FakeImages:
-    def __init__(self, root: Path) -> None:
-        self.rootfs = root / "root.sqfs"
-        self.rootfs.write_bytes(b"")
-
-    async def resolve(self, ref: str) -> FakeImage:
-        return FakeImage("sha256:" + "0" * 64, self.rootfs)
-
-
-@dataclass
-class FakeBuild:
-    kernel: Path
-    initramfs: Path
-    kernel_version: str = "fake"
-    digest: str = "f" * 64
 
 
 async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
@@ -123,7 +100,7 @@ class SdkDaemon:
         build = FakeBuild(self._tmp / "vmlinux", self._tmp / "initramfs")
         manager = BoxManager(launcher=FakeLauncher(scripted_guest), signer=self.signer,
                              options=Options(), images=FakeImages(self._tmp),
-                             guest_build=lambda: build, home=self.home)
+                             guest_build=FakeBuilder(build), home=self.home)
         app = make_app(manager, {"version": "test", "network_door": False})
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(self.socket))

@@ -23,7 +23,7 @@ import os
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
-from tkbox.daemon.workspace import is_credential
+from tkbox.doors.secrets.credentials import is_credential
 from tkbox.doors.secrets.scan import LeakScanner, patterns
 from tkbox.doors.secrets.spec import (
     MAX_SECRETS,
