@@ -47,7 +47,7 @@ from tkbox.errors import (
 from tkbox.guest import rpc
 from tkbox.image.runconfig import RunUser, image_env, user_of
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
-from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
 from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
@@ -502,13 +502,16 @@ class BoxManager:
         box.ready = loop.create_future()
         config = self._boot_config(box, spec, image, run_user)
         t0 = time.monotonic()
-        vm = await self.launcher.start(vm_spec)
+
+        def serve_ports(ports: Ports) -> None:  # before the guest can open a stream
+            ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
+            ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
+
+        vm = await self.launcher.start(vm_spec, before_boot=serve_ports)
         box.vm = vm
         box.s["accel"] = vm.accel
         box.s["start"] = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
-        vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
-        vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
         box.spawn(self._watch_vm(box))
         box.spawn(self._watch_transport(box, vm))
         try:

@@ -7,15 +7,33 @@ in-process over memory streams).
 
 Each VM process runs in its own private (0700) working directory, with its
 own sockets, no inherited file descriptors, and is reaped when it ends.
+
+What the daemon relies on, and `tests/conformance/test_launcher.py` checks
+against every implementation:
+
+- `start(spec, before_boot=f)` runs `f(vm.ports)` before the guest can open a
+  stream, so the guest's first connection (the boot config, port 1026)
+  finds its listener; `start` returns once the VMM runs (not once the guest
+  is up). A failed start leaves no process behind and raises a `HostError`.
+- `kill()` is idempotent and returns once the VMM has been reaped; `wait()`
+  returns the VMM's exit status, however it ended, to every caller, as often
+  as asked.
+- Once the VM has ended, `ports.connect` raises `TransportClosed` (the VM's
+  end, not the guest's fault) and `pause`/`resume` raise `VMEnded`.
+- Every task a VM starts is owned by it and has ended once `wait` returns.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkbox.protocol.ports import Ports
+
+#: Called with the new VM's ports before its guest can open a stream: serve there.
+BeforeBoot = Callable[[Ports], None]
 
 
 @dataclass(frozen=True)
@@ -53,10 +71,12 @@ class VM(ABC):
     start_reason: str = ""
 
     @abstractmethod
-    async def pause(self) -> None: ...
+    async def pause(self) -> None:
+        """Stop the guest's vCPUs (VMEnded once the VM has ended)."""
 
     @abstractmethod
-    async def resume(self) -> None: ...
+    async def resume(self) -> None:
+        """Run the guest's vCPUs again (VMEnded once the VM has ended)."""
 
     @abstractmethod
     async def kill(self) -> None:
@@ -74,7 +94,15 @@ class VM(ABC):
 
 class Launcher(ABC):
     name: str
+    #: Which port transport its VMs get ("serial-mux", "vhost-vsock", "hybrid-vsock").
+    transport: str = "serial-mux"
 
     @abstractmethod
-    async def start(self, spec: VMSpec) -> VM:
-        """Start the VMM; returns once the process runs (not once the guest is up)."""
+    async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> VM:
+        """Start the VMM; returns once the process runs (not once the guest is up).
+
+        `before_boot(ports)` runs before the guest can open any stream.
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - a hook: most launchers have nothing to end
+        """End the launcher's own background work (not its VMs). Idempotent."""
