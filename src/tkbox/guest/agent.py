@@ -170,9 +170,9 @@ def find_disk(serial: str) -> str:
     # disk's role by its order instead (tkbox.disks=root,lower,upper -> vda, vdb, vdc).
     order = (kernel_arg(DISKS_ARG) or "").split(",")
     if serial in order and order.index(serial) < 26:
-        dev = f"/dev/vd{chr(ord('a') + order.index(serial))}"
-        wait_for(lambda: os.path.exists(dev), dev)
-        return dev
+        by_order = f"/dev/vd{chr(ord('a') + order.index(serial))}"
+        wait_for(lambda: os.path.exists(by_order), by_order)
+        return by_order
 
     def look() -> str | None:
         for p in Path("/sys/block").iterdir():
@@ -787,6 +787,7 @@ async def amain(fd: int | None, templated: bool) -> None:
     reaper = Reaper()
     reaper.install(loop)
     ports: Ports
+    mux_task: asyncio.Future[Any]
     if fd is None:
         ports = GuestVsockPorts()
         mux_task = asyncio.ensure_future(ports.wait_closed())
