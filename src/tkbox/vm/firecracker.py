@@ -215,7 +215,7 @@ def firecracker_problem(binary: Path | None = None) -> str | None:
     if not found or not os.access(found, os.X_OK):
         return (
             "firecracker is not on PATH; install a release binary from the Firecracker "
-            "project, or use the qemu launcher"
+            "project (docs/firecracker.md), or use --vmm qemu"
         )
     try:
         fd = os.open("/dev/kvm", os.O_RDWR | os.O_CLOEXEC)
