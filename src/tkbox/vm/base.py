@@ -25,11 +25,14 @@ against every implementation:
 
 from __future__ import annotations
 
+import os
+import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tkbox.errors import HostError
 from tkbox.protocol.ports import Ports
 
 #: Called with the new VM's ports before its guest can open a stream: serve there.
@@ -56,6 +59,24 @@ class VMSpec:
     vcpus: int = 1
     cmdline: str = ""  # appended to the launcher's own kernel command line
     extra: dict[str, str] = field(default_factory=dict)
+
+
+def check_boot_files(spec: VMSpec) -> None:
+    """Refuse, before any VMM starts, a spec whose kernel, initramfs or disks are not
+    readable regular files (HostError, what to do): a VMM that fails on them later
+    would fail after `start` returned, racing the caller."""
+    wanted = [(spec.kernel, "guest kernel"), (spec.initramfs, "initramfs"),
+              *((disk.path, f"{disk.role} disk") for disk in spec.disks)]
+    for path, what in wanted:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise HostError(f"the {what} {path} is missing ({exc.strerror}); "
+                            "run 'tkbox guest build' or recreate the box") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise HostError(f"the {what} {path} is not a regular file")
+        if not os.access(path, os.R_OK):
+            raise HostError(f"the {what} {path} is not readable by tkbox's user")
 
 
 class VM(ABC):

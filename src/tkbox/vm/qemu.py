@@ -47,7 +47,7 @@ from tkbox.protocol.streams import AsyncioStream
 from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import VhostVsockHostPorts
 from tkbox.vm import template as tpl
-from tkbox.vm.base import VM, BeforeBoot, Disk, Launcher, VMSpec
+from tkbox.vm.base import VM, BeforeBoot, Disk, Launcher, VMSpec, check_boot_files
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
 from tkbox.vm.cid import claim_cid
 from tkbox.vm.errors import VMEnded, VMError
@@ -491,6 +491,7 @@ class QemuLauncher(Launcher):
 
     async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> QemuVM:
         qemu = qemu_binary()
+        check_boot_files(spec)
         _private(spec.workdir)
         if self.transport == VHOST_VSOCK:
             return await self._start_vsock(spec, qemu, before_boot)
