@@ -49,6 +49,11 @@ Bounds against a hostile peer (each side applies them to the other):
 
 `MuxCore` is sans-IO; `MuxPorts` is the asyncio shell implementing `Ports`.
 Standard library only: the guest agent imports this module.
+
+Why one module (about 660 lines): the wire format, the sans-IO core and its
+asyncio shell are one protocol; the shell's bounds (owed output, unread
+input, work) are stated against the core's counters, and keeping them side by
+side is what lets a reader check one against the other.
 """
 
 from __future__ import annotations

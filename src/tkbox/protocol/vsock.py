@@ -34,6 +34,11 @@ convention; its byte-level behaviour is summarised in
 `tests/testdata/firecracker/VSOCK-NOTES.md` and `docs/firecracker.md`.
 
 Standard library only: the guest agent imports this module.
+
+Why one module (about 680 lines): the three transports share one base
+(`_SocketPorts`: stream counting, handler tasks, accept loops) and differ only
+in how a socket is opened and listened for; split apart, each would import
+the others' internals.
 """
 
 from __future__ import annotations

@@ -25,6 +25,10 @@ removed.
 
 The guest's ports are `HybridVsockHostPorts` on `<workdir>/v.sock`: no
 network device is ever configured.
+
+Why one module (about 510 lines): the pure request builder, the host checks
+and the process are one launcher, and the builder is kept beside what sends
+it so that the OpenAPI-checked requests are exactly the ones sent.
 """
 
 from __future__ import annotations

@@ -21,6 +21,18 @@ later boxes restore. The template's memory is a RAM file (written through while
 it is saved, mapped private by each box); migration with `x-ignore-shared`
 carries only device state, saved with `exec:cat > FILE` and restored with
 `migrate-incoming exec:cat FILE` (QEMU 7.2 has no `file:` URI).
+
+Transports: the serial mux by default; with `transport="vhost-vsock"` a
+`vhost-vsock-device` whose guest CID the kernel gave to an fd QEMU inherits
+(`tkbox.vm.cid`), and the ports are `VhostVsockHostPorts` served before QEMU
+starts. Every task a VM starts belongs to it (`TaskOwner`) and has ended once
+`wait` returns.
+
+Why one module (about 680 lines): the command line, the process, the QMP
+client and the template save/restore are one machine's life and share its
+private helpers (`_spawn`, `_connect_unix`, the sockets' names); the pure
+parts (`decide_accel`, `build_argv`) are tested without QEMU, and the
+template store itself is `tkbox.vm.template`.
 """
 
 from __future__ import annotations
