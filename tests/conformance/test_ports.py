@@ -526,6 +526,36 @@ def test_streams_past_the_bound_are_refused_and_closing_gives_room_back(
     run(main())
 
 
+def test_reserved_streams_remain_when_ordinary_ones_are_used_up(
+    make_pair: Callable[[], Any],
+) -> None:
+    """Attack: a guest whose RPC handler never answers makes the host pile up open
+    requests until it cannot open one more; the host must still be able to open
+    the streams it needs at stop (the diff, shutdown): `reserved=True`."""
+
+    async def main() -> None:
+        async with make_pair() as pair:
+            release = asyncio.Event()
+
+            async def hold(stream: ByteStream) -> None:
+                await release.wait()
+                await stream.aclose()
+
+            pair.guest.serve(pair.down, hold)
+            opened: list[ByteStream] = []
+            with pytest.raises(PortError):
+                for _ in range(300):
+                    opened.append(await pair.host.connect(pair.down))
+            reserved = [await pair.host.connect(pair.down, reserved=True) for _ in range(2)]
+            with pytest.raises(PortError):
+                await pair.host.connect(pair.down, reserved=True)  # reserved is bounded too
+            for stream in opened + reserved:
+                await stream.aclose()
+            release.set()
+
+    run(main())
+
+
 def test_a_failing_handler_ends_only_its_own_stream(make_pair: Callable[[], Any]) -> None:
     async def main() -> None:
         async with make_pair() as pair:

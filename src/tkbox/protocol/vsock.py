@@ -26,8 +26,10 @@ handed to the stream first.
 
 Bounds: at most `max_streams` streams the other side opened, per `Ports`
 object (Firecracker itself allows 1023 per VM); a stream accepted beyond that
-is closed at once. Streams we open are counted apart (at most `MAX_OWN`), so
-a guest holding every stream it may open cannot stop the host's requests.
+is closed at once. Streams we open are counted apart (at most `MAX_OWN`, the
+last `RESERVED_OWN` of them only for `connect(..., reserved=True)`), so a
+guest holding every stream it may open cannot stop the host's requests, and
+ordinary requests cannot take the slots the host needs at stop.
 
 Hand-written: Python has no library for Firecracker's hybrid vsock
 convention; its byte-level behaviour is summarised in
@@ -79,6 +81,8 @@ CONNECT_TIMEOUT = 5.0
 MAX_STREAMS = 1024
 #: Streams this side opens, counted apart from the other side's.
 MAX_OWN = 128
+#: Of those, kept for `connect(..., reserved=True)` (the host's own use at stop).
+RESERVED_OWN = 2
 #: accept() errors that pass (out of descriptors or memory): wait, then accept again.
 _TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: `sun_path` is 108 bytes on Linux, one of which is the terminating NUL.
@@ -212,6 +216,8 @@ class _SocketPorts(Ports):
         self._streams: set[_PortStream] = set()
         self._own: set[_PortStream] = set()  # the streams we opened
         self._max_own = min(max_streams, MAX_OWN)
+        self._reserved = min(RESERVED_OWN, self._max_own - 1)
+        self._opening = 0  # our connects not yet adopted
         self.budget = Budget()
         self._tasks = TaskOwner("tkbox-vsock")  # accept loops and handlers
         self._serving: set[int] = set()
@@ -237,16 +243,24 @@ class _SocketPorts(Ports):
         check_port(port)
         self._check_open()
         self._own &= self._streams
-        if len(self._own) >= self._max_own:
+        # The last RESERVED_OWN slots are for `reserved=True` (the host's diff and
+        # shutdown at stop); streams still being opened count, so concurrent
+        # connects cannot overshoot the bound.
+        limit = self._max_own if reserved else self._max_own - self._reserved
+        if len(self._own) + self._opening >= limit:
             raise PortError(
-                f"too many open port streams ({self._max_own}); close some and retry"
+                f"too many open port streams ({limit}); close some and retry"
             )
-        sock, prefix = await self._open(port)
+        self._opening += 1
         try:
-            stream = await self._adopt(sock, prefix)
-        except BaseException:
-            sock.close()
-            raise
+            sock, prefix = await self._open(port)
+            try:
+                stream = await self._adopt(sock, prefix)
+            except BaseException:
+                sock.close()
+                raise
+        finally:
+            self._opening -= 1
         self._own.add(stream)
         if self._closed:  # aclose ran while we were connecting
             await stream.aclose()
