@@ -26,8 +26,8 @@ handed to the stream first.
 
 Bounds: at most `max_streams` streams the other side opened, per `Ports`
 object (Firecracker itself allows 1023 per VM); a stream accepted beyond that
-is closed at once. Streams we open are counted apart (at most `MAX_OWN`, the
-last `RESERVED_OWN` of them only for `connect(..., reserved=True)`), so a
+is closed at once. Streams we open are counted apart (at most `MAX_OWN`, and
+`RESERVED_OWN` more only for `connect(..., reserved=True)`), so a
 guest holding every stream it may open cannot stop the host's requests, and
 ordinary requests cannot take the slots the host needs at stop.
 
@@ -81,7 +81,7 @@ CONNECT_TIMEOUT = 5.0
 MAX_STREAMS = 1024
 #: Streams this side opens, counted apart from the other side's.
 MAX_OWN = 128
-#: Of those, kept for `connect(..., reserved=True)` (the host's own use at stop).
+#: Beyond those, kept for `connect(..., reserved=True)` (the host's own use at stop).
 RESERVED_OWN = 2
 #: accept() errors that pass (out of descriptors or memory): wait, then accept again.
 _TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
@@ -216,7 +216,6 @@ class _SocketPorts(Ports):
         self._streams: set[_PortStream] = set()
         self._own: set[_PortStream] = set()  # the streams we opened
         self._max_own = min(max_streams, MAX_OWN)
-        self._reserved = min(RESERVED_OWN, self._max_own - 1)
         self._opening = 0  # our connects not yet adopted
         self.budget = Budget()
         self._tasks = TaskOwner("tkbox-vsock")  # accept loops and handlers
@@ -243,10 +242,10 @@ class _SocketPorts(Ports):
         check_port(port)
         self._check_open()
         self._own &= self._streams
-        # The last RESERVED_OWN slots are for `reserved=True` (the host's diff and
+        # RESERVED_OWN more slots are for `reserved=True` only (the host's diff and
         # shutdown at stop); streams still being opened count, so concurrent
         # connects cannot overshoot the bound.
-        limit = self._max_own if reserved else self._max_own - self._reserved
+        limit = self._max_own + (RESERVED_OWN if reserved else 0)
         if len(self._own) + self._opening >= limit:
             raise PortError(
                 f"too many open port streams ({limit}); close some and retry"
