@@ -30,7 +30,7 @@ starts. Every task a VM starts belongs to it (`TaskOwner`) and has ended once
 
 Why one module (about 680 lines): the command line, the process, the QMP
 client and the template save/restore are one machine's life and share its
-private helpers (`_spawn`, `_connect_unix`, the sockets' names); the pure
+private helpers (`_spawn`, `_Listeners`, the sockets' names); the pure
 parts (`decide_accel`, `build_argv`) are tested without QEMU, and the
 template store itself is `tkbox.vm.template`.
 """
@@ -46,10 +46,12 @@ import os
 import shlex
 import shutil
 import signal
+import socket
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tkbox import paths
 from tkbox.errors import HostError, InternalError
@@ -190,13 +192,15 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
         "-kernel", str(spec.kernel), "-initrd", str(spec.initramfs), "-append", cmdline,
         # The console goes to a socket the daemon drains into a capped log, so a
         # guest that floods its console cannot fill the host's disk.
-        "-chardev", f"socket,id=con,path={d / 'console.sock'},server=on,wait=off",
+        # The daemon listens and QEMU connects (server=off): the socket exists before
+        # QEMU starts, so nothing waits for QEMU to bind it.
+        "-chardev", f"socket,id=con,path={d / 'console.sock'},server=off",
         "-serial", "chardev:con",
         "-device", "virtio-rng-device",
     ]
     if vsock is None:
         argv += [
-            "-chardev", f"socket,id=mux,path={d / 'mux.sock'},server=on,wait=off",
+            "-chardev", f"socket,id=mux,path={d / 'mux.sock'},server=off",
             "-device", "virtio-serial-device,max_ports=2",
             "-device", "virtserialport,chardev=mux,name=tkbox.mux",
         ]
@@ -250,21 +254,78 @@ async def _wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: floa
         await asyncio.sleep(0.02)
 
 
-async def _connect_unix(path: Path, proc: asyncio.subprocess.Process,
-                        timeout: float = 10.0) -> tuple[asyncio.StreamReader,
-                                                        asyncio.StreamWriter]:
-    """Connect to a socket QEMU serves; it exists from bind() on, but QEMU may not
-    listen() yet, so a refused connection is retried until `timeout`."""
-    await _wait_path(path, proc, timeout)
-    deadline = time.monotonic() + timeout
-    while True:
+#: Seconds for QEMU to connect its chardevs to our sockets once it has started.
+CHARDEV_TIMEOUT = 30.0
+
+
+class _Listeners:
+    """The Unix sockets QEMU's chardevs connect to (`server=off`), bound (0600) and
+    listening in the VM's private directory before QEMU starts.
+
+    So nothing polls for a socket QEMU has not made yet: `accept` is one wait on
+    two events, QEMU connecting or QEMU ending, whichever comes first.
+    """
+
+    def __init__(self, workdir: Path, names: tuple[str, ...]) -> None:
+        self._socks: dict[str, socket.socket] = {}
+        self._workdir = workdir
         try:
-            return await asyncio.open_unix_connection(str(path), limit=1 << 20)
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline or proc.returncode is not None:
-                raise HostError(f"QEMU did not accept on {path.name}; see "
-                                f"{path.parent / 'qemu.log'}") from None
-            await asyncio.sleep(0.02)
+            for name in names:
+                path = workdir / name
+                path.unlink(missing_ok=True)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._socks[name] = sock
+                sock.bind(str(path))
+                os.chmod(path, 0o600)
+                sock.listen(1)
+                sock.setblocking(False)
+        except OSError as exc:
+            self.close()
+            raise HostError(f"cannot listen in {workdir} for QEMU: {exc.strerror}") from None
+
+    async def accept(self, name: str, ended: asyncio.Future[int],
+                     timeout: float = CHARDEV_TIMEOUT) -> tuple[asyncio.StreamReader,
+                                                                asyncio.StreamWriter]:
+        """The connection QEMU makes to `name`; VMError if QEMU ends or times out first."""
+        listener = self._socks[name]
+        loop = asyncio.get_running_loop()
+        owner = TaskOwner(f"tkbox-qemu-accept-{name}")
+        accepting = owner.spawn(loop.sock_accept(listener))
+        try:
+            either: set[asyncio.Future[Any]] = {accepting, ended}
+            done, _ = await asyncio.wait(either, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if accepting in done and accepting.exception() is None:
+                conn, _peer = accepting.result()
+            elif ended.done() and not ended.cancelled():
+                raise VMError(f"QEMU exited at start (status {ended.result()}); see "
+                              f"{self._workdir / 'qemu.log'}")
+            else:
+                raise VMError(f"QEMU did not connect to {name} within {timeout:.0f}s; see "
+                              f"{self._workdir / 'qemu.log'}")
+        finally:
+            await owner.aclose()
+        self._close_one(name)  # one connection each: no one else may connect after QEMU
+        try:
+            return await asyncio.open_unix_connection(sock=conn, limit=1 << 20)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _close_one(self, name: str) -> None:
+        sock = self._socks.pop(name, None)
+        if sock is not None:
+            sock.close()
+            (self._workdir / name).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for name in list(self._socks):
+            self._close_one(name)
+
+
+def _ending(proc: asyncio.subprocess.Process, owner: TaskOwner) -> asyncio.Future[int]:
+    """A future that is done when `proc` ends, its waiting task held by `owner`."""
+    return owner.spawn(proc.wait())
 
 
 class QemuVM(VM):
@@ -275,8 +336,9 @@ class QemuVM(VM):
     """
 
     def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec, accel: str,
-                 ports: Ports | None = None) -> None:
+                 listeners: _Listeners, ports: Ports | None = None) -> None:
         self.proc = proc
+        self._listeners = listeners
         self.spec = spec
         self._accel = accel
         self.ports: Ports
@@ -302,7 +364,7 @@ class QemuVM(VM):
 
     async def _drain_console(self) -> None:
         """Copy the guest's console into console.log, up to CONSOLE_CAP bytes."""
-        reader, writer = await _connect_unix(self.spec.workdir / "console.sock", self.proc)
+        reader, writer = await self._listeners.accept("console.sock", self._ended)
         written = 0
         with open(self.spec.workdir / "console.log", "ab") as log:
             try:
@@ -323,7 +385,7 @@ class QemuVM(VM):
         self._tasks.spawn(self._drain_console(), f"tkbox-qemu-console-{self.spec.name}")
         if hasattr(self, "ports"):  # vhost vsock: served before QEMU started
             return
-        reader, writer = await _connect_unix(self.spec.workdir / "mux.sock", self.proc)
+        reader, writer = await self._listeners.accept("mux.sock", self._ended)
         if wake:  # a restored guest waits for this byte before it starts its mux
             writer.write(WAKE)
         self._mux = MuxPorts(AsyncioStream(reader, writer), initiator=True)
@@ -436,6 +498,7 @@ class QemuVM(VM):
                 await self.ports.aclose()
         finally:
             await self._tasks.aclose()
+            self._listeners.close()
 
     @property
     def running(self) -> bool:
@@ -555,10 +618,16 @@ class QemuLauncher(Launcher):
     async def _start(self, spec: VMSpec, argv: list[str], kind: str, reason: str,
                      state: Path | None = None, *, before_boot: BeforeBoot | None = None,
                      ports: Ports | None = None, pass_fds: tuple[int, ...] = ()) -> QemuVM:
-        for stale in ("mux.sock", "console.sock", "qmp.sock", "console.log"):
+        for stale in ("qmp.sock", "console.log"):
             (spec.workdir / stale).unlink(missing_ok=True)
-        proc = await _spawn(argv, spec.workdir, pass_fds)
-        vm = QemuVM(proc, spec, self.decision.accel, ports)
+        listeners = _Listeners(spec.workdir, ("console.sock",) if ports is not None
+                               else ("console.sock", "mux.sock"))
+        try:
+            proc = await _spawn(argv, spec.workdir, pass_fds)
+        except BaseException:
+            listeners.close()
+            raise
+        vm = QemuVM(proc, spec, self.decision.accel, listeners, ports)
         vm.start_kind, vm.start_reason = kind, reason
         try:
             await vm._connect(wake=kind == "template", before_boot=before_boot)
@@ -620,15 +689,22 @@ class QemuLauncher(Launcher):
                     disks.append(Disk(placeholder, disk.read_only, disk.role))
                 tspec = replace(spec, name="template", workdir=work, disks=tuple(disks))
                 _private(work)
-                proc = await _spawn(build_argv(tspec, self.decision.accel, qemu, template=True,
-                                               ram=ram, share_ram=True), work)
+                listeners = _Listeners(work, ("console.sock", "mux.sock"))
                 try:
-                    await _save_parked(proc, work, saved)
+                    proc = await _spawn(build_argv(tspec, self.decision.accel, qemu,
+                                                   template=True, ram=ram, share_ram=True), work)
+                    waiting = TaskOwner("tkbox-template-qemu")
+                    try:
+                        await _save_parked(proc, work, saved, listeners,
+                                           _ending(proc, waiting))
+                    finally:
+                        if proc.returncode is None:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.killpg(proc.pid, signal.SIGKILL)
+                        await proc.wait()
+                        await waiting.aclose()
                 finally:
-                    if proc.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
+                    listeners.close()
                 path = await asyncio.to_thread(self.templates.commit, d, key, saved, ram,
                                                time.monotonic() - t0)
                 saved = path
@@ -642,11 +718,17 @@ class QemuLauncher(Launcher):
                     ram.unlink(missing_ok=True)
 
 
-async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path) -> None:
-    """Wait for the guest to park, then migrate the VM into `saved` (QEMU ends paused)."""
+async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path,
+                       listeners: _Listeners, ended: asyncio.Future[int]) -> None:
+    """Wait for the guest to park, then migrate the VM into `saved` (QEMU ends paused).
+
+    The template guest's console is accepted and dropped (nobody reads it; QEMU
+    must not block on it)."""
     from qemu.qmp import QMPClient
 
-    reader, writer = await _connect_unix(work / "mux.sock", proc, 30)
+    _con_reader, con_writer = await listeners.accept("console.sock", ended)
+    con_writer.close()
+    reader, writer = await listeners.accept("mux.sock", ended)
     try:
         got = b""
         deadline = time.monotonic() + TEMPLATE_BOOT_TIMEOUT
