@@ -135,3 +135,21 @@ def test_qemu_argv_for_vhost_vsock_passes_the_claimed_device(tmp_path: Path) -> 
 def test_qemu_launcher_refuses_a_transport_it_does_not_have() -> None:
     with pytest.raises(Exception, match="no 'hybrid-vsock' transport"):
         QemuLauncher(AccelDecision("tcg", "test"), templates=None, transport="hybrid-vsock")
+
+
+def test_doctor_shows_each_vmm_its_transport_and_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    from tkbox.cli.doctor import vmm_checks
+
+    monkeypatch.delenv("TKBOX_TRANSPORT", raising=False)
+    monkeypatch.setattr(choice, "vhost_vsock_problem", lambda: "no /dev/vhost-vsock")
+    rows = {r["vmm"]: r for r in vmm_checks() if "vmm" in r}
+    assert rows["qemu"]["transport"] == choice.SERIAL_MUX and not rows["qemu"]["optional"]
+    assert "no /dev/vhost-vsock" in rows["qemu"]["detail"]
+    assert rows["firecracker"]["transport"] == choice.HYBRID_VSOCK
+    assert rows["firecracker"]["optional"]
+    hint = [r for r in vmm_checks() if r["what"] == "vhost vsock for QEMU"]
+    assert hint and "modprobe vhost_vsock" in hint[0]["fix"]
+    monkeypatch.setattr(choice, "vhost_vsock_problem", lambda: None)
+    rows = {r["vmm"]: r for r in vmm_checks() if "vmm" in r}
+    assert rows["qemu"]["transport"] == choice.VHOST_VSOCK
+    assert not [r for r in vmm_checks() if r["what"] == "vhost vsock for QEMU"]
