@@ -47,6 +47,7 @@ import shlex
 import shutil
 import signal
 import socket
+import struct
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -263,7 +264,10 @@ class _Listeners:
     listening in the VM's private directory before QEMU starts.
 
     So nothing polls for a socket QEMU has not made yet: `accept` is one wait on
-    two events, QEMU connecting or QEMU ending, whichever comes first.
+    two events, QEMU connecting or QEMU ending, whichever comes first. Only
+    QEMU's own connection is taken: a peer whose pid (`SO_PEERCRED`) is not
+    the VMM's is closed and the wait goes on, so no other process can pose as
+    a box's VM, even one that connects first.
     """
 
     def __init__(self, workdir: Path, names: tuple[str, ...]) -> None:
@@ -277,20 +281,21 @@ class _Listeners:
                 self._socks[name] = sock
                 sock.bind(str(path))
                 os.chmod(path, 0o600)
-                sock.listen(1)
+                sock.listen(8)  # room for QEMU behind any impostor queued first
                 sock.setblocking(False)
         except OSError as exc:
             self.close()
             raise HostError(f"cannot listen in {workdir} for QEMU: {exc.strerror}") from None
 
-    async def accept(self, name: str, ended: asyncio.Future[int],
+    async def accept(self, name: str, ended: asyncio.Future[int], pid: int,
                      timeout: float = CHARDEV_TIMEOUT) -> tuple[asyncio.StreamReader,
                                                                 asyncio.StreamWriter]:
-        """The connection QEMU makes to `name`; VMError if QEMU ends or times out first."""
+        """The connection process `pid` (QEMU) makes to `name`; VMError if QEMU ends
+        or `timeout` passes first."""
         listener = self._socks[name]
         loop = asyncio.get_running_loop()
         owner = TaskOwner(f"tkbox-qemu-accept-{name}")
-        accepting = owner.spawn(loop.sock_accept(listener))
+        accepting = owner.spawn(_accept_from(loop, listener, pid))
         try:
             either: set[asyncio.Future[Any]] = {accepting, ended}
             done, _ = await asyncio.wait(either, timeout=timeout,
@@ -321,6 +326,26 @@ class _Listeners:
     def close(self) -> None:
         for name in list(self._socks):
             self._close_one(name)
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return int(struct.unpack("3i", creds)[0])
+
+
+async def _accept_from(loop: asyncio.AbstractEventLoop, listener: socket.socket,
+                       pid: int) -> tuple[socket.socket, Any]:
+    """Accept until the peer is process `pid`; close every other connection."""
+    while True:
+        conn, peer = await loop.sock_accept(listener)
+        if _peer_pid(conn) == pid:
+            return conn, peer
+        log.warning("closed a connection to a VM socket from pid %s, not QEMU's (%d)",
+                    _peer_pid(conn), pid)
+        conn.close()
 
 
 def _ending(proc: asyncio.subprocess.Process, owner: TaskOwner) -> asyncio.Future[int]:
@@ -364,7 +389,8 @@ class QemuVM(VM):
 
     async def _drain_console(self) -> None:
         """Copy the guest's console into console.log, up to CONSOLE_CAP bytes."""
-        reader, writer = await self._listeners.accept("console.sock", self._ended)
+        reader, writer = await self._listeners.accept("console.sock", self._ended,
+                                                      self.proc.pid)
         written = 0
         with open(self.spec.workdir / "console.log", "ab") as log:
             try:
@@ -385,7 +411,7 @@ class QemuVM(VM):
         self._tasks.spawn(self._drain_console(), f"tkbox-qemu-console-{self.spec.name}")
         if hasattr(self, "ports"):  # vhost vsock: served before QEMU started
             return
-        reader, writer = await self._listeners.accept("mux.sock", self._ended)
+        reader, writer = await self._listeners.accept("mux.sock", self._ended, self.proc.pid)
         if wake:  # a restored guest waits for this byte before it starts its mux
             writer.write(WAKE)
         self._mux = MuxPorts(AsyncioStream(reader, writer), initiator=True)
@@ -726,9 +752,9 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
     must not block on it)."""
     from qemu.qmp import QMPClient
 
-    _con_reader, con_writer = await listeners.accept("console.sock", ended)
+    _con_reader, con_writer = await listeners.accept("console.sock", ended, proc.pid)
     con_writer.close()
-    reader, writer = await listeners.accept("mux.sock", ended)
+    reader, writer = await listeners.accept("mux.sock", ended, proc.pid)
     try:
         got = b""
         deadline = time.monotonic() + TEMPLATE_BOOT_TIMEOUT
