@@ -70,8 +70,13 @@ class TaskOwner:
             raise RuntimeError(f"task owner {self._name} is closed")
         task = asyncio.get_running_loop().create_task(coro, name=name or self._name or None)
         self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        task.add_done_callback(self._ended)
         return task
+
+    def _ended(self, task: asyncio.Task[Any]) -> None:
+        # An error nobody awaits is still seen (logged by type), never lost silently.
+        self._tasks.discard(task)
+        _collect(task)
 
     def __len__(self) -> int:
         return len(self._tasks)
