@@ -1,6 +1,5 @@
-"""QEMU's template restore, on real VMs: a good template restores (waiting on
-QEMU's MIGRATION events), and a template whose state does not load is dropped
-and the VM boots cold, saying why."""
+"""QEMU's template restore, on real VMs: a good template restores, and a template
+whose state does not load is dropped and the VM boots cold, saying why."""
 
 from __future__ import annotations
 

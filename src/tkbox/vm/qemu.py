@@ -460,51 +460,37 @@ class QemuVM(VM):
                           f"{' '.join(str(exc).split())[:300]}") from None
         self._last = result if isinstance(result, dict) else {}
 
-    async def restore(self, state: Path, timeout: float = 120.0) -> None:
-        """Load a template's device state (its memory is the file mapped by `-object`).
-
-        Waits on QEMU's own MIGRATION events (the `events` capability), not by
-        asking: the first of "completed", "failed"/"cancelled", QEMU's end or
-        `timeout` decides. The guest runs as soon as the state is loaded.
-        """
-        from qemu.qmp import EventListener
-
+    async def restore(self, state: Path) -> None:
+        """Load a template's device state (its memory is the file mapped by `-object`)."""
         await self._qmp_exec("migrate-set-capabilities", {"capabilities": [
-            {"capability": "x-ignore-shared", "state": True},
-            {"capability": "events", "state": True}]})
-        client = self._qmp
-        assert client is not None  # connected by the call above
-        listener = EventListener("MIGRATION")
-        with client.listen(listener):  # type: ignore[attr-defined]
-            # Listening before the load starts: no event can be missed.
-            await self._qmp_exec("migrate-incoming",
-                                 {"uri": f"exec:cat {shlex.quote(str(state))}"})
-            await self._wait_migration(listener, timeout)
+            {"capability": "x-ignore-shared", "state": True}]})
+        await self._qmp_exec("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(state))}"})
+        await self.wait_incoming()
 
-    async def _wait_migration(self, listener: Any, timeout: float) -> None:
-        owner = TaskOwner(f"tkbox-qemu-restore-{self.spec.name}")
-        try:
-            async with asyncio.timeout(timeout):
-                while True:
-                    event = owner.spawn(listener.get())
-                    either: set[asyncio.Future[Any]] = {event, self._ended}
-                    await asyncio.wait(either, return_when=asyncio.FIRST_COMPLETED)
-                    if not event.done():
-                        raise VMEnded(f"QEMU ended while loading the template (status "
-                                      f"{self._ended.result()}; see "
-                                      f"{self.spec.workdir / 'qemu.log'})")
-                    data = event.result().get("data")
-                    status = data.get("status") if isinstance(data, dict) else None
-                    if status == "completed":
-                        return
-                    if status in ("failed", "cancelled"):
-                        await self._qmp_exec("query-migrate")  # for QEMU's reason
-                        raise VMError(f"loading the template failed: "
-                                      f"{self._last.get('error-desc', status)}")
-        except TimeoutError:
-            raise VMError(f"the template did not load within {timeout:.0f}s") from None
-        finally:
-            await owner.aclose()
+    async def wait_incoming(self, timeout: float = 120.0) -> None:
+        """Until QEMU has loaded the state it restores (`-incoming`); HostError if
+        the load failed or QEMU ended. The guest runs as soon as it is loaded."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self.proc.returncode is not None:
+                raise VMEnded(f"QEMU ended while loading the template (status "
+                              f"{self.proc.returncode}; see {self.spec.workdir / 'qemu.log'})")
+            try:
+                await self._qmp_exec("query-migrate")
+            except VMError as exc:  # QMP gone: QEMU is ending; say why above
+                if self.proc.returncode is None and time.monotonic() > deadline:
+                    raise VMError(f"QMP failed while loading the template: {exc}") from None
+                await asyncio.sleep(0.02)
+                continue
+            status = self._last.get("status")
+            if status == "completed":
+                return
+            if status in ("failed", "cancelled"):
+                raise VMError(f"loading the template failed: "
+                              f"{self._last.get('error-desc', status)}")
+            if time.monotonic() > deadline:
+                raise VMError(f"the template did not load within {timeout:.0f}s")
+            await asyncio.sleep(0.02)
 
     async def pause(self) -> None:
         await self._qmp_exec("stop")
