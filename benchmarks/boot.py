@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import socket
 import statistics
 import subprocess
 import sys
@@ -59,10 +60,23 @@ def bare_boot(gb: Any, accel: str, tmp: Path) -> float:
     spec = VMSpec(name="bare", kernel=gb.kernel, initramfs=gb.initramfs, workdir=tmp,
                   cmdline="rdinit=/tkbox-benchmark-no-init")
     argv = build_argv(spec, accel)
+    # QEMU connects its console and mux chardevs to sockets the daemon listens on
+    # (server=off): listen here too, or QEMU ends at once and the baseline is void.
+    listeners = []
+    for name in ("console.sock", "mux.sock"):
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.bind(str(tmp / name))
+        sock.listen(1)
+        listeners.append(sock)
     t0 = time.monotonic()
-    subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                   stderr=subprocess.DEVNULL, timeout=300, check=False)
-    return time.monotonic() - t0
+    try:
+        subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                       stderr=subprocess.DEVNULL, timeout=300, check=False)
+    finally:
+        elapsed = time.monotonic() - t0
+        for sock in listeners:
+            sock.close()
+    return elapsed
 
 
 SIGNER: list[SignerClient] = []  # the signer every manager of this run uses

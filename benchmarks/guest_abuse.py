@@ -54,7 +54,7 @@ from tkbox.protocol.mux import HEADER, MuxPorts, T
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
 from tkbox.protocol.streams import AsyncioStream, ByteStream
 from tkbox.record.testing import FakeSigner
-from tkbox.vm.base import VM, Launcher, VMSpec
+from tkbox.vm.base import VM, BeforeBoot, Launcher, VMSpec
 from tkbox.vm.fake import FakeLauncher
 
 
@@ -190,9 +190,9 @@ class SplitLauncher(Launcher):
     def __init__(self) -> None:
         self.fake = FakeLauncher(polite)
 
-    async def start(self, spec: VMSpec) -> VM:
+    async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> VM:
         if not spec.name.startswith("a-"):
-            return await self.fake.start(spec)
+            return await self.fake.start(spec, before_boot=before_boot)
         ours, theirs = socket.socketpair()
         proc = subprocess.Popen([sys.executable, __file__, "--guest", spec.name[2:],
                                  "--fd", str(theirs.fileno())], pass_fds=[theirs.fileno()])
@@ -200,6 +200,8 @@ class SplitLauncher(Launcher):
         reader, writer = await asyncio.open_connection(sock=ours)
         ports = MuxPorts(AsyncioStream(reader, writer), initiator=True,
                          budget=Budget.unlimited() if NO_BUDGET else None)
+        if before_boot is not None:
+            before_boot(ports)  # before the engine reads: the launcher contract
         task = asyncio.ensure_future(ports.run())
         return ProcessVM(spec.name, ports, proc, task)
 

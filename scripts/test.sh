@@ -13,4 +13,4 @@ echo "test: ruff"
 echo "test: mypy --strict"
 .venv/bin/mypy --strict src/tkbox
 exec .venv/bin/python -m pytest -q -W error -p no:cacheprovider \
-  tests/unit tests/integration tests/fuzz tests/e2e "$@"
+  tests/unit tests/integration tests/conformance tests/fuzz tests/e2e "$@"

@@ -23,13 +23,10 @@ def checks() -> list[dict[str, Any]]:
     from tkbox.vm.qemu import decide_accel
 
     out = [
-        _tool("qemu-system-x86_64", "qemu-system-x86", "QEMU"),
         _tool("tar2sqfs", "squashfs-tools-ng", "squashfs builder (tar2sqfs)"),
         _tool("mkfs.ext4", "e2fsprogs", "ext4 tools"),
         _tool("git", "git", "git (patch checks)"),
         _tool("mmdebstrap", "mmdebstrap", "default image builder", optional=True),
-        _tool("firecracker", "firecracker (not packaged: put a release binary on PATH)",
-              "Firecracker", optional=True),
     ]
     try:
         from tkbox.image.kernel import find_kernel
@@ -43,10 +40,7 @@ def checks() -> list[dict[str, Any]]:
     except TkboxError as exc:
         out.append({"what": "guest kernel", "ok": False, "detail": str(exc),
                     "fix": f"{APT} linux-image-amd64"})
-    vhost = os.path.exists("/dev/vhost-vsock")
-    out.append({"what": "vhost-vsock", "ok": vhost, "optional": True,
-                "detail": "present" if vhost else "absent: ports use the serial mux",
-                "fix": "sudo modprobe vhost_vsock"})
+    out.extend(vmm_checks())
     builds = sorted(paths.guest_build().glob("initramfs-*.cpio")) \
         if paths.guest_build().is_dir() else []
     out.append({"what": "guest build", "ok": bool(builds), "optional": True,
@@ -61,12 +55,43 @@ def checks() -> list[dict[str, Any]]:
                 "detail": f"socket {ssock}" if ssock.exists() else "not running",
                 "fix": "tkbox signer init --dev && tkbox signer serve &"})
     if sock.exists():
-        out.append(_signer_in_use())
+        out.extend(_daemon_in_use())
     return out
 
 
-def _signer_in_use() -> dict[str, Any]:
-    """Which signer the running daemon records with (tkbox's or Tracekit's)."""
+def vmm_checks() -> list[dict[str, Any]]:
+    """Per VMM: whether it runs here, and which transport its boxes would get, and why.
+
+    QEMU is the default (`tkbox daemon`); Firecracker is `tkbox daemon --vmm
+    firecracker`, optional. The transport line says why vhost vsock is or is
+    not used, and how to get it.
+    """
+    from tkbox.vm.choice import VHOST_VSOCK, describe
+
+    out: list[dict[str, Any]] = []
+    for vmm in ("qemu", "firecracker"):
+        d = describe(vmm)
+        flag = "" if vmm == "qemu" else " --vmm firecracker"
+        ready = d["ok"] == "yes"
+        out.append({
+            "what": f"VMM {vmm}" + (" (default)" if vmm == "qemu" else ""),
+            "ok": ready, "optional": vmm != "qemu",
+            "detail": (f"ready (tkbox daemon{flag}); " if ready else f"{d['vmm_detail']}; ")
+                      + f"a box's ports: {d['transport']} ({d['transport_reason']})",
+            "fix": ("put a Firecracker release binary on PATH (docs/firecracker.md)"
+                    if vmm == "firecracker" else f"{APT} qemu-system-x86"),
+            "vmm": vmm, "transport": d["transport"],
+        })
+        if vmm == "qemu" and d["transport"] != VHOST_VSOCK:
+            out.append({"what": "vhost vsock for QEMU", "ok": False, "optional": True,
+                        "detail": f"not used: {d['transport_reason']}",
+                        "fix": "sudo modprobe vhost_vsock (and access to /dev/vhost-vsock)"})
+    return out
+
+
+def _daemon_in_use() -> list[dict[str, Any]]:
+    """Which signer the running daemon records with (tkbox's or Tracekit's), and
+    which VMM and transport its boxes get."""
     try:
         from tkbox.sdk import Client
 
@@ -74,12 +99,17 @@ def _signer_in_use() -> dict[str, Any]:
             info = client.call("GET", "/v1/info")
         s = info.get("signer") or {}
     except (TkboxError, AttributeError, OSError) as exc:
-        return {"what": "signer in use", "ok": False, "optional": True, "detail": str(exc),
-                "fix": "tkbox daemon &"}
+        return [{"what": "signer in use", "ok": False, "optional": True, "detail": str(exc),
+                 "fix": "tkbox daemon &"}]
     backend = s.get("backend", "?")
     what = {"tkbox": "tkbox's signer (tkbox verify)",
             "tracekit": "a Tracekit signer (tracekit verify; docs/tracekit.md)",
             "none": "none: --unrecorded"}.get(backend, backend)
-    return {"what": "signer in use", "ok": backend != "none", "optional": True,
+    out: list[dict[str, Any]] = []
+    if info.get("vmm"):
+        out.append({"what": "VMM in use", "ok": True, "optional": True,
+                    "detail": f"{info['vmm']}, ports over {info.get('transport', '?')}: "
+                              f"{info.get('transport_reason', '')}"})
+    return [*out, {"what": "signer in use", "ok": backend != "none", "optional": True,
             "detail": f"{what}, key {s.get('key', '?')}, isolation {s.get('isolation', '?')}"
-            if backend != "none" else what, "fix": "restart the daemon with a signer"}
+            if backend != "none" else what, "fix": "restart the daemon with a signer"}]

@@ -77,6 +77,8 @@ def daemon(
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
     signer: Annotated[str, typer.Option(
         "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
+    vmm: Annotated[str, typer.Option(
+        "--vmm", help="qemu (default) or firecracker (docs/vmm.md)")] = "qemu",
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -99,11 +101,13 @@ def daemon(
         raise UserError("--max-connections must be 0 (from the open-file limit) or more")
     if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
         raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
+    if vmm not in ("qemu", "firecracker"):
+        raise UserError(f"--vmm {vmm!r}: use qemu or firecracker")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait, tunnel_idle=tunnel_idle,
                  tunnel_total=tunnel_total, max_connections=max_connections),
-         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer)
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm)
 
 
 @app.command()

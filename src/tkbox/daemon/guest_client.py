@@ -20,8 +20,9 @@ from tkbox.daemon.tasks import cancel_and_wait
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
-from tkbox.protocol.ports import PORT_RPC, PortError, Ports
+from tkbox.protocol.ports import PORT_RPC, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import StreamClosed
+from tkbox.vm.errors import VMEnded
 
 OutputSink = Callable[[int, bytes], Awaitable[None]]
 #: what a running command is sent: a signal number, or `{"op": "stdin", "data"}` /
@@ -140,6 +141,8 @@ class GuestClient:
     async def _open(self, *, reserved: bool = False) -> FramedStream:
         try:
             stream = await self.ports.connect(PORT_RPC, reserved=reserved)
+        except TransportClosed as exc:  # the VMM closed its end: the VM ended, no guest fault
+            raise VMEnded(f"box {self.box}: its VM has ended ({exc})") from None
         except PortError as exc:
             raise GuestError(f"box {self.box}: cannot reach the guest agent ({exc})") from None
         return FramedStream(stream, limits=GUEST_FRAMES, budget=self.ports.budget)

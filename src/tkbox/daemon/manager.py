@@ -50,7 +50,7 @@ from tkbox.errors import (
 )
 from tkbox.image.runconfig import RunUser
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
-from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS
+from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
 from tkbox.vm.base import VM, Disk, VMSpec
 
@@ -222,15 +222,18 @@ class BoxManager(CommandVerbs, CopyVerbs):
         box.ready = loop.create_future()
         config = boot_config(box, spec, self.opts, image, run_user)
         t0 = time.monotonic()
-        vm = await self.launcher.start(vm_spec)
+
+        def serve_ports(ports: Ports) -> None:  # before the guest can open a stream
+            ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
+            ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
+
+        vm = await self.launcher.start(vm_spec, before_boot=serve_ports)
         box.vm = vm  # set first: whatever happens next, the create's failure path kills it
         if box.tasks.closed:
             raise UserError(f"box {box.name} was removed (rm --force) while it was created")
         box.info.accel = vm.accel
         box.info.start = {"kind": vm.start_kind, "reason": vm.start_reason}
         box.guest = GuestClient(vm.ports, box.name)
-        vm.ports.serve(PORT_BOOT, lambda s: self._serve_boot(box, s, config))
-        vm.ports.serve(PORT_EGRESS, lambda s: self._serve_egress(box, s))
         box.tasks.spawn(self._watch_vm(box), name="VM watcher")
         box.tasks.spawn(self._watch_transport(box, vm), name="transport watcher")
         try:

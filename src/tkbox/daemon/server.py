@@ -63,18 +63,31 @@ class _Server(uvicorn.Server):
 
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
-                signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
+                signer_socket: Path | None = None, signer_backend: str = "tkbox",
+                vmm: str = "qemu") -> None:
     from tkbox.image.initramfs import GuestBuild, build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.store import ImageStore
-    from tkbox.vm.qemu import QemuLauncher, decide_accel, qemu_binary
+    from tkbox.vm.base import Launcher
+    from tkbox.vm.choice import check_vmm, transport_for
+    from tkbox.vm.firecracker import FirecrackerLauncher
+    from tkbox.vm.qemu import AccelDecision, QemuLauncher, decide_accel
 
-    qemu_binary()
+    check_vmm(vmm)  # a VMM that cannot run here: one line naming what to install
+    transport = transport_for(vmm)
     kernel = find_kernel()
-    accel = decide_accel(kernel.version, paths.private_dir(paths.guest_build()))
+    launcher: Launcher
+    if vmm == "firecracker":
+        accel = AccelDecision("kvm", "Firecracker runs guests on KVM only")
+        launcher = FirecrackerLauncher()
+    else:
+        accel = decide_accel(kernel.version, paths.private_dir(paths.guest_build()))
+        launcher = QemuLauncher(accel, transport=transport.kind)
     if accel.accel != "kvm":
         print(f"tkbox: notice: software emulation (TCG): {accel.reason}. Boxes are still "
               "separate kernels behind a VMM, but much slower.", file=sys.stderr)
+    print(f"tkbox: VMM {vmm}, ports over {transport.kind}: {transport.reason}",
+          file=sys.stderr)
     signer: SignerClient
     if opts.unrecorded:
         print("tkbox: WARNING: --unrecorded: nothing is decided or recorded by a signer. "
@@ -109,7 +122,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         return cache["b"]
 
     images = ImageStore(paths.images())
-    manager = BoxManager(launcher=QemuLauncher(accel), signer=signer, options=opts,
+    manager = BoxManager(launcher=launcher, signer=signer, options=opts,
                          images=images, guest_build=guest_build, accel_reason=accel.reason)
     manager.journals = journals
     from tkbox.daemon import egress
@@ -118,6 +131,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     await manager.load()
     info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
+            "vmm": vmm, "transport": transport.kind, "transport_reason": transport.reason,
             "network_door": True,
             "signer": {"backend": "none"} if opts.unrecorded else
             {"backend": "tracekit" if signer_backend.startswith("tracekit") else "tkbox",
@@ -155,6 +169,8 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         finally:  # cancelled or not, every task ends and every resource is released
             await own.aclose()
             await manager.tasks.aclose()
+            with contextlib.suppress(Exception):
+                await launcher.aclose()  # background template builds
             images.close()
             with contextlib.suppress(Exception):
                 await signer.aclose()
@@ -163,12 +179,13 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
 
 def main(opts: Options, socket_path: Path | None = None,
-         signer_socket: Path | None = None, signer_backend: str = "tkbox") -> None:
+         signer_socket: Path | None = None, signer_backend: str = "tkbox",
+         vmm: str = "qemu") -> None:
     logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
                         format="tkbox: %(levelname)s %(message)s")
     try:
         asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket,
-                          signer_backend=signer_backend))
+                          signer_backend=signer_backend, vmm=vmm))
     except (HostError, UserError, SignerUnavailable) as exc:
         print(f"tkbox: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

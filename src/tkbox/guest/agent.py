@@ -48,6 +48,7 @@ from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.protocol.vsock import GuestVsockPorts
 
 RUN = Path("/run/tkbox")
 ROOT = RUN / "root"
@@ -55,6 +56,8 @@ LOWER = RUN / "lower"
 WSDISK = RUN / "wsdisk"
 UPPER = WSDISK / "upper"
 MUX_PORT_NAME = "tkbox.mux"
+#: Kernel arguments from the launcher: the ports' transport, and disk roles by order.
+PORTS_ARG, DISKS_ARG = "tkbox.ports", "tkbox.disks"
 PROXY_ADDR = ("127.0.0.1", 3128)
 TEMPLATE_FLAG = "tkbox.template=1"
 #: Template handshake on the raw mux port, before the mux starts (tkbox.vm.template).
@@ -152,7 +155,25 @@ def find_mux_port() -> str:
     return dev
 
 
+def kernel_arg(name: str) -> str | None:
+    """The value of `name=value` on the kernel command line, or None."""
+    with contextlib.suppress(OSError):
+        for word in Path("/proc/cmdline").read_text().split():
+            key, eq, value = word.partition("=")
+            if eq and key == name:
+                return value
+    return None
+
+
 def find_disk(serial: str) -> str:
+    # Under Firecracker the drives carry no readable serial: the host names each
+    # disk's role by its order instead (tkbox.disks=root,lower,upper -> vda, vdb, vdc).
+    order = (kernel_arg(DISKS_ARG) or "").split(",")
+    if serial in order and order.index(serial) < 26:
+        by_order = f"/dev/vd{chr(ord('a') + order.index(serial))}"
+        wait_for(lambda: os.path.exists(by_order), by_order)
+        return by_order
+
     def look() -> str | None:
         for p in Path("/sys/block").iterdir():
             with contextlib.suppress(OSError):
@@ -761,15 +782,22 @@ def power_off() -> None:
     os._exit(0)
 
 
-async def amain(fd: int, templated: bool) -> None:
+async def amain(fd: int | None, templated: bool) -> None:
+    """Boot and serve; `fd` is the mux port, or None where the ports are AF_VSOCK."""
     loop = asyncio.get_running_loop()
     reaper = Reaper()
     reaper.install(loop)
-    link = FdStream(fd)
-    # the guest opens one stream per proxied connection: as many as the host accepts
-    ports = MuxPorts(link, initiator=False, max_own=MAX_STREAMS,
-                     budget=Budget.unlimited())
-    mux_task = asyncio.ensure_future(ports.run())
+    ports: Ports
+    mux_task: asyncio.Future[Any]
+    if fd is None:
+        ports = GuestVsockPorts()
+        mux_task = asyncio.ensure_future(ports.wait_closed())
+    else:
+        # the guest opens one stream per proxied connection: as many as the host accepts
+        mux = MuxPorts(FdStream(fd), initiator=False, max_own=MAX_STREAMS,
+                       budget=Budget.unlimited())
+        ports = mux
+        mux_task = asyncio.ensure_future(mux.run())
     boot = FramedStream(await ports.connect(PORT_BOOT))
     cfg = await boot.receive()
     if not isinstance(cfg, dict):
@@ -815,6 +843,10 @@ def main() -> None:
         early_mounts()
         templated = template_boot()
         load_modules(want=(lambda m: m != BLOCK_MODULE) if templated else (lambda m: True))
+        if kernel_arg(PORTS_ARG) == "vsock":  # vhost vsock (QEMU) or Firecracker's
+            wait_for(lambda: os.path.exists("/dev/vsock"), "/dev/vsock")
+            asyncio.run(amain(None, templated=False))
+            return
         dev = find_mux_port()
         fd = os.open(dev, os.O_RDWR | os.O_CLOEXEC)
         if templated:

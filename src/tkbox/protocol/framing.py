@@ -27,6 +27,7 @@ from typing import Any
 
 import msgpack
 
+from tkbox.protocol import errors
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.streams import ByteStream
 
@@ -34,8 +35,7 @@ MAX_FRAME = 1 << 20  # 1 MiB, length prefix excluded
 _LEN = struct.Struct(">I")
 
 
-class FrameError(Exception):
-    """The peer sent something that is not a valid frame. The stream is unusable."""
+FrameError = errors.FrameError  # re-exported: callers import it from here
 
 
 @dataclass(frozen=True)

@@ -49,19 +49,25 @@ Bounds against a hostile peer (each side applies them to the other):
 
 `MuxCore` is sans-IO; `MuxPorts` is the asyncio shell implementing `Ports`.
 Standard library only: the guest agent imports this module.
+
+Why one module (about 660 lines): the wire format, the sans-IO core and its
+asyncio shell are one protocol; the shell's bounds (owed output, unread
+input, work) are stated against the core's counters, and keeping them side by
+side is what lets a reader check one against the other.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import enum
 import struct
 from dataclasses import dataclass
 
+from tkbox.protocol import errors
 from tkbox.protocol.budget import Budget
-from tkbox.protocol.ports import Handler, PortError, Ports
+from tkbox.protocol.ports import Handler, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.protocol.tasks import TaskOwner
 
 HEADER = struct.Struct(">BII")
 MAX_PAYLOAD = 64 * 1024
@@ -78,8 +84,7 @@ OPEN_COST = 200  # budget units an OPEN costs the peer (at the default rate: 100
 BYTES_PER_UNIT = 4096  # payload bytes that cost one budget unit (~80 MB/s at the default rate)
 
 
-class MuxError(Exception):
-    """The peer broke the mux protocol; the whole mux is unusable."""
+MuxError = errors.MuxError  # re-exported: callers import it from here
 
 
 class T(enum.IntEnum):
@@ -486,19 +491,20 @@ class MuxPorts(Ports):
         self._streams: dict[int, MuxStream] = {}
         self._pending: dict[int, asyncio.Future[None]] = {}
         self._handlers: dict[int, Handler] = {}
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskOwner("tkbox-mux-handler")  # one per accepted stream
         self._wake = asyncio.Event()
         self._flushed = asyncio.Event()
         self._flushed.set()
         self._open_timeout = open_timeout
         self.dead: str | None = None
+        self.violation = False  # the peer broke the protocol (else: the link ended)
         self._dead_event = asyncio.Event()
 
     # -- Ports ---------------------------------------------------------
 
     async def connect(self, port: int, *, reserved: bool = False) -> ByteStream:
         if self.dead is not None:
-            raise PortError(f"transport is down: {self.dead}")
+            raise self._down()
         sid = self._core.open(port, reserved=reserved)
         stream = MuxStream(self, sid)
         self._streams[sid] = stream
@@ -521,12 +527,10 @@ class MuxPorts(Ports):
 
     async def aclose(self) -> None:
         self._fail("closed")
-        for t in list(self._tasks):
-            t.cancel()
-        for t in list(self._tasks):
-            with contextlib.suppress(BaseException):
-                await t
-        await self._link.aclose()
+        try:
+            await self._tasks.aclose()
+        finally:
+            await self._link.aclose()
 
     # -- engine ----------------------------------------------------------
 
@@ -542,15 +546,22 @@ class MuxPorts(Ports):
         await self._dead_event.wait()
         return self.dead or "closed"
 
-    def _fail(self, why: str) -> None:
+    def _down(self) -> PortError:
+        """What `connect` raises once the mux is dead: `TransportClosed` when the
+        link ended or was closed here, a plain `PortError` when the peer broke it."""
+        kind = PortError if self.violation else TransportClosed
+        return kind(f"transport is down: {self.dead}")
+
+    def _fail(self, why: str, *, violation: bool = False) -> None:
         if self.dead is None:
             self.dead = why
+            self.violation = violation
             self._dead_event.set()
         for s in list(self._streams.values()):
             s._on_reset(why)
         for f in self._pending.values():
             if not f.done():
-                f.set_exception(PortError(f"transport is down: {why}"))
+                f.set_exception(self._down())
         self._flushed.set()
         self._wake.set()
         self._room.set()
@@ -563,7 +574,8 @@ class MuxPorts(Ports):
         return ctl > self._max_ctl or self._buffered > self._max_in
 
     async def run(self) -> None:
-        writer = asyncio.ensure_future(self._writer())
+        writer = TaskOwner("tkbox-mux-writer")  # lives exactly as long as this call
+        writer.spawn(self._writer())
         core = self._core
         try:
             while self.dead is None:
@@ -590,12 +602,10 @@ class MuxPorts(Ports):
                 # suspending, so without this one guest could hold the loop for its burst.
                 await asyncio.sleep(wait)
         except MuxError as exc:
-            self._fail(f"protocol violation: {exc}")
+            self._fail(f"protocol violation: {exc}", violation=True)
         finally:
             self._fail("mux stopped")
-            writer.cancel()
-            with contextlib.suppress(BaseException):
-                await writer
+            await writer.aclose()
 
     async def _writer(self) -> None:
         while self.dead is None:
@@ -618,15 +628,13 @@ class MuxPorts(Ports):
     def _dispatch(self, ev: Event) -> None:
         if isinstance(ev, Opened):
             handler = self._handlers.get(ev.port)
-            if handler is None:
+            if handler is None or self._tasks.closed:
                 self._core.reject(ev.sid, f"no listener on port {ev.port}")
                 return
             self._core.accept(ev.sid)
             stream = MuxStream(self, ev.sid)
             self._streams[ev.sid] = stream
-            task = asyncio.ensure_future(self._run_handler(handler, stream))
-            self._tasks.add(task)
-            task.add_done_callback(self._tasks.discard)
+            self._tasks.spawn(self._run_handler(handler, stream), f"tkbox-mux-port-{ev.port}")
             return
         if isinstance(ev, Accepted):
             fut = self._pending.get(ev.sid)

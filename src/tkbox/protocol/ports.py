@@ -21,6 +21,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Awaitable, Callable
 
 from tkbox.protocol.budget import Budget
+from tkbox.protocol.errors import PortError, TransportClosed
 from tkbox.protocol.streams import ByteStream
 
 PORT_RPC = 1024
@@ -30,8 +31,8 @@ PORT_BOOT = 1026
 Handler = Callable[[ByteStream], Awaitable[None]]
 
 
-class PortError(Exception):
-    """A port stream could not be opened: no listener, transport gone, refused."""
+__all__ = ["PORT_BOOT", "PORT_EGRESS", "PORT_RPC", "Handler", "PortError", "Ports",
+           "TransportClosed"]
 
 
 class Ports(ABC):

@@ -14,9 +14,9 @@ import asyncio
 import contextlib
 from abc import ABC, abstractmethod
 
+from tkbox.protocol.errors import StreamClosed
 
-class StreamClosed(Exception):
-    """Sending on a stream whose other side is gone, or that was reset."""
+__all__ = ["AsyncioStream", "ByteStream", "MemoryStream", "StreamClosed", "memory_stream_pair"]
 
 
 class ByteStream(ABC):

@@ -26,14 +26,21 @@ handed to the stream first.
 
 Bounds: at most `max_streams` streams the other side opened, per `Ports`
 object (Firecracker itself allows 1023 per VM); a stream accepted beyond that
-is closed at once. Streams we open are counted apart (at most `MAX_OWN`), so
-a guest holding every stream it may open cannot stop the host's requests.
+is closed at once. Streams we open are counted apart (at most `MAX_OWN`, and
+`RESERVED_OWN` more only for `connect(..., reserved=True)`), so a
+guest holding every stream it may open cannot stop the host's requests, and
+ordinary requests cannot take the slots the host needs at stop.
 
 Hand-written: Python has no library for Firecracker's hybrid vsock
 convention; its byte-level behaviour is summarised in
 `tests/testdata/firecracker/VSOCK-NOTES.md` and `docs/firecracker.md`.
 
 Standard library only: the guest agent imports this module.
+
+Why one module (about 680 lines): the three transports share one base
+(`_SocketPorts`: stream counting, handler tasks, accept loops) and differ only
+in how a socket is opened and listened for; split apart, each would import
+the others' internals.
 """
 
 from __future__ import annotations
@@ -52,8 +59,9 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.protocol.budget import Budget
-from tkbox.protocol.ports import Handler, PortError, Ports
+from tkbox.protocol.ports import Handler, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import AsyncioStream, ByteStream
+from tkbox.protocol.tasks import TaskOwner, cancel_and_wait
 
 log = logging.getLogger(__name__)
 
@@ -73,6 +81,8 @@ CONNECT_TIMEOUT = 5.0
 MAX_STREAMS = 1024
 #: Streams this side opens, counted apart from the other side's.
 MAX_OWN = 128
+#: Beyond those, kept for `connect(..., reserved=True)` (the host's own use at stop).
+RESERVED_OWN = 2
 #: accept() errors that pass (out of descriptors or memory): wait, then accept again.
 _TRANSIENT_ACCEPT_ERRORS = frozenset({errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM})
 #: `sun_path` is 108 bytes on Linux, one of which is the terminating NUL.
@@ -140,14 +150,23 @@ def check_unix_path(path: Path) -> None:
         )
 
 
+def vhost_vsock_problem(device: str = "/dev/vhost-vsock") -> str | None:
+    """Why this host cannot give guests `AF_VSOCK` through vhost, or None."""
+    if not hasattr(socket, "AF_VSOCK"):
+        return "this Python has no AF_VSOCK"
+    try:
+        fd = os.open(device, os.O_RDWR | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return f"no {device} (load it: sudo modprobe vhost_vsock)"
+    except OSError as exc:
+        return f"{device} does not open ({exc.strerror}); give tkbox's user access to it"
+    os.close(fd)
+    return None
+
+
 def vhost_vsock_available() -> bool:
     """Whether this host can give guests `AF_VSOCK` (`/dev/vhost-vsock` opens)."""
-    try:
-        fd = os.open("/dev/vhost-vsock", os.O_RDWR | os.O_CLOEXEC)
-    except OSError:
-        return False
-    os.close(fd)
-    return hasattr(socket, "AF_VSOCK")
+    return vhost_vsock_problem() is None
 
 
 # --- streams and the shared plumbing -----------------------------------------
@@ -197,8 +216,9 @@ class _SocketPorts(Ports):
         self._streams: set[_PortStream] = set()
         self._own: set[_PortStream] = set()  # the streams we opened
         self._max_own = min(max_streams, MAX_OWN)
+        self._opening = 0  # our connects not yet adopted
         self.budget = Budget()
-        self._tasks: set[asyncio.Task[None]] = set()
+        self._tasks = TaskOwner("tkbox-vsock")  # accept loops and handlers
         self._serving: set[int] = set()
         self._pending: set[socket.socket] = set()  # accepted, not yet adopted
         self._closed = False
@@ -222,20 +242,28 @@ class _SocketPorts(Ports):
         check_port(port)
         self._check_open()
         self._own &= self._streams
-        if len(self._own) >= self._max_own:
+        # RESERVED_OWN more slots are for `reserved=True` only (the host's diff and
+        # shutdown at stop); streams still being opened count, so concurrent
+        # connects cannot overshoot the bound.
+        limit = self._max_own + (RESERVED_OWN if reserved else 0)
+        if len(self._own) + self._opening >= limit:
             raise PortError(
-                f"too many open port streams ({self._max_own}); close some and retry"
+                f"too many open port streams ({limit}); close some and retry"
             )
-        sock, prefix = await self._open(port)
+        self._opening += 1
         try:
-            stream = await self._adopt(sock, prefix)
-        except BaseException:
-            sock.close()
-            raise
+            sock, prefix = await self._open(port)
+            try:
+                stream = await self._adopt(sock, prefix)
+            except BaseException:
+                sock.close()
+                raise
+        finally:
+            self._opening -= 1
         self._own.add(stream)
         if self._closed:  # aclose ran while we were connecting
             await stream.aclose()
-            raise PortError("the port transport is closed")
+            raise TransportClosed("the port transport is closed")
         return stream
 
     def serve(self, port: int, handler: Handler) -> None:
@@ -248,14 +276,13 @@ class _SocketPorts(Ports):
 
     async def aclose(self) -> None:
         self._closed = True
-        tasks = list(self._tasks)
-        for task in tasks:
-            task.cancel()
-        await self._stop_serving()
-        for stream in list(self._streams):
-            await stream.aclose()
-        if tasks:
-            await asyncio.gather(*tasks, return_exceptions=True)
+        self._tasks.cancel()  # now: no handler outlives the streams closed below
+        try:
+            await self._stop_serving()
+            for stream in list(self._streams):
+                await stream.aclose()
+        finally:
+            await self._tasks.aclose()
 
     # shared helpers -----------------------------------------------------------
 
@@ -266,7 +293,7 @@ class _SocketPorts(Ports):
 
     def _check_open(self) -> None:
         if self._closed:
-            raise PortError("the port transport is closed")
+            raise TransportClosed("the port transport is closed")
 
     async def _adopt(self, sock: socket.socket, prefix: bytes) -> _PortStream:
         reader, writer = await asyncio.open_connection(sock=sock)
@@ -275,10 +302,7 @@ class _SocketPorts(Ports):
         return stream
 
     def _spawn(self, coro: Coroutine[Any, Any, None], name: str) -> asyncio.Task[None]:
-        task = asyncio.get_running_loop().create_task(coro, name=name)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
+        return self._tasks.spawn(coro, name)
 
     def _dispatch(self, port: int, handler: Handler, conn: socket.socket) -> None:
         """Hand an accepted connection to `handler` in a task we own, or close it."""
@@ -337,9 +361,9 @@ class _SocketPorts(Ports):
                 conn.close()
 
 
-def _connect_error(what: str, exc: OSError) -> PortError:
+def _connect_error(what: str, exc: OSError, kind: type[PortError] = PortError) -> PortError:
     reason = exc.strerror or type(exc).__name__
-    return PortError(f"cannot reach {what}: {reason}; is the VM running?")
+    return kind(f"cannot reach {what}: {reason}; is the VM running?")
 
 
 # --- hybrid vsock (Firecracker, Cloud Hypervisor), host side ------------------
@@ -396,7 +420,10 @@ class HybridVsockHostPorts(_SocketPorts):
                 try:
                     await loop.sock_connect(sock, os.fspath(self.uds_path))
                 except OSError as exc:
-                    raise _connect_error(f"the VM's vsock socket {self.uds_path}", exc) from None
+                    # No socket, or nobody accepts on it: the VMM is gone.
+                    gone = exc.errno in (errno.ENOENT, errno.ECONNREFUSED)
+                    raise _connect_error(f"the VM's vsock socket {self.uds_path}", exc,
+                                         TransportClosed if gone else PortError) from None
                 # One write: Firecracker reads the command without waiting for more.
                 await loop.sock_sendall(sock, encode_connect(port))
                 buffer = b""
@@ -544,7 +571,9 @@ class _SharedListener:
         self._peer_key = peer_key
         self.routes: dict[int, Route] = {}
         self._loop = asyncio.get_running_loop()
-        self._task = self._loop.create_task(self._accept(), name=f"tkbox-vsock-accept-{port}")
+        # Owned by this listener: `leave` by its last route cancels and awaits it.
+        self._owner = TaskOwner(f"tkbox-vsock-accept-{port}")
+        self._task = self._owner.spawn(self._accept())
 
     @classmethod
     def join(
@@ -573,10 +602,10 @@ class _SharedListener:
         key = (id(self._loop), self.port)
         if self._by_key.get(key) is self:
             del self._by_key[key]
-        self._task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await self._task
-        self._sock.close()
+        try:
+            await cancel_and_wait(self._task)
+        finally:
+            self._sock.close()
 
     async def _accept(self) -> None:
         while True:

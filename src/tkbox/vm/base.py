@@ -7,15 +7,36 @@ in-process over memory streams).
 
 Each VM process runs in its own private (0700) working directory, with its
 own sockets, no inherited file descriptors, and is reaped when it ends.
+
+What the daemon relies on, and `tests/conformance/test_launcher.py` checks
+against every implementation:
+
+- `start(spec, before_boot=f)` runs `f(vm.ports)` before the guest can open a
+  stream, so the guest's first connection (the boot config, port 1026)
+  finds its listener; `start` returns once the VMM runs (not once the guest
+  is up). A failed start leaves no process behind and raises a `HostError`.
+- `kill()` is idempotent and returns once the VMM has been reaped; `wait()`
+  returns the VMM's exit status, however it ended, to every caller, as often
+  as asked.
+- Once the VM has ended, `ports.connect` raises `TransportClosed` (the VM's
+  end, not the guest's fault) and `pause`/`resume` raise `VMEnded`.
+- Every task a VM starts is owned by it and has ended once `wait` returns.
 """
 
 from __future__ import annotations
 
+import os
+import stat
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tkbox.errors import HostError
 from tkbox.protocol.ports import Ports
+
+#: Called with the new VM's ports before its guest can open a stream: serve there.
+BeforeBoot = Callable[[Ports], None]
 
 
 @dataclass(frozen=True)
@@ -40,6 +61,24 @@ class VMSpec:
     extra: dict[str, str] = field(default_factory=dict)
 
 
+def check_boot_files(spec: VMSpec) -> None:
+    """Refuse, before any VMM starts, a spec whose kernel, initramfs or disks are not
+    readable regular files (HostError, what to do): a VMM that fails on them later
+    would fail after `start` returned, racing the caller."""
+    wanted = [(spec.kernel, "guest kernel"), (spec.initramfs, "initramfs"),
+              *((disk.path, f"{disk.role} disk") for disk in spec.disks)]
+    for path, what in wanted:
+        try:
+            st = path.stat()
+        except OSError as exc:
+            raise HostError(f"the {what} {path} is missing ({exc.strerror}); "
+                            "run 'tkbox guest build' or recreate the box") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise HostError(f"the {what} {path} is not a regular file")
+        if not os.access(path, os.R_OK):
+            raise HostError(f"the {what} {path} is not readable by tkbox's user")
+
+
 class VM(ABC):
     """A running VM. `ports` reaches the guest agent.
 
@@ -53,10 +92,12 @@ class VM(ABC):
     start_reason: str = ""
 
     @abstractmethod
-    async def pause(self) -> None: ...
+    async def pause(self) -> None:
+        """Stop the guest's vCPUs (VMEnded once the VM has ended)."""
 
     @abstractmethod
-    async def resume(self) -> None: ...
+    async def resume(self) -> None:
+        """Run the guest's vCPUs again (VMEnded once the VM has ended)."""
 
     @abstractmethod
     async def kill(self) -> None:
@@ -74,7 +115,15 @@ class VM(ABC):
 
 class Launcher(ABC):
     name: str
+    #: Which port transport its VMs get ("serial-mux", "vhost-vsock", "hybrid-vsock").
+    transport: str = "serial-mux"
 
     @abstractmethod
-    async def start(self, spec: VMSpec) -> VM:
-        """Start the VMM; returns once the process runs (not once the guest is up)."""
+    async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> VM:
+        """Start the VMM; returns once the process runs (not once the guest is up).
+
+        `before_boot(ports)` runs before the guest can open any stream.
+        """
+
+    async def aclose(self) -> None:  # noqa: B027 - a hook: most launchers have nothing to end
+        """End the launcher's own background work (not its VMs). Idempotent."""

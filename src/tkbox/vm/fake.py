@@ -4,36 +4,58 @@ For tests of everything above the launcher (the daemon, the doors): the host
 side gets the same `MuxPorts` it would get from QEMU, carried over an
 in-memory byte stream instead of a virtio-serial port, and the guest side runs
 `agent(ports)`, any coroutine (a well-behaved fake agent, or a hostile one).
+
+It keeps the launcher contract (`tkbox.vm.base`) as the real ones do: the
+"VMM" ends when the agent returns (status 0), fails (1) or is killed (-9);
+its tasks (both mux engines, the agent) are owned by the VM and have ended
+once `wait` returns; the ports are closed then, so `connect` raises
+`TransportClosed`.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from collections.abc import Awaitable, Callable
 
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.streams import memory_stream_pair
-from tkbox.vm.base import VM, Launcher, VMSpec
+from tkbox.protocol.tasks import TaskOwner
+from tkbox.vm.base import VM, BeforeBoot, Launcher, VMSpec
+from tkbox.vm.errors import VMEnded
 
 Agent = Callable[[MuxPorts, VMSpec], Awaitable[None]]
 
 
 class FakeVM(VM):
-    def __init__(self, spec: VMSpec, agent: Agent) -> None:
+    def __init__(self, spec: VMSpec, agent: Agent,
+                 before_boot: BeforeBoot | None = None) -> None:
         a, b = memory_stream_pair()
         self.spec = spec
         self.ports = MuxPorts(a, initiator=True)
         self.guest_ports = MuxPorts(b, initiator=False, max_own=MAX_STREAMS,
                                     budget=Budget.unlimited())  # as the agent
         self.paused = False
-        self._tasks = [asyncio.ensure_future(self.ports.run()),
-                       asyncio.ensure_future(self.guest_ports.run())]
-        self._agent = asyncio.ensure_future(agent(self.guest_ports, spec))
+        if before_boot is not None:
+            before_boot(self.ports)  # before either engine runs: no stream can arrive yet
+        self._tasks = TaskOwner(f"tkbox-fake-vm-{spec.name}")
+        self._tasks.spawn(self.ports.run())
+        self._tasks.spawn(self.guest_ports.run())
         self._done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
-        self._agent.add_done_callback(lambda t: self._finish(0 if not t.cancelled()
-                                                             and t.exception() is None else 1))
+        self._agent = self._tasks.spawn(self._run_agent(agent))
+        self._closed = False
+        self._closing = asyncio.Lock()  # a second waiter returns once the first cleaned up
+
+    async def _run_agent(self, agent: Agent) -> None:
+        try:
+            await agent(self.guest_ports, self.spec)
+        except asyncio.CancelledError:
+            self._finish(-9)
+            raise
+        except Exception:  # noqa: BLE001 - a failing agent is a VM that ended with status 1
+            self._finish(1)
+        else:
+            self._finish(0)
 
     def _finish(self, code: int) -> None:
         if not self._done.done():
@@ -43,25 +65,32 @@ class FakeVM(VM):
     def accel(self) -> str:
         return "fake"
 
+    def _check_running(self, what: str) -> None:
+        if self._done.done():
+            raise VMEnded(f"cannot {what} VM {self.spec.name}: it has ended "
+                          f"(status {self._done.result()})")
+
     async def pause(self) -> None:
+        self._check_running("pause")
         self.paused = True
 
     async def resume(self) -> None:
+        self._check_running("resume")
         self.paused = False
 
     async def kill(self) -> None:
-        self._agent.cancel()
         self._finish(-9)
         await self.wait()
 
     async def wait(self) -> int:
         code = await asyncio.shield(self._done)
-        await self.ports.aclose()
-        await self.guest_ports.aclose()
-        for t in self._tasks:
-            t.cancel()
-            with contextlib.suppress(BaseException):
-                await t
+        async with self._closing:
+            if not self._closed:
+                self._tasks.cancel()  # the agent first: a killed guest runs no more
+                await self.ports.aclose()
+                await self.guest_ports.aclose()
+                await self._tasks.aclose()
+                self._closed = True
         return code
 
 
@@ -72,7 +101,7 @@ class FakeLauncher(Launcher):
         self.agent = agent
         self.started: list[FakeVM] = []
 
-    async def start(self, spec: VMSpec) -> FakeVM:
-        vm = FakeVM(spec, self.agent)
+    async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> FakeVM:
+        vm = FakeVM(spec, self.agent, before_boot)
         self.started.append(vm)
         return vm

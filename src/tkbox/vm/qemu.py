@@ -21,6 +21,18 @@ later boxes restore. The template's memory is a RAM file (written through while
 it is saved, mapped private by each box); migration with `x-ignore-shared`
 carries only device state, saved with `exec:cat > FILE` and restored with
 `migrate-incoming exec:cat FILE` (QEMU 7.2 has no `file:` URI).
+
+Transports: the serial mux by default; with `transport="vhost-vsock"` a
+`vhost-vsock-device` whose guest CID the kernel gave to an fd QEMU inherits
+(`tkbox.vm.cid`), and the ports are `VhostVsockHostPorts` served before QEMU
+starts. Every task a VM starts belongs to it (`TaskOwner`) and has ended once
+`wait` returns.
+
+Why one module (about 680 lines): the command line, the process, the QMP
+client and the template save/restore are one machine's life and share its
+private helpers (`_spawn`, `_Listeners`, the sockets' names); the pure
+parts (`decide_accel`, `build_argv`) are tested without QEMU, and the
+template store itself is `tkbox.vm.template`.
 """
 
 from __future__ import annotations
@@ -34,17 +46,26 @@ import os
 import shlex
 import shutil
 import signal
+import socket
+import struct
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from tkbox import paths
-from tkbox.errors import HostError
+from tkbox.errors import HostError, InternalError
 from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.ports import Ports
 from tkbox.protocol.streams import AsyncioStream
+from tkbox.protocol.tasks import TaskOwner
+from tkbox.protocol.vsock import VhostVsockHostPorts
 from tkbox.vm import template as tpl
-from tkbox.vm.base import VM, Disk, Launcher, VMSpec
+from tkbox.vm.base import VM, BeforeBoot, Disk, Launcher, VMSpec, check_boot_files
+from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
+from tkbox.vm.cid import claim_cid
+from tkbox.vm.errors import VMEnded, VMError
 
 log = logging.getLogger("tkbox.vm.qemu")
 
@@ -55,6 +76,8 @@ TEMPLATE_BOOT_TIMEOUT = 300.0
 #: The guest agent's side of the template handshake (tkbox.guest.agent).
 PARKED, WAKE = b"tkbox-parked\n", b"W"
 TEMPLATE_CMDLINE = "tkbox.template=1"
+#: Tells the guest agent its ports are AF_VSOCK, not the serial mux.
+VSOCK_CMDLINE = "tkbox.ports=vsock"
 
 
 BOOT = Path("/boot")  # where a kernel's build config is read from: config-VERSION
@@ -128,7 +151,7 @@ def qemu_binary() -> str:
 
 def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = False,
                ram: Path | None = None, share_ram: bool = False,
-               incoming: bool = False) -> list[str]:
+               incoming: bool = False, vsock: tuple[int, int] | None = None) -> list[str]:
     """The exact QEMU command line for `spec` (pure: tested without QEMU).
 
     `template`: the guest parks before its disks and boot config (the machine a
@@ -136,10 +159,16 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
     written through (`share_ram`, the template being saved) or mapped private
     (a box restored from it: its writes are its own, the file is only read).
     `incoming`: wait for the state to load (`migrate-incoming` over QMP).
+    `vsock`: (guest CID, vhost fd): the ports are a vhost-vsock device whose
+    CID the fd already holds (`tkbox.vm.cid`), instead of the serial mux.
     """
     d = spec.workdir
     if template:
         spec = replace(spec, cmdline=(spec.cmdline + " " + TEMPLATE_CMDLINE).strip())
+    if vsock is not None:
+        if template or incoming or ram is not None:
+            raise InternalError("templates are parked over the serial mux, not vsock")
+        spec = replace(spec, cmdline=(spec.cmdline + " " + VSOCK_CMDLINE).strip())
     machine = "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=on"
     cmdline = ("console=ttyS0 panic=-1 reboot=t random.trust_cpu=on "
                "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd "
@@ -164,12 +193,22 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
         "-kernel", str(spec.kernel), "-initrd", str(spec.initramfs), "-append", cmdline,
         # The console goes to a socket the daemon drains into a capped log, so a
         # guest that floods its console cannot fill the host's disk.
-        "-chardev", f"socket,id=con,path={d / 'console.sock'},server=on,wait=off",
+        # The daemon listens and QEMU connects (server=off): the socket exists before
+        # QEMU starts, so nothing waits for QEMU to bind it.
+        "-chardev", f"socket,id=con,path={d / 'console.sock'},server=off",
         "-serial", "chardev:con",
         "-device", "virtio-rng-device",
-        "-chardev", f"socket,id=mux,path={d / 'mux.sock'},server=on,wait=off",
-        "-device", "virtio-serial-device,max_ports=2",
-        "-device", "virtserialport,chardev=mux,name=tkbox.mux",
+    ]
+    if vsock is None:
+        argv += [
+            "-chardev", f"socket,id=mux,path={d / 'mux.sock'},server=off",
+            "-device", "virtio-serial-device,max_ports=2",
+            "-device", "virtserialport,chardev=mux,name=tkbox.mux",
+        ]
+    else:
+        cid, fd = vsock
+        argv += ["-device", f"vhost-vsock-device,guest-cid={cid},vhostfd={fd}"]
+    argv += [
         "-qmp", f"unix:{d / 'qmp.sock'},server=on,wait=off",
     ]
     for i, disk in enumerate(spec.disks):
@@ -216,42 +255,142 @@ async def _wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: floa
         await asyncio.sleep(0.02)
 
 
-async def _connect_unix(path: Path, proc: asyncio.subprocess.Process,
-                        timeout: float = 10.0) -> tuple[asyncio.StreamReader,
-                                                        asyncio.StreamWriter]:
-    """Connect to a socket QEMU serves; it exists from bind() on, but QEMU may not
-    listen() yet, so a refused connection is retried until `timeout`."""
-    await _wait_path(path, proc, timeout)
-    deadline = time.monotonic() + timeout
-    while True:
+#: Seconds for QEMU to connect its chardevs to our sockets once it has started.
+CHARDEV_TIMEOUT = 30.0
+
+
+class _Listeners:
+    """The Unix sockets QEMU's chardevs connect to (`server=off`), bound (0600) and
+    listening in the VM's private directory before QEMU starts.
+
+    So nothing polls for a socket QEMU has not made yet: `accept` is one wait on
+    two events, QEMU connecting or QEMU ending, whichever comes first. Only
+    QEMU's own connection is taken: a peer whose pid (`SO_PEERCRED`) is not
+    the VMM's is closed and the wait goes on, so no other process can pose as
+    a box's VM, even one that connects first.
+    """
+
+    def __init__(self, workdir: Path, names: tuple[str, ...]) -> None:
+        self._socks: dict[str, socket.socket] = {}
+        self._workdir = workdir
         try:
-            return await asyncio.open_unix_connection(str(path), limit=1 << 20)
-        except ConnectionRefusedError:
-            if time.monotonic() > deadline or proc.returncode is not None:
-                raise HostError(f"QEMU did not accept on {path.name}; see "
-                                f"{path.parent / 'qemu.log'}") from None
-            await asyncio.sleep(0.02)
+            for name in names:
+                path = workdir / name
+                path.unlink(missing_ok=True)
+                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+                self._socks[name] = sock
+                sock.bind(str(path))
+                os.chmod(path, 0o600)
+                sock.listen(8)  # room for QEMU behind any impostor queued first
+                sock.setblocking(False)
+        except OSError as exc:
+            self.close()
+            raise HostError(f"cannot listen in {workdir} for QEMU: {exc.strerror}") from None
+
+    async def accept(self, name: str, ended: asyncio.Future[int], pid: int,
+                     timeout: float = CHARDEV_TIMEOUT) -> tuple[asyncio.StreamReader,
+                                                                asyncio.StreamWriter]:
+        """The connection process `pid` (QEMU) makes to `name`; VMError if QEMU ends
+        or `timeout` passes first."""
+        listener = self._socks[name]
+        loop = asyncio.get_running_loop()
+        owner = TaskOwner(f"tkbox-qemu-accept-{name}")
+        accepting = owner.spawn(_accept_from(loop, listener, pid))
+        try:
+            either: set[asyncio.Future[Any]] = {accepting, ended}
+            done, _ = await asyncio.wait(either, timeout=timeout,
+                                         return_when=asyncio.FIRST_COMPLETED)
+            if accepting in done and accepting.exception() is None:
+                conn, _peer = accepting.result()
+            elif ended.done() and not ended.cancelled():
+                raise VMError(f"QEMU exited at start (status {ended.result()}); see "
+                              f"{self._workdir / 'qemu.log'}")
+            else:
+                raise VMError(f"QEMU did not connect to {name} within {timeout:.0f}s; see "
+                              f"{self._workdir / 'qemu.log'}")
+        finally:
+            await owner.aclose()
+        self._close_one(name)  # one connection each: no one else may connect after QEMU
+        try:
+            return await asyncio.open_unix_connection(sock=conn, limit=1 << 20)
+        except BaseException:
+            conn.close()
+            raise
+
+    def _close_one(self, name: str) -> None:
+        sock = self._socks.pop(name, None)
+        if sock is not None:
+            sock.close()
+            (self._workdir / name).unlink(missing_ok=True)
+
+    def close(self) -> None:
+        for name in list(self._socks):
+            self._close_one(name)
+
+
+def _peer_pid(conn: socket.socket) -> int | None:
+    try:
+        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
+    except OSError:
+        return None
+    return int(struct.unpack("3i", creds)[0])
+
+
+async def _accept_from(loop: asyncio.AbstractEventLoop, listener: socket.socket,
+                       pid: int) -> tuple[socket.socket, Any]:
+    """Accept until the peer is process `pid`; close every other connection."""
+    while True:
+        conn, peer = await loop.sock_accept(listener)
+        if _peer_pid(conn) == pid:
+            return conn, peer
+        log.warning("closed a connection to a VM socket from pid %s, not QEMU's (%d)",
+                    _peer_pid(conn), pid)
+        conn.close()
+
+
+def _ending(proc: asyncio.subprocess.Process, owner: TaskOwner) -> asyncio.Future[int]:
+    """A future that is done when `proc` ends, its waiting task held by `owner`."""
+    return owner.spawn(proc.wait())
 
 
 class QemuVM(VM):
-    def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec, accel: str) -> None:
+    """A QEMU process, its console drain, its ports and its QMP client.
+
+    Every task it starts (the reaper, the console drain, the mux engine) is
+    owned by `_tasks`; `wait` ends them all before it returns.
+    """
+
+    def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec, accel: str,
+                 listeners: _Listeners, ports: Ports | None = None) -> None:
         self.proc = proc
+        self._listeners = listeners
         self.spec = spec
         self._accel = accel
-        self.ports: MuxPorts
-        self._mux_task: asyncio.Task[None] | None = None
-        self._console_task: asyncio.Task[None] | None = None
+        self.ports: Ports
+        if ports is not None:  # vhost vsock: the ports exist before the VMM
+            self.ports = ports
+        self._mux: MuxPorts | None = None
         self._qmp: object | None = None
         self._last: dict[str, object] = {}
-        self._waiter = asyncio.ensure_future(proc.wait())
+        self._tasks = TaskOwner(f"tkbox-qemu-{spec.name}")
+        self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._tasks.spawn(self._reap())
+        self._closing = asyncio.Lock()
+        self._closed = False
 
     @property
     def accel(self) -> str:
         return self._accel
 
+    async def _reap(self) -> None:
+        code = await self.proc.wait()
+        if not self._ended.done():
+            self._ended.set_result(code)
+
     async def _drain_console(self) -> None:
         """Copy the guest's console into console.log, up to CONSOLE_CAP bytes."""
-        reader, writer = await _connect_unix(self.spec.workdir / "console.sock", self.proc)
+        reader, writer = await self._listeners.accept("console.sock", self._ended,
+                                                      self.proc.pid)
         written = 0
         with open(self.spec.workdir / "console.log", "ab") as log:
             try:
@@ -267,13 +406,19 @@ class QemuVM(VM):
             finally:
                 writer.close()
 
-    async def _connect(self, wake: bool = False) -> None:
-        self._console_task = asyncio.ensure_future(self._drain_console())
-        reader, writer = await _connect_unix(self.spec.workdir / "mux.sock", self.proc)
+    async def _connect(self, wake: bool = False,
+                       before_boot: BeforeBoot | None = None) -> None:
+        self._tasks.spawn(self._drain_console(), f"tkbox-qemu-console-{self.spec.name}")
+        if hasattr(self, "ports"):  # vhost vsock: served before QEMU started
+            return
+        reader, writer = await self._listeners.accept("mux.sock", self._ended, self.proc.pid)
         if wake:  # a restored guest waits for this byte before it starts its mux
             writer.write(WAKE)
-        self.ports = MuxPorts(AsyncioStream(reader, writer), initiator=True)
-        self._mux_task = asyncio.ensure_future(self.ports.run())
+        self._mux = MuxPorts(AsyncioStream(reader, writer), initiator=True)
+        self.ports = self._mux
+        if before_boot is not None:
+            before_boot(self._mux)  # before the engine reads: no OPEN is dispatched yet
+        self._tasks.spawn(self._mux.run(), f"tkbox-qemu-mux-{self.spec.name}")
 
     async def status(self) -> str:
         """The VMM's own word on the VM: "running", "paused", ... (QMP query-status)."""
@@ -283,8 +428,11 @@ class QemuVM(VM):
         return str(self._last.get("status", "unknown"))
 
     async def _qmp_exec(self, cmd: str, args: dict[str, object] | None = None) -> None:
-        from qemu.qmp import QMPClient
+        from qemu.qmp import QMPClient, QMPError
 
+        if self.proc.returncode is not None or self._closed:
+            raise VMEnded(f"QEMU of {self.spec.name} has ended (status "
+                          f"{self.proc.returncode}); cannot {cmd}")
         if self._qmp is None:
             from qemu.qmp import ConnectError
 
@@ -298,11 +446,18 @@ class QemuVM(VM):
                     break
                 except ConnectError:
                     if time.monotonic() > deadline or self.proc.returncode is not None:
-                        raise HostError(f"QEMU did not accept on {sock.name}; see "
-                                        f"{self.spec.workdir / 'qemu.log'}") from None
+                        raise VMError(f"QEMU did not accept on {sock.name}; see "
+                                      f"{self.spec.workdir / 'qemu.log'}") from None
                     await asyncio.sleep(0.01)
             self._qmp = client
-        result = await self._qmp.execute(cmd, args)  # type: ignore[attr-defined]
+        try:
+            result = await self._qmp.execute(cmd, args)  # type: ignore[attr-defined]
+        except (QMPError, OSError, EOFError) as exc:
+            if self.proc.returncode is not None:
+                raise VMEnded(f"QEMU of {self.spec.name} ended during {cmd} (status "
+                              f"{self.proc.returncode})") from None
+            raise VMError(f"QEMU refused {cmd}: {type(exc).__name__}: "
+                          f"{' '.join(str(exc).split())[:300]}") from None
         self._last = result if isinstance(result, dict) else {}
 
     async def restore(self, state: Path) -> None:
@@ -318,23 +473,23 @@ class QemuVM(VM):
         deadline = time.monotonic() + timeout
         while True:
             if self.proc.returncode is not None:
-                raise HostError(f"QEMU ended while loading the template (status "
-                                f"{self.proc.returncode}; see {self.spec.workdir / 'qemu.log'})")
+                raise VMEnded(f"QEMU ended while loading the template (status "
+                              f"{self.proc.returncode}; see {self.spec.workdir / 'qemu.log'})")
             try:
                 await self._qmp_exec("query-migrate")
-            except Exception as exc:  # noqa: BLE001 - QMP gone: QEMU is ending; say why above
+            except VMError as exc:  # QMP gone: QEMU is ending; say why above
                 if self.proc.returncode is None and time.monotonic() > deadline:
-                    raise HostError(f"QMP failed while loading the template: {exc}") from None
+                    raise VMError(f"QMP failed while loading the template: {exc}") from None
                 await asyncio.sleep(0.02)
                 continue
             status = self._last.get("status")
             if status == "completed":
                 return
             if status in ("failed", "cancelled"):
-                raise HostError(f"loading the template failed: "
-                                f"{self._last.get('error-desc', status)}")
+                raise VMError(f"loading the template failed: "
+                              f"{self._last.get('error-desc', status)}")
             if time.monotonic() > deadline:
-                raise HostError(f"the template did not load within {timeout:.0f}s")
+                raise VMError(f"the template did not load within {timeout:.0f}s")
             await asyncio.sleep(0.02)
 
     async def pause(self) -> None:
@@ -345,47 +500,51 @@ class QemuVM(VM):
 
     async def kill(self) -> None:
         if self.proc.returncode is None:
+            # Not yet reaped, so the group id cannot have been reused.
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(self.proc.pid, signal.SIGKILL)
         await self.wait()
 
     async def wait(self) -> int:
-        code = await asyncio.shield(self._waiter)
-        await self._cleanup()
+        code = await asyncio.shield(self._ended)
+        async with self._closing:  # a second waiter returns once the first cleaned up
+            if not self._closed:
+                await self._cleanup()
+                self._closed = True
         return code
 
     async def _cleanup(self) -> None:
-        # Idempotent: several waiters may get here; each takes what is left.
         qmp, self._qmp = self._qmp, None
         if qmp is not None:
             with contextlib.suppress(Exception):
                 await qmp.disconnect()  # type: ignore[attr-defined]
-        con, self._console_task = self._console_task, None
-        if con is not None:
-            con.cancel()
-            with contextlib.suppress(BaseException):
-                await con
-        mux, self._mux_task = self._mux_task, None
-        if mux is not None:
-            await self.ports.aclose()
-            mux.cancel()
-            with contextlib.suppress(BaseException):
-                await mux
+        self._tasks.cancel()  # the console drain and the mux engine end with the VM
+        try:
+            if hasattr(self, "ports"):
+                await self.ports.aclose()
+        finally:
+            await self._tasks.aclose()
+            self._listeners.close()
 
     @property
     def running(self) -> bool:
         return self.proc.returncode is None
 
 
-async def _spawn(argv: list[str], workdir: Path) -> asyncio.subprocess.Process:
+async def _spawn(argv: list[str], workdir: Path,
+                 pass_fds: tuple[int, ...] = ()) -> asyncio.subprocess.Process:
+    """Start QEMU: private cwd, stdin from /dev/null, no inherited descriptors but
+    `pass_fds` (the vhost-vsock device holding the box's CID), its own session."""
     (workdir / "argv.json").write_text(json.dumps(argv))
     log_file = open(workdir / "qemu.log", "wb")  # noqa: SIM115 - handed to the child
     try:
         return await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            cwd=workdir, close_fds=True, start_new_session=True,
+            cwd=workdir, close_fds=True, pass_fds=pass_fds, start_new_session=True,
             preexec_fn=_pdeathsig,  # noqa: PLW1509 - async-signal-safe prctl only
         )
+    except OSError as exc:
+        raise VMError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
     finally:
         log_file.close()
 
@@ -403,28 +562,40 @@ class QemuLauncher(Launcher):
     `templates=None` turns templates off (every VM boots cold); by default they
     live in the guest build's cache. `build_templates`: build a missing template
     in the background after a cold boot.
+
+    `transport`: "serial-mux" or "vhost-vsock" (see `tkbox.vm.choice`). Under
+    vhost vsock each VM gets a guest CID claimed from the kernel
+    (`tkbox.vm.cid`), boots cold (templates are parked and woken over the serial
+    mux), and its guest is told `tkbox.ports=vsock` on its command line.
     """
 
     name = "qemu"
 
     def __init__(self, accel: AccelDecision, templates: tpl.TemplateStore | None | str = "default",
-                 build_templates: bool = True) -> None:
+                 build_templates: bool = True, transport: str = SERIAL_MUX) -> None:
+        if transport not in (SERIAL_MUX, VHOST_VSOCK):
+            raise InternalError(f"QEMU has no {transport!r} transport")
         self.decision = accel
+        self.transport = transport
         if templates == "default":
             templates = tpl.TemplateStore(paths.guest_build() / "templates")
         self.templates: tpl.TemplateStore | None = (
             templates if isinstance(templates, tpl.TemplateStore) else None)
         self.build_templates = build_templates
         self._builds: dict[str, asyncio.Task[Path | None]] = {}
+        self._build_tasks = TaskOwner("tkbox-qemu-template-build")
 
     def key(self, spec: VMSpec) -> tpl.Key:
         qemu = qemu_binary()
         return tpl.make_key(spec, tpl.vmm_version(qemu),
                             template_argv(spec, self.decision.accel, QEMU))
 
-    async def start(self, spec: VMSpec) -> QemuVM:
+    async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> QemuVM:
         qemu = qemu_binary()
+        check_boot_files(spec)
         _private(spec.workdir)
+        if self.transport == VHOST_VSOCK:
+            return await self._start_vsock(spec, qemu, before_boot)
         found = tpl.Lookup(None, "cold boot: templates are off for this launcher", build=False)
         key: tpl.Key | None = None
         if self.templates is not None:
@@ -435,7 +606,7 @@ class QemuLauncher(Launcher):
                 return await self._start(spec, build_argv(
                     spec, self.decision.accel, qemu, template=True,
                     ram=found.state.parent / tpl.RAM, incoming=True),
-                    "template", found.reason, found.state)
+                    "template", found.reason, found.state, before_boot=before_boot)
             except HostError as exc:
                 # A template that does not load (truncated, or from a QEMU that
                 # reports the same version but differs) is dropped and rebuilt;
@@ -445,20 +616,47 @@ class QemuLauncher(Launcher):
                                          f"restore ({exc}); it is rebuilt")
                 log.warning("%s", found.reason)
         vm = await self._start(spec, build_argv(spec, self.decision.accel, qemu), "cold",
-                               found.reason)
+                               found.reason, before_boot=before_boot)
         if key is not None and self.build_templates and found.build:
             self._build_in_background(spec, key)
         return vm
 
+    async def _start_vsock(self, spec: VMSpec, qemu: str,
+                           before_boot: BeforeBoot | None) -> QemuVM:
+        claimed = await asyncio.to_thread(claim_cid)
+        try:
+            ports = VhostVsockHostPorts(claimed.cid)
+            try:
+                if before_boot is not None:
+                    before_boot(ports)  # the host's listeners exist before the guest runs
+                argv = build_argv(spec, self.decision.accel, qemu,
+                                  vsock=(claimed.cid, claimed.fd))
+                return await self._start(
+                    spec, argv, "cold", "cold boot: templates are parked and woken over "
+                    "the serial mux, and this box's ports are vhost vsock",
+                    ports=ports, pass_fds=(claimed.fd,))
+            except BaseException:
+                await ports.aclose()
+                raise
+        finally:
+            claimed.close()  # QEMU holds its own copy, and with it the CID, while it runs
+
     async def _start(self, spec: VMSpec, argv: list[str], kind: str, reason: str,
-                     state: Path | None = None) -> QemuVM:
-        for stale in ("mux.sock", "console.sock", "qmp.sock", "console.log"):
+                     state: Path | None = None, *, before_boot: BeforeBoot | None = None,
+                     ports: Ports | None = None, pass_fds: tuple[int, ...] = ()) -> QemuVM:
+        for stale in ("qmp.sock", "console.log"):
             (spec.workdir / stale).unlink(missing_ok=True)
-        proc = await _spawn(argv, spec.workdir)
-        vm = QemuVM(proc, spec, self.decision.accel)
+        listeners = _Listeners(spec.workdir, ("console.sock",) if ports is not None
+                               else ("console.sock", "mux.sock"))
+        try:
+            proc = await _spawn(argv, spec.workdir, pass_fds)
+        except BaseException:
+            listeners.close()
+            raise
+        vm = QemuVM(proc, spec, self.decision.accel, listeners, ports)
         vm.start_kind, vm.start_reason = kind, reason
         try:
-            await vm._connect(wake=kind == "template")
+            await vm._connect(wake=kind == "template", before_boot=before_boot)
             if state is not None:
                 await vm.restore(state)
         except BaseException:
@@ -467,9 +665,10 @@ class QemuLauncher(Launcher):
         return vm
 
     def _build_in_background(self, spec: VMSpec, key: tpl.Key) -> None:
-        if key.digest in self._builds:
+        if key.digest in self._builds or self._build_tasks.closed:
             return
-        task = asyncio.ensure_future(self.build_template(spec, key))
+        task = self._build_tasks.spawn(self.build_template(spec, key),
+                                       f"tkbox-template-{key.digest[:12]}")
         self._builds[key.digest] = task
 
         def done(t: asyncio.Task[Path | None]) -> None:
@@ -486,9 +685,7 @@ class QemuLauncher(Launcher):
             await asyncio.wait(set(self._builds.values()))
 
     async def aclose(self) -> None:
-        for t in list(self._builds.values()):
-            t.cancel()
-        await asyncio.gather(*self._builds.values(), return_exceptions=True)
+        await self._build_tasks.aclose()
 
     async def build_template(self, spec: VMSpec, key: tpl.Key | None = None) -> Path | None:
         """Boot `spec`'s machine to the guest's park point, save it, end it.
@@ -518,15 +715,22 @@ class QemuLauncher(Launcher):
                     disks.append(Disk(placeholder, disk.read_only, disk.role))
                 tspec = replace(spec, name="template", workdir=work, disks=tuple(disks))
                 _private(work)
-                proc = await _spawn(build_argv(tspec, self.decision.accel, qemu, template=True,
-                                               ram=ram, share_ram=True), work)
+                listeners = _Listeners(work, ("console.sock", "mux.sock"))
                 try:
-                    await _save_parked(proc, work, saved)
+                    proc = await _spawn(build_argv(tspec, self.decision.accel, qemu,
+                                                   template=True, ram=ram, share_ram=True), work)
+                    waiting = TaskOwner("tkbox-template-qemu")
+                    try:
+                        await _save_parked(proc, work, saved, listeners,
+                                           _ending(proc, waiting))
+                    finally:
+                        if proc.returncode is None:
+                            with contextlib.suppress(ProcessLookupError):
+                                os.killpg(proc.pid, signal.SIGKILL)
+                        await proc.wait()
+                        await waiting.aclose()
                 finally:
-                    if proc.returncode is None:
-                        with contextlib.suppress(ProcessLookupError):
-                            os.killpg(proc.pid, signal.SIGKILL)
-                    await proc.wait()
+                    listeners.close()
                 path = await asyncio.to_thread(self.templates.commit, d, key, saved, ram,
                                                time.monotonic() - t0)
                 saved = path
@@ -540,11 +744,17 @@ class QemuLauncher(Launcher):
                     ram.unlink(missing_ok=True)
 
 
-async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path) -> None:
-    """Wait for the guest to park, then migrate the VM into `saved` (QEMU ends paused)."""
+async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path,
+                       listeners: _Listeners, ended: asyncio.Future[int]) -> None:
+    """Wait for the guest to park, then migrate the VM into `saved` (QEMU ends paused).
+
+    The template guest's console is accepted and dropped (nobody reads it; QEMU
+    must not block on it)."""
     from qemu.qmp import QMPClient
 
-    reader, writer = await _connect_unix(work / "mux.sock", proc, 30)
+    _con_reader, con_writer = await listeners.accept("console.sock", ended, proc.pid)
+    con_writer.close()
+    reader, writer = await listeners.accept("mux.sock", ended, proc.pid)
     try:
         got = b""
         deadline = time.monotonic() + TEMPLATE_BOOT_TIMEOUT

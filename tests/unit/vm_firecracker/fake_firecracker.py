@@ -18,7 +18,10 @@ It does what the launcher relies on, and checks what the launcher sends:
   and returns the reply), `console N` (writes N bytes to stdout, the serial
   console), `exit N` (the VMM exits with status N);
 - the ID chooses misbehaviour: `exit-at-start` exits at once with a message
-  on stderr; `fault-boot-source` refuses PUT /boot-source.
+  on stderr; `fault-boot-source` refuses PUT /boot-source; `agent` makes the
+  fake guest boot as tkbox's agent does: at InstanceStart it dials port 1026
+  (`<uds_path>_1026`), says hello, and when the host ends that stream (or
+  nothing listens) the guest powers off: the VMM exits with status 0.
 
 Test helper only (not shipped).
 """
@@ -192,6 +195,8 @@ def handle(vmm_id: str, method: str, path: str, body: Any) -> tuple[int, str | N
             return 400, fault
         state["started"] = True
         state["vm"] = "Running"
+        if "agent" in vmm_id:
+            state["boot_agent"] = state["config"]["/vsock"]["uds_path"]
         return 204, None
     if path == "/vm":
         if not state["started"]:
@@ -199,6 +204,20 @@ def handle(vmm_id: str, method: str, path: str, body: Any) -> tuple[int, str | N
         state["vm"] = "Paused" if body["state"] == "Paused" else "Running"
         return 204, None
     return 400, f"the fake does not do {method} {path}"
+
+
+def agent_boot(uds_path: str) -> None:
+    """The guest's first act, as tkbox's agent: ask for its boot config on 1026."""
+    with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as conn:
+        try:
+            conn.connect(f"{uds_path}_1026")
+            conn.sendall(b"hello from the guest\n")
+            while conn.recv(65536):
+                pass
+        except OSError:
+            pass
+    sys.stdout.flush()
+    os._exit(0)  # no config: the agent powers off, and Firecracker exits
 
 
 class Handler(http.server.BaseHTTPRequestHandler):
@@ -234,6 +253,11 @@ class Handler(http.server.BaseHTTPRequestHandler):
         self.send_header("Content-Length", str(len(payload)))
         self.end_headers()
         self.wfile.write(payload)
+        self.wfile.flush()
+        with lock:
+            uds = state.pop("boot_agent", None)
+        if uds is not None:  # the guest boots once InstanceStart has been answered
+            threading.Thread(target=agent_boot, args=(uds,), daemon=True).start()
 
     do_GET = do_PUT = do_PATCH = _answer
 

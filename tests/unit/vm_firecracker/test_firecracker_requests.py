@@ -87,7 +87,10 @@ def test_machine_and_boot_source_bodies(tmp_path: Path) -> None:
     boot = calls["/boot-source"]
     assert boot["kernel_image_path"] == str(Path("rel/vmlinux").absolute())
     assert boot["initrd_path"] == "/var/lib/tkbox/guest/initramfs.cpio"
-    assert boot["boot_args"] == "console=ttyS0 reboot=k panic=1 pci=off tkbox.debug=0"
+    # The guest agent learns its transport (vsock) and, since Firecracker's drives carry
+    # no serial the guest can read, each disk's role by its order (vda, vdb, vdc).
+    assert boot["boot_args"] == ("console=ttyS0 reboot=k panic=1 pci=off tkbox.ports=vsock "
+                                 "tkbox.disks=root,lower,upper tkbox.debug=0")
     assert BOOT_ARGS == "console=ttyS0 reboot=k panic=1 pci=off"
 
 
