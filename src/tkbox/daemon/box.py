@@ -8,6 +8,7 @@ its guest client, its network door and the tasks it owns.
 from __future__ import annotations
 
 import asyncio
+import logging
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -15,11 +16,13 @@ from tkbox.daemon.boxstate import BoxState
 from tkbox.daemon.guest_client import ExecInput, GuestClient
 from tkbox.daemon.lifecycle import Event, State
 from tkbox.daemon.roles import NetworkDoor
-from tkbox.daemon.tasks import TaskOwner
 from tkbox.doors.secrets import Secret, prestart
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.mux import MuxPorts
+from tkbox.protocol.tasks import TaskOwner
 from tkbox.vm.base import VM
+
+log = logging.getLogger("tkbox.daemon")
 
 
 class Box:
@@ -31,7 +34,8 @@ class Box:
         self.vm: VM | None = None
         self.guest: GuestClient | None = None
         self.door: NetworkDoor | None = None  # the network door, when one is wired
-        self.tasks = TaskOwner(f"box {info.name}")  # every task of the box, ended with it
+        # every task of the box, ended with it
+        self.tasks = TaskOwner(f"box {info.name}", log, quote=True)
         self.expiry: asyncio.Task[None] | None = None  # --timeout's timer
         self.execs: dict[str, asyncio.Queue[ExecInput]] = {}  # signals and keystrokes, per command
         self.lock = asyncio.Lock()

@@ -17,7 +17,6 @@ from typing import Any
 from tkbox.daemon import lifecycle
 from tkbox.daemon.core import ManagerCore
 from tkbox.daemon.guest_client import ExecInput, ExecResult
-from tkbox.daemon.tasks import being_cancelled
 from tkbox.doors.commands.core import build_request
 from tkbox.doors.secrets import prestart
 from tkbox.errors import (
@@ -27,6 +26,7 @@ from tkbox.errors import (
     TkboxError,
     UserError,
 )
+from tkbox.protocol.tasks import being_cancelled
 
 
 class CommandVerbs(ManagerCore):

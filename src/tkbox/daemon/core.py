@@ -25,13 +25,13 @@ from tkbox.daemon.box import Box, DoorFactory
 from tkbox.daemon.boxstate import BoxState, BoxStateUnreadable
 from tkbox.daemon.lifecycle import Event
 from tkbox.daemon.roles import ApprovalsBoard, GuestBuilder, ImageSource
-from tkbox.daemon.tasks import TaskOwner
 from tkbox.errors import (
     BoxNotFound,
     SignerRefused,
     SignerUnavailable,
     TkboxError,
 )
+from tkbox.protocol.tasks import TaskOwner
 from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
 from tkbox.record.journal import Journals
@@ -103,7 +103,7 @@ class ManagerCore:
         self.gaps: list[tuple[str, dict[str, Any]]] = []
         self.operator_facts: dict[str, Any] | None = None
         # The daemon's own background tasks (the signer's pushes, budget stops).
-        self.tasks = TaskOwner("the daemon")
+        self.tasks = TaskOwner("the daemon", log, quote=True)
 
     # ---- start-up ------------------------------------------------------------
 

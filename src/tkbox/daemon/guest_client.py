@@ -16,12 +16,12 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, BinaryIO
 
-from tkbox.daemon.tasks import cancel_and_wait
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_RPC, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import StreamClosed
+from tkbox.protocol.tasks import cancel_and_wait
 from tkbox.vm.errors import VMEnded
 
 OutputSink = Callable[[int, bytes], Awaitable[None]]

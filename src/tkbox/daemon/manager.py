@@ -37,7 +37,6 @@ from tkbox.daemon.core import BoxSpec, Options
 from tkbox.daemon.guest_client import GuestClient, guest_text, seconds
 from tkbox.daemon.lifecycle import Event, State
 from tkbox.daemon.roles import GuestBuildInfo, ResolvedImage
-from tkbox.daemon.tasks import cancel_and_wait
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.secrets import prestart
 from tkbox.errors import (
@@ -52,6 +51,7 @@ from tkbox.image.runconfig import RunUser
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.protocol.tasks import cancel_and_wait
 from tkbox.vm.base import VM, Disk, VMSpec
 
 __all__ = ["Box", "BoxManager", "BoxSpec", "Options"]

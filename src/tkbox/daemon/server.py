@@ -23,8 +23,8 @@ import uvicorn
 from tkbox import __version__, paths
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
-from tkbox.daemon.tasks import TaskOwner
 from tkbox.errors import HostError, SignerUnavailable, UserError
+from tkbox.protocol.tasks import TaskOwner
 from tkbox.record.client import SignerClient
 from tkbox.record.unrecorded import UnrecordedSigner
 
@@ -145,7 +145,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     stopping = asyncio.Event()
     server = _Server(config, lambda: loop.call_soon_threadsafe(stopping.set))
     manager.tasks.spawn(manager.watch_pushes(), name="signer pushes")
-    own = TaskOwner("the daemon's server")
+    own = TaskOwner("the daemon's server", log, quote=True)
 
     async def on_stop() -> None:
         await stopping.wait()

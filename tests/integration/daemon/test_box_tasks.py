@@ -22,7 +22,7 @@ from tkbox.protocol.framing import FramedStream  # noqa: E402
 from tkbox.protocol.mux import MuxPorts  # noqa: E402
 from tkbox.protocol.ports import PORT_RPC  # noqa: E402
 from tkbox.protocol.streams import ByteStream  # noqa: E402
-from tkbox.record.client import FakeSigner  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 from tkbox.vm.base import VMSpec  # noqa: E402
 from tkbox.vm.fake import FakeLauncher  # noqa: E402
 

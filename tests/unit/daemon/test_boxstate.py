@@ -17,7 +17,7 @@ from tkbox.daemon.lifecycle import Event, State
 from tkbox.daemon.manager import BoxManager, Options
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages
 from tkbox.errors import HostError, UserError
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 from tkbox.vm.fake import FakeLauncher
 
 #: a box.json exactly as the daemon wrote it before the state was typed (a stopped box,

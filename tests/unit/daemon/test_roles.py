@@ -17,7 +17,7 @@ from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImage, FakeImages, 
 from tkbox.doors.network import ApprovalBoard, EgressDoor, OperatorConfig, SystemClock
 from tkbox.doors.network.testing import FakeResolver
 from tkbox.image.store import ImageStore
-from tkbox.record.client import FakeSigner
+from tkbox.record.testing import FakeSigner
 
 
 def test_the_fakes_play_their_roles(tmp_path: Path) -> None:

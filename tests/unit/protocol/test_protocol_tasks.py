@@ -6,6 +6,7 @@ import asyncio
 
 import pytest
 
+from tkbox.errors import InternalError
 from tkbox.protocol.tasks import TaskOwner, cancel_and_wait
 
 
@@ -40,7 +41,7 @@ def test_a_closed_owner_starts_nothing() -> None:
             raise AssertionError("ran")
 
         coro = never()
-        with pytest.raises(RuntimeError, match="closed"):
+        with pytest.raises(InternalError, match="closed"):
             owner.spawn(coro)
 
     asyncio.run(main())

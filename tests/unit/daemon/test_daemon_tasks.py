@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
-from tkbox.daemon.tasks import TaskOwner, cancel_and_wait
 from tkbox.errors import GuestError, InternalError
+from tkbox.protocol.tasks import TaskOwner, cancel_and_wait
 
 
 def test_aclose_cancels_and_awaits_every_task_and_then_refuses_new_ones() -> None:
@@ -22,7 +22,7 @@ def test_aclose_cancels_and_awaits_every_task_and_then_refuses_new_ones() -> Non
             ended.append(name)
 
     async def main() -> None:
-        owner = TaskOwner("box b")
+        owner = TaskOwner("box b", quote=True)
         a, b = owner.spawn(forever("a")), owner.spawn(forever("b"))
         await asyncio.sleep(0)
         assert len(owner) == 2
@@ -38,7 +38,7 @@ def test_aclose_cancels_and_awaits_every_task_and_then_refuses_new_ones() -> Non
 
 def test_a_task_closing_its_own_owner_is_not_awaited_by_itself() -> None:
     async def main() -> None:
-        owner = TaskOwner("box b")
+        owner = TaskOwner("box b", quote=True)
         other = owner.spawn(asyncio.Event().wait())
 
         async def rm() -> str:
@@ -58,7 +58,7 @@ def test_a_failed_task_is_logged_not_lost(caplog: pytest.LogCaptureFixture) -> N
         raise exc
 
     async def main() -> None:
-        owner = TaskOwner("box b")
+        owner = TaskOwner("box b", quote=True)
         tasks = [owner.spawn(boom(ValueError("the watcher broke")), name="watcher"),
                  owner.spawn(boom(GuestError("guest gone")), name="door"),
                  owner.spawn(boom(GuestError("handled")), name="exec", awaited=True)]
