@@ -16,11 +16,17 @@ from dataclasses import dataclass
 
 import httpx
 
+from tkbox.errors import RemoteError
 from tkbox.formats import checkpoint, cosignature, note
 from tkbox.formats import witness as wfmt
 from tkbox.formats.errors import FormatError
 from tkbox.signer.config import WitnessConf
 from tkbox.signer.log import Log
+
+
+class WitnessError(RemoteError):
+    """A witness did not cosign: it refused, answered with something that is not a
+    cosignature by its key, or claims a tree beyond ours."""
 
 log = logging.getLogger("tkbox.signer.checkpoints")
 
@@ -84,7 +90,7 @@ class Checkpointer:
             old = self.log.witness_size(w.name)
             for _ in range(2):
                 if old > size:
-                    raise RuntimeError(f"the witness has size {old}, beyond ours ({size}): "
+                    raise WitnessError(f"the witness has size {old}, beyond ours ({size}): "
                                        "is it witnessing another log under our name?")
                 proof = self.log.tree.consistency_proof(old, size) if 0 < old else []
                 body = wfmt.format_add_checkpoint(old, proof, signed)
@@ -94,17 +100,17 @@ class Checkpointer:
                     old = wfmt.parse_size(resp.content)
                     continue
                 if resp.status_code != 200:
-                    raise RuntimeError(f"HTTP {resp.status_code}: {resp.text[:200]}")
+                    raise WitnessError(f"HTTP {resp.status_code}: {resp.text[:200]}")
                 sigs = wfmt.parse_cosignatures(resp.content)
                 mine = [s for s in sigs if (s.name, s.key_id) == (verifier.name, verifier.key_id)]
                 if not mine:
-                    raise RuntimeError("the answer holds no cosignature by its key")
+                    raise WitnessError("the answer holds no cosignature by its key")
                 text = signed[: signed.index(b"\n\n") + 1]
                 if not verifier.verify(text, mine[0].raw) or cosignature.timestamp(mine[0]) == 0:
-                    raise RuntimeError("its cosignature does not verify")
+                    raise WitnessError("its cosignature does not verify")
                 self.log.set_witness_size(w.name, size)
                 return mine[0].line().encode()
-            raise RuntimeError("the witness kept answering 409")
+            raise WitnessError("the witness kept answering 409")
 
     def _http(self) -> httpx.AsyncClient:
         if self._client is None:

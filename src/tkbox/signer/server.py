@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox import __version__
+from tkbox.errors import InternalError, UserError
 from tkbox.formats import bundle, note, record, wire
 from tkbox.formats.errors import FormatError
 from tkbox.signer import config as config_mod
@@ -136,7 +137,7 @@ class Signer:
         path.parent.mkdir(parents=True, exist_ok=True, mode=0o700)
         if path.exists() or path.is_symlink():
             if await _answers(path):
-                raise RuntimeError(f"a signer already answers on {path}")
+                raise _already_serving(path)
             path.unlink()
         old = os.umask(0o177 if self.cfg.mode == "dev" else 0o117)
         try:
@@ -153,12 +154,13 @@ class Signer:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
-        periodic = asyncio.create_task(
-            self.checkpoints.run_periodically(self.cfg.checkpoint_interval))
         try:
-            await stop.wait()
+            async with asyncio.TaskGroup() as tg:
+                periodic = tg.create_task(
+                    self.checkpoints.run_periodically(self.cfg.checkpoint_interval))
+                await stop.wait()
+                periodic.cancel()
         finally:
-            periodic.cancel()
             await self.aclose()
 
     async def aclose(self) -> None:
@@ -468,7 +470,7 @@ def _self_check(data: bytes, trust: bytes) -> None:
     try:
         verify_bundle(data, trust)
     except FormatError as exc:
-        raise RuntimeError(f"the bundle the signer built does not verify: {exc}") from None
+        raise InternalError(f"the bundle the signer built does not verify: {exc}") from None
 
 
 async def _answers(path: Path) -> bool:
@@ -481,4 +483,12 @@ async def _answers(path: Path) -> bool:
 
 
 async def serve(cfg: config_mod.Config, socket_path: Path) -> None:
+    # Before the log is opened: a second signer must not touch the first one's log.
+    if await _answers(socket_path):
+        raise _already_serving(socket_path)
     await Signer(cfg, socket_path).serve_forever()
+
+
+def _already_serving(path: Path) -> UserError:
+    return UserError(f"a signer already answers on {path}: stop it first, or give this "
+                     "one another home (TKBOX_HOME)")

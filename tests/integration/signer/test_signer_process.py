@@ -286,3 +286,15 @@ def test_status_and_the_trust_file_on_disk(signer: SignerProc) -> None:
     t = bundle.parse_trust(trust)
     assert t.policy.logs[0].vkey() == st["vkey"]  # type: ignore[attr-defined]
     assert base64.b64decode(st["vkey"].split("+", 2)[2])[0] == 1  # Ed25519, type 0x01
+
+
+def test_a_second_signer_on_the_same_socket_is_refused_in_one_line(signer: SignerProc) -> None:
+    """Two signers on one home would write one log from two processes: the second
+    refuses to start before it opens the log, says why and what to do in one line,
+    and the first keeps answering."""
+    second = signer.cli("signer", "serve", check=False)
+    assert second.returncode == 2, second
+    lines = second.stderr.strip().splitlines()
+    assert len(lines) == 1 and "a signer already answers on" in lines[0], second.stderr
+    assert "Traceback" not in second.stderr
+    assert signer.cli("signer", "status").returncode == 0
