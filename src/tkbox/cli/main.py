@@ -4,6 +4,13 @@ Every verb that touches boxes is a client of the daemon's API; `image`,
 `guest`, `doctor`, `presets`, `verify`, `signer` and `witness` work without it.
 Errors are one line (`tkbox: error: …`) with an exit status by kind
 (`tkbox.errors`).
+
+Why one module (about 700 lines): it is the table of verbs, each a thin
+function that parses its options and calls the SDK; what a verb does lives in
+the SDK, the daemon or its own module (`cli/logs.py`, `cli/terminal.py`,
+`cli/doctor.py`, `image/cli.py`, `signer/cli.py`, `verify/cli.py`). Split by
+verb, the shared options and the one error handler would be imported back
+into every part.
 """
 
 from __future__ import annotations
