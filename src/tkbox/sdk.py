@@ -24,6 +24,11 @@ Secrets are named by *reference* (`{"NAME": "env:VAR@host"}`): the SDK reads
 each value from its own environment (or the file) and sends it only over the
 daemon's private socket, which only root and the daemon's user can reach; the
 daemon keeps it in memory, and the box gets a placeholder.
+
+Why one module (about 650 lines): `Client` and `AsyncClient` are the same
+API twice (blocking and async) over one set of request builders and answer
+readers (the error mapping, the stream decoders) kept here once; a user reads
+one file to see the whole API.
 """
 
 from __future__ import annotations

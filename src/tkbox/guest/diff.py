@@ -38,6 +38,11 @@ to its parent's descriptor, every entry is `lstat`ed, every file opened with
 Standard library only: this module runs inside the VM as part of PID 1. The
 git patch writer (hunks from `difflib`, git's quoting and base85 line format)
 is written here because no standard-library module writes git patches.
+
+Why one module (about 520 lines): the upper-layer walk and the patch writer
+share one private record of each change (path, old and new mode and content)
+and must agree byte for byte with `tkbox.doors.changes.patch`, which reads
+what this writes.
 """
 
 from __future__ import annotations
