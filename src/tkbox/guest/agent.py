@@ -443,12 +443,19 @@ def confine_commands() -> str:
                      Path("/proc/meminfo").read_text().splitlines()
                      if line.startswith("MemTotal:"))
         CGROUP.mkdir(parents=True, exist_ok=True)
-        mount("cgroup2", CGROUP, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC)
+        # favordynmods: moving a process into a cgroup (every command joins one) no
+        # longer waits for an RCU grace period, 10-30 ms under emulation (Linux 6.0+).
+        how = " (favordynmods)"
+        try:
+            mount("cgroup2", CGROUP, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC, "favordynmods")
+        except OSError:
+            how = ""
+            mount("cgroup2", CGROUP, "cgroup2", MS_NOSUID | MS_NODEV | MS_NOEXEC)
         (CGROUP / "cgroup.subtree_control").write_text("+memory")
         COMMANDS_CGROUP.mkdir(exist_ok=True)
         reserve = max(48 << 20, total // 8)  # the agent, the kernel, the mux buffers
         (COMMANDS_CGROUP / "memory.max").write_text(str(max(64 << 20, total - reserve)))
-        return f"commands are limited to {max(64 << 20, total - reserve) >> 20} MiB"
+        return f"commands are limited to {max(64 << 20, total - reserve) >> 20} MiB{how}"
     except (OSError, StopIteration, ValueError) as exc:
         return f"commands are not memory-confined ({exc})"
 
