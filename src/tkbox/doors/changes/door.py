@@ -44,6 +44,7 @@ from tkbox.record.client import SignerClient, Verdict
 __all__ = ["apply_patch"]
 
 MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
+DECIDE_WINDOW = 64  # Write decisions in flight at once
 
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
@@ -315,29 +316,66 @@ def _tree(root: Path) -> dict[str, State]:
 
 async def _decide(signer: SignerClient, run_id: str,
                   plan: Plan) -> list[tuple[FilePlan, Verdict]]:
-    """Step 5: one Write decision per file; any refusal refuses the patch."""
+    """Step 5: one Write decision per file; any refusal refuses the patch.
+
+    Up to `DECIDE_WINDOW` requests are in flight at once, sent in patch order on the
+    signer's one connection (it answers a batch with one durable commit); the
+    first refusal in patch order is the one reported. A refusal stops new requests.
+    """
+    kept = plan.kept()
+    answers: list[Verdict | BaseException | None] = [None] * len(kept)
+    stop = asyncio.Event()
+    window = asyncio.Semaphore(DECIDE_WINDOW)
+
+    async def one(i: int, f: FilePlan) -> None:
+        async with window:
+            if stop.is_set():
+                return
+            resource = {"path": f.path, "sha256": f.sha256, "mode": f.mode}
+            context = {"patch_sha256": plan.patch.sha256, "kind": f.kind,
+                       "old_sha256": (hashlib.sha256(f.old.content).hexdigest()
+                                      if f.old.kind in ("file", "link") else None)}
+            try:
+                v = await signer.decide(run_id, "Write", resource, context)
+            except Exception as e:  # noqa: BLE001 - raised below, in patch order
+                answers[i] = e
+                stop.set()
+                return
+            answers[i] = v
+            if not v.allowed:
+                stop.set()
+
+    await asyncio.gather(*(one(i, f) for i, f in enumerate(kept)))
     verdicts: list[tuple[FilePlan, Verdict]] = []
-    for f in plan.kept():
-        resource = {"path": f.path, "sha256": f.sha256, "mode": f.mode}
-        context = {"patch_sha256": plan.patch.sha256, "kind": f.kind,
-                   "old_sha256": (hashlib.sha256(f.old.content).hexdigest()
-                                  if f.old.kind in ("file", "link") else None)}
-        try:
-            v = await signer.decide(run_id, "Write", resource, context)
-        except SignerUnavailable as e:
+    for f, a in zip(kept, answers, strict=True):
+        if isinstance(a, SignerUnavailable):
             raise PatchRefused(f"nothing applied: the signer did not answer for {f.path!r} "
-                               f"({e}); try again when it is back") from e
-        if not v.allowed:
+                               f"({a}); try again when it is back") from a
+        if isinstance(a, BaseException):
+            raise a
+        if isinstance(a, Verdict) and not a.allowed:
             raise PatchRefused(f"nothing applied: the signer refused writing {f.path!r}: "
-                               f"{v.reason}")
-        verdicts.append((f, v))
+                               f"{a.reason}")
+        if isinstance(a, Verdict):
+            verdicts.append((f, a))
+    if len(verdicts) != len(kept):  # only after a refusal, which raised above
+        raise PatchRefused("nothing applied: the signer did not decide every file")
     return verdicts
 
 
 async def _complete(signer: SignerClient, run_id: str,
                     verdicts: list[tuple[FilePlan, Verdict]], outcome: dict[str, object]) -> None:
-    for _, v in verdicts:
-        await signer.complete(run_id, v.decision_id, outcome)
+    """Each decision's completion, pipelined like the decisions; the first failure raises."""
+    window = asyncio.Semaphore(DECIDE_WINDOW)
+
+    async def one(v: Verdict) -> None:
+        async with window:
+            await signer.complete(run_id, v.decision_id, outcome)
+
+    results = await asyncio.gather(*(one(v) for _, v in verdicts), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
 
 
 def _writes(plan: Plan) -> list[Write]:
