@@ -255,7 +255,7 @@ async def _git_builds_same(git: Git, plan: Plan) -> None:
     kept = plan.kept()
     if not kept:
         return
-    scratch = git.tmp / "scratch"
+    scratch = git.scratch(sum(len(f.old.content) + len(f.new.content) for f in kept))
     await git.init(scratch)
     patch_file = git.tmp / "kept.diff"
 
