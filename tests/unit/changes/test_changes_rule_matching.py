@@ -59,3 +59,13 @@ def test_ascii_fold_shortcut_equals_full_normalisation() -> None:
         s = "".join(chr(rng.randint(0, 127)) for _ in range(rng.randint(1, 12)))
         full = unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", s).casefold())
         assert fold(s) == full, s
+
+
+def test_quote_path_quick_check_quotes_exactly_what_git_quotes() -> None:
+    """A name with any byte git's quote_c_style escapes is quoted; any other is not."""
+    from tkbox.doors.changes.patch import quote_path
+
+    for c in range(256):
+        git_quotes = c < 0x20 or c in (0x22, 0x5C) or c >= 0x7F
+        name = b"a" + bytes([c]) + b"b"
+        assert (quote_path(name) != name) == git_quotes, c

@@ -134,9 +134,12 @@ class Patch:
         return b"".join(self.data[s.start : s.end] for s in keep)
 
 
+_NEEDS_QUOTE = re.compile(rb'[\x00-\x1f"\\\x7f-\xff]')  # < 0x20, '"', '\\', >= 0x7f
+
+
 def quote_path(name: bytes) -> bytes:
     """Git's quote_c_style (core.quotePath on): the only quoting we accept."""
-    if not any(c < 0x20 or c in (0x22, 0x5C) or c >= 0x7F for c in name):
+    if _NEEDS_QUOTE.search(name) is None:
         return name
     esc = {7: b"\\a", 8: b"\\b", 9: b"\\t", 10: b"\\n", 11: b"\\v", 12: b"\\f", 13: b"\\r",
            0x22: b'\\"', 0x5C: b"\\\\"}
@@ -190,12 +193,18 @@ class _Reader:
         self.data = data
         self.pos = 0
         self.lineno = 0  # of the last line returned by next()
+        self._peeked: tuple[int, bytes | None] = (-1, None)  # (pos, the line there)
 
     def peek(self) -> bytes | None:
+        if self._peeked[0] == self.pos:
+            return self._peeked[1]
         if self.pos >= len(self.data):
-            return None
-        end = self.data.find(b"\n", self.pos)
-        return self.data[self.pos : end + 1]
+            line = None
+        else:
+            end = self.data.find(b"\n", self.pos)
+            line = self.data[self.pos : end + 1]
+        self._peeked = (self.pos, line)
+        return line
 
     def next(self) -> bytes | None:
         line = self.peek()
@@ -482,25 +491,52 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
     if budget.binary > limits.max_binary_bytes:
         raise PatchRefused(f"the patch's binary files exceed {limits.max_binary_bytes} bytes")
     compressed = bytearray()
+    # Full lines are decoded together (base85 decodes each 5 characters on their own,
+    # and a full line has no padding); the batch is decoded before any later refusal,
+    # so the first bad line is still the one named.
+    full: list[tuple[int, bytes]] = []  # (line number, base85 text) not yet decoded
+
+    def decode_full() -> None:
+        if not full:
+            return
+        try:
+            compressed.extend(base64.b85decode(b"".join(text for _, text in full)))
+        except ValueError:
+            for lineno, text in full:
+                try:
+                    base64.b85decode(text)
+                except ValueError:
+                    raise PatchRefused(f"patch line {lineno}: bad base85 data") from None
+            raise PatchRefused(f"{r.where(0)}: bad base85 data") from None
+        full.clear()
+
+    def refuse(why: str) -> PatchRefused:
+        decode_full()
+        return PatchRefused(why)
+
     last = False
     while True:
         line = r.next()
         if line is None:
-            raise PatchRefused(f"{where}: binary data ends early")
+            raise refuse(f"{where}: binary data ends early")
         if line == b"\n":
             break
         if last:
-            raise PatchRefused(f"{r.where(0)}: a short binary line before the last")
+            raise refuse(f"{r.where(0)}: a short binary line before the last")
         c = line[0]
         if 0x41 <= c <= 0x5A:
             k = c - 0x41 + 1
         elif 0x61 <= c <= 0x7A:
             k = c - 0x61 + 27
         else:
-            raise PatchRefused(f"{r.where(0)}: bad binary line length letter")
+            raise refuse(f"{r.where(0)}: bad binary line length letter")
         groups = (k + 3) // 4
         if len(line) != 2 + 5 * groups:
-            raise PatchRefused(f"{r.where(0)}: binary line of the wrong length")
+            raise refuse(f"{r.where(0)}: binary line of the wrong length")
+        if k == _BINARY_LINE:
+            full.append((r.lineno, line[1:-1]))
+            continue
+        decode_full()
         try:
             chunk = base64.b85decode(line[1:-1])
         except ValueError:
@@ -508,7 +544,8 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
         if any(chunk[k:]):
             raise PatchRefused(f"{r.where(0)}: non-zero padding in binary data")
         compressed += chunk[:k]
-        last = k != _BINARY_LINE
+        last = True
+    decode_full()
     d = zlib.decompressobj()
     try:
         out = d.decompress(bytes(compressed), size + 1)
