@@ -431,27 +431,42 @@ def _text(r: _Reader, budget: _Budget, raw: bytes, old_mode: int | None,
                                "before it")
         lines: list[tuple[bytes, bytes]] = []
         o = n = 0
-        while o < oc or n < nc:
-            body = r.next()
-            if body is None or body[:1] not in (b" ", b"-", b"+"):
-                raise PatchRefused(f"{r.where(0)}: hunk ends early, found {_show(body)}")
-            tag, content = body[:1], body[1:]
-            if old_eof and tag in (b" ", b"-") or new_eof and tag in (b" ", b"+"):
-                raise PatchRefused(f"{r.where(0)}: a line after 'No newline at end of file'")
-            if tag != b"+":
-                o += 1
-            if tag != b"-":
-                n += 1
-            if o > oc or n > nc:
-                raise PatchRefused(f"{r.where(0)}: more lines than the hunk header counts")
-            if r.peek() == _NO_EOL:
-                r.next()
-                content = content[:-1]
-                old_eof = old_eof or tag != b"+"
-                new_eof = new_eof or tag != b"-"
-            lines.append((tag, content))
-        added += sum(1 for t, _ in lines if t == b"+")
-        deleted += sum(1 for t, _ in lines if t == b"-")
+        # The hunk's body, read as `r.next()` would, on local variables (the hot loop
+        # of a big patch); `r` is brought up to date whatever happens.
+        data, at, lineno, size = r.data, r.pos, r.lineno, len(r.data)
+        try:
+            while o < oc or n < nc:
+                body: bytes | None = None
+                if at < size:  # parse_patch: the data ends with a newline
+                    end = data.find(b"\n", at) + 1
+                    body, at, lineno = data[at:end], end, lineno + 1
+                if body is None or body[:1] not in (b" ", b"-", b"+"):
+                    raise PatchRefused(f"patch line {lineno}: hunk ends early, "
+                                       f"found {_show(body)}")
+                tag, content = body[:1], body[1:]
+                if old_eof and tag != b"+" or new_eof and tag != b"-":
+                    raise PatchRefused(f"patch line {lineno}: a line after "
+                                       "'No newline at end of file'")
+                if tag == b"+":
+                    n += 1
+                    added += 1
+                elif tag == b"-":
+                    o += 1
+                    deleted += 1
+                else:
+                    o += 1
+                    n += 1
+                if o > oc or n > nc:
+                    raise PatchRefused(f"patch line {lineno}: more lines than the hunk header "
+                                       "counts")
+                if data.startswith(_NO_EOL, at):  # the next line is exactly _NO_EOL
+                    at, lineno = at + len(_NO_EOL), lineno + 1
+                    content = content[:-1]
+                    old_eof = old_eof or tag != b"+"
+                    new_eof = new_eof or tag != b"-"
+                lines.append((tag, content))
+        finally:
+            r.pos, r.lineno = at, lineno
         hunks.append(Hunk(os_, oc, ns, nc, tuple(lines)))
         old_end = pos + oc
         delta += nc - oc
