@@ -20,7 +20,9 @@ from that point on; a template boot without a seed refuses to start.
 
 Trust: this code runs in the VM and is not trusted by the host. It trusts the
 host completely (the host built this initramfs). Standard library, `msgpack`,
-and `tkbox.protocol`/`tkbox.errors`/`tkbox.guest` only.
+and `tkbox.protocol`/`tkbox.errors`/`tkbox.guest` only; commands are started
+through `tkbox-spawn` (`spawn.c`, built into the initramfs), by vfork+exec, so
+this process's image is never forked.
 """
 
 from __future__ import annotations
