@@ -312,16 +312,22 @@ async def _git_builds_same(git: Git, plan: Plan) -> None:
     if not kept:
         return
     scratch = git.scratch(sum(len(f.old.content) + len(f.new.content) for f in kept))
-    await git.init(scratch)
-    patch_file = git.tmp / "kept.diff"
+    scratch.mkdir(parents=True, exist_ok=True)
 
     def prepare() -> None:
         for f in kept:
             _populate(scratch, f)
-        patch_file.write_bytes(plan.patch.subset(plan.kept_sections()))
 
-    await asyncio.to_thread(prepare)
-    r = await git.run(scratch, ["apply", "--whitespace=nowarn", str(patch_file)])
+    # git init and the copy at once: they touch different names in `scratch`
+    init = asyncio.ensure_future(git.init(scratch))
+    copy = asyncio.ensure_future(asyncio.to_thread(prepare))
+    try:
+        await init
+        await copy
+    finally:
+        await _settle([init], [copy])
+    r = await git.run(scratch, ["apply", "--whitespace=nowarn"],
+                      stdin=plan.patch.subset(plan.kept_sections()))
     if r.rc != 0 or r.err:
         msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
         raise PatchRefused("git could not apply the patch to a copy of the checkout: "
