@@ -10,7 +10,7 @@ is still in the page cache, on both sides), then times, in the same run:
 - `apply_patch` on the second, deciding with the in-process `FakeSigner`: the
   door's own work (parse, git's reading compared with ours, the plan, git's
   scratch build compared with ours, one Write decision per file, the writes,
-  each fsync'd, the staging directory removed);
+  made durable (one syncfs from 64 files), the staging directory removed);
 - `apply_patch` on the third, deciding with a real signer process (`tkbox
   signer serve` over its Unix socket): the same plus every decision and
   completion durable in the signer's log before the files are written.
@@ -135,7 +135,8 @@ def main() -> None:
               f"{t / g:5.1f}x  ({what[k]})")
     print("apply_patch includes: parse, git's reading compared (git apply --numstat), "
           "the plan, git's scratch build compared, one Write decision per file and its "
-          "completion, the writes (each fsync'd), the originals removed; goal <= 3x git apply")
+          "completion, the writes made durable (one syncfs from 64 files), the originals "
+          "removed; goal <= 3x git apply")
 
 
 if __name__ == "__main__":
