@@ -4,7 +4,9 @@ It holds: the host's Python interpreter and the shared libraries it (and the
 extension modules the agent needs) link, at their host paths; a stdlib trimmed
 to what the guest agent imports, compiled ahead of time to unchecked-hash
 bytecode; the guest agent, `tkbox.protocol`, `tkbox.errors` and `msgpack`;
-and the kernel modules the guest needs, in dependency order. Same inputs give
+`tkbox-spawn` (`tkbox/guest/spawn.c`, compiled static with the host's C
+compiler: the step that confines and execs each command without forking the
+agent); and the kernel modules the guest needs, in dependency order. Same inputs give
 the same bytes (sorted entries, zero times and owners, hash-based bytecode),
 and the result is cached under a digest of those inputs.
 
@@ -21,6 +23,7 @@ import modulefinder
 import os
 import py_compile
 import re
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -36,6 +39,10 @@ from tkbox.image.kernel import Kernel, cached_vmlinux, find_kernel, read_module
 BUILD_VERSION = "1"  # bump when the layout below changes
 PY_DIR = "/tkbox/python"
 APP_DIR = "/tkbox/app"
+SPAWN_PATH = "/tkbox/bin/tkbox-spawn"  # tkbox.guest.agent.SPAWN
+#: static (no loader, no libraries in the guest), stripped, no build id: same source,
+#: same compiler, same bytes
+SPAWN_FLAGS = ["-static", "-Os", "-s", "-Wall", "-Wextra", "-Wl,--build-id=none"]
 
 #: stdlib modules never needed in the guest, however modulefinder reads imports
 EXCLUDE = [
@@ -114,9 +121,11 @@ class Inputs:
     libs: list[Path]  # shared libraries, kept at their host paths
     kernel: Kernel
     modules: list[Path]
+    spawn: bytes  # the compiled tkbox-spawn
 
     def digest(self) -> str:
         h = hashlib.sha256(f"tkbox-initramfs/{BUILD_VERSION}/{tkbox.__version__}\n".encode())
+        h.update(b"tkbox-spawn\0" + hashlib.sha256(self.spawn).digest())
         items = [("python", self.python), *sorted(self.files.items()),
                  *[(str(p), p) for p in self.libs], *[(str(p), p) for p in self.modules]]
         for name, path in items:
@@ -183,7 +192,26 @@ def collect(kernel: Kernel | None = None) -> Inputs:
         files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel}"] = stdlib / rel
     sos = [p for p in files.values() if p.suffix == ".so"]
     kernel = kernel or find_kernel()
-    return Inputs(python, stdlib, files, _ldd([python, *sos]), kernel, kernel.module_paths())
+    return Inputs(python, stdlib, files, _ldd([python, *sos]), kernel, kernel.module_paths(),
+                  compile_spawn(pkg_root / "guest" / "spawn.c"))
+
+
+def compile_spawn(src: Path) -> bytes:
+    """`tkbox-spawn`, built from `src` with the host's C compiler (static, stripped)."""
+    cc = shutil.which("cc") or shutil.which("gcc")
+    if cc is None:
+        raise HostError("no C compiler: the guest needs tkbox-spawn built from spawn.c; "
+                        "install gcc and libc6-dev (apt-get install gcc libc6-dev)")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "tkbox-spawn"
+        proc = subprocess.run([cc, *SPAWN_FLAGS, "-o", str(out), str(src)],
+                              capture_output=True, text=True, check=False)
+        if proc.returncode != 0 or not out.is_file():
+            lines = [ln for ln in proc.stderr.splitlines() if "error" in ln] or \
+                proc.stderr.splitlines() or [f"exit status {proc.returncode}"]
+            raise HostError(f"cannot build tkbox-spawn from {src} with {cc}: {lines[0][:300]}; "
+                            "a static build needs libc6-dev (apt-get install gcc libc6-dev)")
+        return out.read_bytes()
 
 
 def _compile(src: Path) -> bytes:
@@ -211,6 +239,7 @@ def write_initramfs(inputs: Inputs, out: io.BufferedIOBase) -> None:
     cpio.chardev("dev/null", 1, 3, 0o666)
     cpio.file("init", INIT.encode(), 0o755)
     cpio.file(f"{PY_DIR}/bin/python3", inputs.python.read_bytes(), 0o755)
+    cpio.file(SPAWN_PATH, inputs.spawn, 0o755)
     for lib in inputs.libs:
         cpio.file(str(lib), _stripped(lib), 0o755)
     for name in sorted(inputs.files):

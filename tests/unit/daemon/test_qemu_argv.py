@@ -44,6 +44,15 @@ def test_tcg_gets_the_host_tsc_rate_and_a_fixed_lpj(tmp_path: Path,
     assert kvm[kvm.index("-accel") + 1] == "kvm" and tcg[tcg.index("-accel") + 1] == "tcg"
 
 
+def test_user_address_randomization_is_off_under_tcg_only(tmp_path: Path) -> None:
+    """Under emulation the guest runs without ASLR (TCG re-translates randomized code at
+    every exec); with KVM, where it costs nothing, the guest keeps it."""
+    tcg = qemu.build_argv(spec(tmp_path), "tcg")
+    kvm = qemu.build_argv(spec(tmp_path), "kvm")
+    assert "norandmaps" in tcg[tcg.index("-append") + 1].split()
+    assert "norandmaps" not in kvm[kvm.index("-append") + 1].split()
+
+
 @pytest.fixture
 def pvm_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A host whose /dev/kvm opens and whose KVM is PVM; kernel configs in a tmp /boot."""

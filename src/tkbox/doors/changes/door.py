@@ -25,11 +25,12 @@ import stat
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tkbox.doors.changes import sensitive
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.fs import Checkout, Write, write_all
-from tkbox.doors.changes.git import Git
+from tkbox.doors.changes.git import Git, Result
 from tkbox.doors.changes.gitnamed import Named, named_paths
 from tkbox.doors.changes.links import Aliases
 from tkbox.doors.changes.patch import Limits, Patch, git_reading, parse_patch
@@ -37,13 +38,14 @@ from tkbox.doors.changes.paths import folded_parts, under
 from tkbox.doors.changes.plan import FilePlan, Plan, State, build, classify
 from tkbox.doors.changes.report import ApplyReport, FileResult, Status
 from tkbox.doors.changes.scan import checkout_links
-from tkbox.errors import SignerUnavailable, UserError
+from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.gitconfig import Entry
 from tkbox.record.client import SignerClient, Verdict
 
 __all__ = ["apply_patch"]
 
 MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
+DECIDE_WINDOW = 64  # Write decisions in flight at once
 
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
@@ -59,18 +61,47 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
     root = Path(os.path.realpath(checkout))
     if not root.is_dir():
         raise UserError(f"the checkout {str(checkout)!r} is not a directory")
-    parsed = await asyncio.to_thread(parse_patch, patch, limits)  # (1)
     notes: list[str] = []
-    if not parsed.sections:
-        return ApplyReport(str(root), parsed.sha256, dry_run, allow_sensitive,
-                           notes=("the patch is empty",))
-    git = Git()
     try:
-        await _git_reads_same(git, parsed)  # (3)
-        repo = await _repo_config(git, root, notes)
-        with Checkout(root) as co:
-            plan = await asyncio.to_thread(_plan, co, parsed, limits, root)  # (1), (4) ours
-            ignored = await _ignored(git, root, parsed, repo)  # (1)
+        git: Git | None = Git()
+    except HostError:
+        git = None  # raised again below, once the patch is known to change something
+    # The git runs that need no answer of ours run while we work, in their own
+    # processes; each answer is still checked at its step, in the order above, so
+    # the first fault found is the one reported, as when they ran one by one.
+    reading: asyncio.Future[Result] | None = None
+    started: list[asyncio.Future[Any]] = []  # git runs begun early; ended in `finally`
+    if git is not None and len(patch) <= limits.max_patch_bytes:
+        reading = asyncio.ensure_future(_git_reading(git, patch))  # git's part of (3)
+        started.append(reading)
+    try:
+        parsed = await asyncio.to_thread(parse_patch, patch, limits)  # (1)
+        if not parsed.sections:
+            return ApplyReport(str(root), parsed.sha256, dry_run, allow_sensitive,
+                               notes=("the patch is empty",))
+        if git is None or reading is None:  # no git; parse_patch refuses an oversized patch
+            git = Git()
+            reading = asyncio.ensure_future(_git_reading(git, patch))
+            started.append(reading)
+        repo_task = asyncio.ensure_future(_repo_config(git, root, notes))
+        ignored_task = asyncio.ensure_future(_ignored_after(git, root, parsed, repo_task))
+        started += [repo_task, ignored_task]
+        try:
+            co = Checkout(root)
+        except PatchRefused:
+            await _git_reads_same(git, parsed, await reading)  # (3): its fault comes first
+            await repo_task
+            raise
+        with co:
+            plan_task = asyncio.ensure_future(
+                asyncio.to_thread(_plan, co, parsed, limits, root))  # (1), (4) ours
+            try:
+                await _git_reads_same(git, parsed, await reading)  # (3)
+                repo = await repo_task
+                plan = await plan_task
+                ignored = await ignored_task  # (1)
+            finally:
+                await _settle(started, [plan_task])
             await asyncio.to_thread(_classify, plan, root, repo, ignored,  # (1), (2)
                                     allow_sensitive)
             await _git_builds_same(git, plan)  # (4) git's
@@ -86,7 +117,19 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             await _complete(signer, run_id, verdicts, {"written": True})
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
-        git.close()
+        await _settle(started, [])
+        if git is not None:
+            git.close()
+
+
+async def _settle(git_runs: list[asyncio.Future[Any]], threads: list[asyncio.Future[Any]]
+                  ) -> None:
+    """End what was started early and is no longer wanted: git runs are cancelled
+    (their process killed), worker threads waited for (they cannot be stopped, and
+    use the checkout's descriptor)."""
+    for t in git_runs:
+        t.cancel()
+    await asyncio.gather(*git_runs, *threads, return_exceptions=True)
 
 
 def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path) -> Plan:
@@ -188,6 +231,11 @@ async def _ignored(git: Git, root: Path, parsed: Patch, repo: RepoConfig) -> set
     return {os.fsdecode(p) for p in await git.ignored(root, paths, excludes)}
 
 
+async def _ignored_after(git: Git, root: Path, parsed: Patch,
+                         repo: asyncio.Future[RepoConfig]) -> set[str]:
+    return await _ignored(git, root, parsed, await repo)
+
+
 def _refuse_below_checkout_symlinks(plan: Plan, states: dict[str, State]) -> None:
     """A patch replacing a checkout symlink by a directory is refused as a whole.
 
@@ -204,13 +252,22 @@ def _refuse_below_checkout_symlinks(plan: Plan, states: dict[str, State]) -> Non
             )
 
 
-async def _git_reads_same(git: Git, parsed: Patch) -> None:
-    """Step 3: git's reading of every section must be ours, byte for byte."""
+async def _git_reading(git: Git, data: bytes) -> Result:
+    """git's reading of the patch (`git apply --numstat -z --summary`), in an empty
+    repository; started before our own parse is done."""
     repo = git.tmp / "empty"
     await git.init(repo)
-    patch_file = git.tmp / "patch.diff"
-    await asyncio.to_thread(patch_file.write_bytes, parsed.data)
-    r = await git.run(repo, ["apply", "--numstat", "-z", "--summary", str(patch_file)])
+    # on stdin, not from a file: cancelled, it leaves nothing half-written behind
+    return await git.run(repo, ["apply", "--numstat", "-z", "--summary"], stdin=data)
+
+
+async def _git_reads_same(git: Git, parsed: Patch, r: Result | None = None) -> None:
+    """Step 3: git's reading of every section must be ours, byte for byte.
+
+    `r`: git's reading (`_git_reading`) if it was started already; else it runs now.
+    """
+    if r is None:
+        r = await _git_reading(git, parsed.data)
     if r.rc != 0 or r.err:
         msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
         raise PatchRefused("git and tkbox read the patch differently: git says "
@@ -254,17 +311,23 @@ async def _git_builds_same(git: Git, plan: Plan) -> None:
     kept = plan.kept()
     if not kept:
         return
-    scratch = git.tmp / "scratch"
-    await git.init(scratch)
-    patch_file = git.tmp / "kept.diff"
+    scratch = git.scratch(sum(len(f.old.content) + len(f.new.content) for f in kept))
+    scratch.mkdir(parents=True, exist_ok=True)
 
     def prepare() -> None:
         for f in kept:
             _populate(scratch, f)
-        patch_file.write_bytes(plan.patch.subset(plan.kept_sections()))
 
-    await asyncio.to_thread(prepare)
-    r = await git.run(scratch, ["apply", "--whitespace=nowarn", str(patch_file)])
+    # git init and the copy at once: they touch different names in `scratch`
+    init = asyncio.ensure_future(git.init(scratch))
+    copy = asyncio.ensure_future(asyncio.to_thread(prepare))
+    try:
+        await init
+        await copy
+    finally:
+        await _settle([init], [copy])
+    r = await git.run(scratch, ["apply", "--whitespace=nowarn"],
+                      stdin=plan.patch.subset(plan.kept_sections()))
     if r.rc != 0 or r.err:
         msg = r.err.decode("utf-8", errors="replace").strip().splitlines()
         raise PatchRefused("git could not apply the patch to a copy of the checkout: "
@@ -315,29 +378,66 @@ def _tree(root: Path) -> dict[str, State]:
 
 async def _decide(signer: SignerClient, run_id: str,
                   plan: Plan) -> list[tuple[FilePlan, Verdict]]:
-    """Step 5: one Write decision per file; any refusal refuses the patch."""
+    """Step 5: one Write decision per file; any refusal refuses the patch.
+
+    Up to `DECIDE_WINDOW` requests are in flight at once, sent in patch order on the
+    signer's one connection (it answers a batch with one durable commit); the
+    first refusal in patch order is the one reported. A refusal stops new requests.
+    """
+    kept = plan.kept()
+    answers: list[Verdict | BaseException | None] = [None] * len(kept)
+    stop = asyncio.Event()
+    window = asyncio.Semaphore(DECIDE_WINDOW)
+
+    async def one(i: int, f: FilePlan) -> None:
+        async with window:
+            if stop.is_set():
+                return
+            resource = {"path": f.path, "sha256": f.sha256, "mode": f.mode}
+            context = {"patch_sha256": plan.patch.sha256, "kind": f.kind,
+                       "old_sha256": (hashlib.sha256(f.old.content).hexdigest()
+                                      if f.old.kind in ("file", "link") else None)}
+            try:
+                v = await signer.decide(run_id, "Write", resource, context)
+            except Exception as e:  # noqa: BLE001 - raised below, in patch order
+                answers[i] = e
+                stop.set()
+                return
+            answers[i] = v
+            if not v.allowed:
+                stop.set()
+
+    await asyncio.gather(*(one(i, f) for i, f in enumerate(kept)))
     verdicts: list[tuple[FilePlan, Verdict]] = []
-    for f in plan.kept():
-        resource = {"path": f.path, "sha256": f.sha256, "mode": f.mode}
-        context = {"patch_sha256": plan.patch.sha256, "kind": f.kind,
-                   "old_sha256": (hashlib.sha256(f.old.content).hexdigest()
-                                  if f.old.kind in ("file", "link") else None)}
-        try:
-            v = await signer.decide(run_id, "Write", resource, context)
-        except SignerUnavailable as e:
+    for f, a in zip(kept, answers, strict=True):
+        if isinstance(a, SignerUnavailable):
             raise PatchRefused(f"nothing applied: the signer did not answer for {f.path!r} "
-                               f"({e}); try again when it is back") from e
-        if not v.allowed:
+                               f"({a}); try again when it is back") from a
+        if isinstance(a, BaseException):
+            raise a
+        if isinstance(a, Verdict) and not a.allowed:
             raise PatchRefused(f"nothing applied: the signer refused writing {f.path!r}: "
-                               f"{v.reason}")
-        verdicts.append((f, v))
+                               f"{a.reason}")
+        if isinstance(a, Verdict):
+            verdicts.append((f, a))
+    if len(verdicts) != len(kept):  # only after a refusal, which raised above
+        raise PatchRefused("nothing applied: the signer did not decide every file")
     return verdicts
 
 
 async def _complete(signer: SignerClient, run_id: str,
                     verdicts: list[tuple[FilePlan, Verdict]], outcome: dict[str, object]) -> None:
-    for _, v in verdicts:
-        await signer.complete(run_id, v.decision_id, outcome)
+    """Each decision's completion, pipelined like the decisions; the first failure raises."""
+    window = asyncio.Semaphore(DECIDE_WINDOW)
+
+    async def one(v: Verdict) -> None:
+        async with window:
+            await signer.complete(run_id, v.decision_id, outcome)
+
+    results = await asyncio.gather(*(one(v) for _, v in verdicts), return_exceptions=True)
+    for r in results:
+        if isinstance(r, BaseException):
+            raise r
 
 
 def _writes(plan: Plan) -> list[Write]:

@@ -5,7 +5,8 @@ parent's descriptor, starting from the checkout root, so a symlinked parent
 (planted before or swapped in during the apply) fails the walk instead of
 redirecting it. Files are read with `O_NOFOLLOW`; each new file is written to
 a temporary file created with `O_CREAT|O_EXCL|O_NOFOLLOW|O_WRONLY` in its
-target directory and then renamed into place.
+target directory; once all are written and durable (a few: fsync'd together
+from a thread pool; many: one syncfs per filesystem), each is linked into place.
 
 `write_all` is a transaction: originals are moved aside into a
 private staging directory at the checkout root, every step is journalled, and
@@ -16,11 +17,14 @@ mid-way, the staging directory `.tkbox-apply-*` holds the originals.)
 
 from __future__ import annotations
 
+import ctypes
 import errno
 import os
 import secrets
 import stat
+import threading
 from collections.abc import Callable, Iterable
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -140,6 +144,89 @@ def _below(dirfd: int, name: str, path: str) -> list[str]:
 
 
 # --- the transaction ----------------------------------------------------------
+
+
+FSYNC_THREADS = 32  # temporary files being fsync'd at once
+SYNCFS_FROM = 64  # new files from which one syncfs per filesystem replaces an fsync each
+
+
+def _syncfs() -> Callable[[int], None] | None:
+    """syncfs(2) from the C library (Python has no binding), or None where it is missing."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).syncfs
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int]
+    call.restype = ctypes.c_int
+
+    def run(fd: int) -> None:
+        if call(fd) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    return run
+
+
+_SYNCFS = _syncfs()
+
+
+class _Flusher:
+    """Make every temporary file durable before any of them takes its real name.
+
+    A few files: each is fsync'd, many at once from a thread pool (one fsync after
+    another costs a journal commit each: 1,100 took 2.5 s on this host; together
+    about 0.15-0.5 s), closed once durable; at most `2 * FSYNC_THREADS` are open.
+    From `SYNCFS_FROM` files: one syncfs(2) per filesystem the files are on (about
+    70 ms for 1,100 here), the same guarantee for each file paid once; it also
+    flushes whatever else is waiting to be written on those filesystems.
+    """
+
+    def __init__(self, files: int) -> None:
+        self.syncfs = _SYNCFS if files >= SYNCFS_FROM else None
+        self.filesystems: dict[int, int] = {}  # st_dev -> a descriptor on it, for syncfs
+        self.pool = (ThreadPoolExecutor(FSYNC_THREADS, thread_name_prefix="tkbox-fsync")
+                     if self.syncfs is None else None)
+        self.slots = threading.BoundedSemaphore(2 * FSYNC_THREADS)
+        self.pending: list[Future[None]] = []
+
+    def add(self, fd: int) -> None:
+        """Take `fd` (closed here, whatever happens)."""
+        if self.pool is None:
+            try:
+                dev = os.fstat(fd).st_dev
+                if dev not in self.filesystems:
+                    self.filesystems[dev] = os.dup(fd)
+            finally:
+                os.close(fd)
+            return
+        self.slots.acquire()
+        try:
+            self.pending.append(self.pool.submit(self._one, fd))
+        except BaseException:
+            self.slots.release()
+            os.close(fd)
+            raise
+
+    def _one(self, fd: int) -> None:
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+            self.slots.release()
+
+    def wait(self) -> None:
+        """Every file durable, or the first error."""
+        if self.syncfs is not None:
+            for fd in self.filesystems.values():
+                self.syncfs(fd)
+        for fut in self.pending:
+            fut.result()
+
+    def close(self) -> None:
+        if self.pool is not None:
+            self.pool.shutdown(wait=True)
+        for fd in self.filesystems.values():
+            os.close(fd)
+        self.filesystems.clear()
 
 
 @dataclass(frozen=True)
@@ -283,13 +370,28 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
             txn.undo.append((f"rmdir {'/'.join(dirs)}", _mkdir(co, dirs[:-1], dirs[-1], perm)))
         finally:
             os.close(fd)
-    for w in sorted((w for w in writes if w.new.kind != "absent"),
-                    key=lambda w: w.path.split("/")):
+    puts = sorted((w for w in writes if w.new.kind != "absent"), key=lambda w: w.path.split("/"))
+    temps: list[str] = []
+    flusher = _Flusher(sum(1 for w in puts if w.new.kind == "file"))
+    try:
+        for w in puts:  # every new file's bytes, beside its target, under a temporary name
+            txn.current = w.path
+            dirs, name = _split(w.path)
+            fd = txn.dir_fd(dirs, create=True)
+            try:
+                temps.append(_put_temporary(txn, fd, dirs, w, flusher))
+            finally:
+                os.close(fd)
+        txn.current = ""
+        flusher.wait()  # all durable before any of them takes a real name
+    finally:
+        flusher.close()
+    for w, tmp in zip(puts, temps, strict=True):
         txn.current = w.path
         dirs, name = _split(w.path)
-        fd = txn.dir_fd(dirs, create=True)
+        fd = txn.dir_fd(dirs, create=False)
         try:
-            _put(txn, fd, dirs, name, w)
+            _put(txn, fd, dirs, name, tmp, w)
         finally:
             os.close(fd)
 
@@ -343,28 +445,35 @@ def _unlink(txn: _Txn, dirs: list[str], name: str) -> Callable[[], None]:
     return run
 
 
-def _put(txn: _Txn, fd: int, dirs: list[str], name: str, w: Write) -> None:
+def _put_temporary(txn: _Txn, fd: int, dirs: list[str], w: Write, flusher: _Flusher) -> str:
+    """Write `w`'s new file (or symlink) under a temporary name in its directory; the
+    file is handed to `flusher` to be made durable."""
     tmp = f".tkbox-{secrets.token_hex(8)}.tmp"
     if w.new.kind == "link":
         os.symlink(w.new.content, tmp, dir_fd=fd)
-    else:
-        if w.old.kind == "file" and w.old.blocked_by is None:
-            perm = w.old.perm & 0o777
-            perm = perm | ((perm & 0o444) >> 2) if w.new.exec else perm & ~0o111
-        else:
-            perm = 0o755 if w.new.exec else 0o644
-        tfd = os.open(tmp, _CREATE, 0o600, dir_fd=fd)
-        try:
-            txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
-            view = memoryview(w.new.content)
-            while view:
-                view = view[os.write(tfd, view):]
-            os.fchmod(tfd, perm)
-            os.fsync(tfd)
-        finally:
-            os.close(tfd)
-    if w.new.kind == "link":
         txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
+        return tmp
+    if w.old.kind == "file" and w.old.blocked_by is None:
+        perm = w.old.perm & 0o777
+        perm = perm | ((perm & 0o444) >> 2) if w.new.exec else perm & ~0o111
+    else:
+        perm = 0o755 if w.new.exec else 0o644
+    tfd = os.open(tmp, _CREATE, 0o600, dir_fd=fd)
+    try:
+        txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
+        view = memoryview(w.new.content)
+        while view:
+            view = view[os.write(tfd, view):]
+        os.fchmod(tfd, perm)
+    except BaseException:
+        os.close(tfd)
+        raise
+    flusher.add(tfd)
+    return tmp
+
+
+def _put(txn: _Txn, fd: int, dirs: list[str], name: str, tmp: str, w: Write) -> None:
+    """Give the temporary file its real name, the original moved aside first."""
     path = "/".join([*dirs, name])
     present = w.old.kind != "absent" and w.old.blocked_by is None and w.old.kind != "dir"
     if present:

@@ -34,6 +34,8 @@ from tkbox.errors import HostError
 from tkbox.gitconfig import ConfigListError, Entry, parse_list
 
 TIMEOUT = 120.0
+MEMORY_DIR = Path("/dev/shm")
+MEMORY_MARGIN = 256 << 20  # left free in MEMORY_DIR beyond twice the scratch copy
 _SAFE = [
     "-c", "core.hooksPath=/dev/null",
     "-c", "core.fsmonitor=false",
@@ -76,9 +78,34 @@ class Git:
         self.template = self.tmp / "template"
         self.home.mkdir()
         self.template.mkdir()
+        self._memory: list[Path] = []  # scratch directories in MEMORY_DIR
 
     def close(self) -> None:
         shutil.rmtree(self.tmp, ignore_errors=True)
+        for d in self._memory:
+            shutil.rmtree(d, ignore_errors=True)
+
+    def scratch(self, needed: int) -> Path:
+        """A new empty directory for a scratch copy of `needed` bytes (old and new).
+
+        In memory (`/dev/shm`, a tmpfs) when it has room for twice that, so the copy
+        git applies to costs no journal commits; else under the private home.
+        Removed by `close()` either way.
+        """
+        try:
+            st = os.statvfs(MEMORY_DIR)
+            room = st.f_bavail * st.f_frsize if MEMORY_DIR.is_dir() else 0
+        except OSError:
+            room = 0
+        if room > 2 * needed + MEMORY_MARGIN:
+            try:
+                d = Path(tempfile.mkdtemp(prefix="tkbox-apply-", dir=MEMORY_DIR))
+            except OSError:
+                pass
+            else:
+                self._memory.append(d)
+                return d / "scratch"
+        return self.tmp / "scratch"
 
     def env(self, cwd: Path) -> dict[str, str]:
         return {

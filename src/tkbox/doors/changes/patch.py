@@ -134,9 +134,12 @@ class Patch:
         return b"".join(self.data[s.start : s.end] for s in keep)
 
 
+_NEEDS_QUOTE = re.compile(rb'[\x00-\x1f"\\\x7f-\xff]')  # < 0x20, '"', '\\', >= 0x7f
+
+
 def quote_path(name: bytes) -> bytes:
     """Git's quote_c_style (core.quotePath on): the only quoting we accept."""
-    if not any(c < 0x20 or c in (0x22, 0x5C) or c >= 0x7F for c in name):
+    if _NEEDS_QUOTE.search(name) is None:
         return name
     esc = {7: b"\\a", 8: b"\\b", 9: b"\\t", 10: b"\\n", 11: b"\\v", 12: b"\\f", 13: b"\\r",
            0x22: b'\\"', 0x5C: b"\\\\"}
@@ -190,12 +193,18 @@ class _Reader:
         self.data = data
         self.pos = 0
         self.lineno = 0  # of the last line returned by next()
+        self._peeked: tuple[int, bytes | None] = (-1, None)  # (pos, the line there)
 
     def peek(self) -> bytes | None:
+        if self._peeked[0] == self.pos:
+            return self._peeked[1]
         if self.pos >= len(self.data):
-            return None
-        end = self.data.find(b"\n", self.pos)
-        return self.data[self.pos : end + 1]
+            line = None
+        else:
+            end = self.data.find(b"\n", self.pos)
+            line = self.data[self.pos : end + 1]
+        self._peeked = (self.pos, line)
+        return line
 
     def next(self) -> bytes | None:
         line = self.peek()
@@ -422,27 +431,42 @@ def _text(r: _Reader, budget: _Budget, raw: bytes, old_mode: int | None,
                                "before it")
         lines: list[tuple[bytes, bytes]] = []
         o = n = 0
-        while o < oc or n < nc:
-            body = r.next()
-            if body is None or body[:1] not in (b" ", b"-", b"+"):
-                raise PatchRefused(f"{r.where(0)}: hunk ends early, found {_show(body)}")
-            tag, content = body[:1], body[1:]
-            if old_eof and tag in (b" ", b"-") or new_eof and tag in (b" ", b"+"):
-                raise PatchRefused(f"{r.where(0)}: a line after 'No newline at end of file'")
-            if tag != b"+":
-                o += 1
-            if tag != b"-":
-                n += 1
-            if o > oc or n > nc:
-                raise PatchRefused(f"{r.where(0)}: more lines than the hunk header counts")
-            if r.peek() == _NO_EOL:
-                r.next()
-                content = content[:-1]
-                old_eof = old_eof or tag != b"+"
-                new_eof = new_eof or tag != b"-"
-            lines.append((tag, content))
-        added += sum(1 for t, _ in lines if t == b"+")
-        deleted += sum(1 for t, _ in lines if t == b"-")
+        # The hunk's body, read as `r.next()` would, on local variables (the hot loop
+        # of a big patch); `r` is brought up to date whatever happens.
+        data, at, lineno, size = r.data, r.pos, r.lineno, len(r.data)
+        try:
+            while o < oc or n < nc:
+                body: bytes | None = None
+                if at < size:  # parse_patch: the data ends with a newline
+                    end = data.find(b"\n", at) + 1
+                    body, at, lineno = data[at:end], end, lineno + 1
+                if body is None or body[:1] not in (b" ", b"-", b"+"):
+                    raise PatchRefused(f"patch line {lineno}: hunk ends early, "
+                                       f"found {_show(body)}")
+                tag, content = body[:1], body[1:]
+                if old_eof and tag != b"+" or new_eof and tag != b"-":
+                    raise PatchRefused(f"patch line {lineno}: a line after "
+                                       "'No newline at end of file'")
+                if tag == b"+":
+                    n += 1
+                    added += 1
+                elif tag == b"-":
+                    o += 1
+                    deleted += 1
+                else:
+                    o += 1
+                    n += 1
+                if o > oc or n > nc:
+                    raise PatchRefused(f"patch line {lineno}: more lines than the hunk header "
+                                       "counts")
+                if data.startswith(_NO_EOL, at):  # the next line is exactly _NO_EOL
+                    at, lineno = at + len(_NO_EOL), lineno + 1
+                    content = content[:-1]
+                    old_eof = old_eof or tag != b"+"
+                    new_eof = new_eof or tag != b"-"
+                lines.append((tag, content))
+        finally:
+            r.pos, r.lineno = at, lineno
         hunks.append(Hunk(os_, oc, ns, nc, tuple(lines)))
         old_end = pos + oc
         delta += nc - oc
@@ -482,25 +506,52 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
     if budget.binary > limits.max_binary_bytes:
         raise PatchRefused(f"the patch's binary files exceed {limits.max_binary_bytes} bytes")
     compressed = bytearray()
+    # Full lines are decoded together (base85 decodes each 5 characters on their own,
+    # and a full line has no padding); the batch is decoded before any later refusal,
+    # so the first bad line is still the one named.
+    full: list[tuple[int, bytes]] = []  # (line number, base85 text) not yet decoded
+
+    def decode_full() -> None:
+        if not full:
+            return
+        try:
+            compressed.extend(base64.b85decode(b"".join(text for _, text in full)))
+        except ValueError:
+            for lineno, text in full:
+                try:
+                    base64.b85decode(text)
+                except ValueError:
+                    raise PatchRefused(f"patch line {lineno}: bad base85 data") from None
+            raise PatchRefused(f"{r.where(0)}: bad base85 data") from None
+        full.clear()
+
+    def refuse(why: str) -> PatchRefused:
+        decode_full()
+        return PatchRefused(why)
+
     last = False
     while True:
         line = r.next()
         if line is None:
-            raise PatchRefused(f"{where}: binary data ends early")
+            raise refuse(f"{where}: binary data ends early")
         if line == b"\n":
             break
         if last:
-            raise PatchRefused(f"{r.where(0)}: a short binary line before the last")
+            raise refuse(f"{r.where(0)}: a short binary line before the last")
         c = line[0]
         if 0x41 <= c <= 0x5A:
             k = c - 0x41 + 1
         elif 0x61 <= c <= 0x7A:
             k = c - 0x61 + 27
         else:
-            raise PatchRefused(f"{r.where(0)}: bad binary line length letter")
+            raise refuse(f"{r.where(0)}: bad binary line length letter")
         groups = (k + 3) // 4
         if len(line) != 2 + 5 * groups:
-            raise PatchRefused(f"{r.where(0)}: binary line of the wrong length")
+            raise refuse(f"{r.where(0)}: binary line of the wrong length")
+        if k == _BINARY_LINE:
+            full.append((r.lineno, line[1:-1]))
+            continue
+        decode_full()
         try:
             chunk = base64.b85decode(line[1:-1])
         except ValueError:
@@ -508,7 +559,8 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
         if any(chunk[k:]):
             raise PatchRefused(f"{r.where(0)}: non-zero padding in binary data")
         compressed += chunk[:k]
-        last = k != _BINARY_LINE
+        last = True
+    decode_full()
     d = zlib.decompressobj()
     try:
         out = d.decompress(bytes(compressed), size + 1)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import unicodedata
 from collections.abc import Sequence
+from functools import lru_cache
 
 from tkbox.doors.changes.errors import PatchRefused
 
@@ -44,6 +45,9 @@ _REFUSED_CATEGORIES = frozenset(["Cc", "Cf", "Cs", "Co", "Cn"])
 
 def fold(component: str) -> str:
     """The form a case-insensitive, Unicode-normalising filesystem compares."""
+    if component.isascii():
+        # ASCII is NFKC-stable, holds no HFS+ ignorable, and casefolds as lower()
+        return component.lower()
     s = "".join(ch for ch in component if ord(ch) not in _HFS_IGNORABLE)
     # casefold can leave a string un-normalised ("ǰ"), so normalise again
     return unicodedata.normalize("NFKC", unicodedata.normalize("NFKC", s).casefold())
@@ -60,7 +64,9 @@ def is_dotgit(component: str) -> bool:
     return f in (".git", "git~1")
 
 
+@lru_cache(maxsize=8192)
 def folded_parts(path: str) -> tuple[str, ...]:
+    """Every component `fold_ntfs`'d (cached: the door asks for the same paths often)."""
     return tuple(fold_ntfs(p) for p in path.split("/"))
 
 

@@ -22,6 +22,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Literal
 
 from tkbox.doors.changes.errors import PatchRefused
@@ -75,8 +76,10 @@ class FilePlan:
     status: Status = "apply"
     reason: str = ""
 
-    @property
+    @cached_property
     def sha256(self) -> str | None:
+        """Of the new content (hashed once: the decision, the write check and the report
+        all name it); `new` is never reassigned."""
         if self.new.kind == "absent":
             return None
         return hashlib.sha256(self.new.content).hexdigest()

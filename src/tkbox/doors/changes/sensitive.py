@@ -24,7 +24,8 @@ lookups run.
 
 from __future__ import annotations
 
-from fnmatch import fnmatchcase
+import fnmatch
+import re
 
 from tkbox.doors.changes.paths import folded_parts
 
@@ -133,6 +134,14 @@ _PAIRS: tuple[tuple[tuple[str, ...], str], ...] = (
 )
 
 
+# Every _NAMES glob as one regex, alternatives in list order (the first that matches
+# wins, as in a loop over the list), each in its own group to find its reason.
+_NAMES_RE = re.compile("|".join(f"(?P<n{i}>{fnmatch.translate(pattern)})"
+                                for i, (pattern, _) in enumerate(_NAMES)))
+# A path none of whose components starts a _DIRS or _PAIRS rule matches none of them.
+_FIRSTS = frozenset(prefix[0] for prefix, _ in _DIRS + _PAIRS)
+
+
 def sensitive_reason(path: str) -> str | None:
     """Why `path` is sensitive, or None. `path` has passed `check_path`.
 
@@ -144,6 +153,21 @@ def sensitive_reason(path: str) -> str | None:
     is not.
     """
     parts = folded_parts(path)
+    if not _FIRSTS.isdisjoint(parts):
+        why = _dir_reason(parts)
+        if why is not None:
+            return why
+    name = parts[-1]
+    m = _NAMES_RE.match(name)
+    if m is not None and m.lastgroup is not None:
+        return _NAMES[int(m.lastgroup[1:])][1]
+    for pair, why in _PAIRS:
+        if parts[-len(pair):] == pair:
+            return why
+    return None
+
+
+def _dir_reason(parts: tuple[str, ...]) -> str | None:
     for prefix, why in _DIRS:
         n = len(prefix)
         if any(parts[i : i + n] == prefix for i in range(len(parts) - n + 1)):
@@ -153,13 +177,6 @@ def sensitive_reason(path: str) -> str | None:
     for pair, why in _PAIRS:
         if any(parts[len(parts) - k :] == pair[:k] for k in range(1, len(pair))):
             return f"{why}: a name on the way there"
-    name = parts[-1]
-    for pattern, why in _NAMES:
-        if fnmatchcase(name, pattern):
-            return why
-    for pair, why in _PAIRS:
-        if parts[-len(pair):] == pair:
-            return why
     return None
 
 

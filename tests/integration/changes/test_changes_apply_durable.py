@@ -1,0 +1,125 @@
+"""`tkbox apply` makes every new file durable before any of them takes its real name.
+
+A crash half-way must never leave a checkout file that names bytes still only in
+memory. A few files are fsync'd one each (together, from a thread pool); from
+`fs.SYNCFS_FROM` files one syncfs per filesystem does it. Either way, every flush
+happens before the first `link` into place, and the result is exactly the patch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import io
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
+from changes_trees import file, make_tree, read_tree  # noqa: E402
+
+from tkbox.doors.changes import apply_patch  # noqa: E402
+from tkbox.doors.changes import fs as fs_mod  # noqa: E402
+from tkbox.guest.diff import write_patch  # noqa: E402
+from tkbox.record.client import FakeSigner  # noqa: E402
+
+pytestmark = pytest.mark.integration
+
+
+def _apply(tmp: Path, n: int,
+           monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Path, dict[str, Any]]:
+    lower = {f"d{i % 7}/f{i}.txt": file(b"old %d\n" % i) for i in range(n)}
+    final = {p: file(b"new %d\n" % i) for i, p in enumerate(lower)}
+    final.update({f"new/n{i}": file(b"n\n") for i in range(n // 4)})
+    make_tree(tmp / "lower", lower)
+    make_tree(tmp / "upper", final)
+    out = io.BytesIO()
+    write_patch(tmp / "lower", tmp / "upper", out, max_bytes=1 << 24)
+    co = tmp / "co"
+    make_tree(co, lower)
+    events: list[str] = []
+    real_fsync, real_link, real_syncfs = os.fsync, os.link, fs_mod._SYNCFS
+    assert real_syncfs is not None, "this libc has syncfs"
+
+    def fsync(fd: int) -> None:
+        events.append("fsync")
+        real_fsync(fd)
+
+    def link(*a: Any, **k: Any) -> None:
+        events.append("link")
+        real_link(*a, **k)
+
+    def syncfs(fd: int) -> None:
+        events.append("syncfs")
+        real_syncfs(fd)
+
+    monkeypatch.setattr(fs_mod.os, "fsync", fsync)
+    monkeypatch.setattr(fs_mod.os, "link", link)
+    monkeypatch.setattr(fs_mod, "_SYNCFS", syncfs)
+
+    async def go() -> None:
+        signer = FakeSigner()
+        await signer.open_run("r", {})
+        report = await apply_patch(out.getvalue(), co, signer, "r")
+        assert report.count("applied") == len(report.files)
+
+    asyncio.run(go())
+    return events, co, final
+
+
+def test_a_few_files_are_each_fsynced_before_any_takes_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    n = fs_mod.SYNCFS_FROM // 2
+    events, co, final = _apply(tmp_path, n, monkeypatch)
+    assert read_tree(co) == final
+    written = n + n // 4
+    assert events.count("fsync") == written and "syncfs" not in events
+    assert events.index("link") > max(i for i, e in enumerate(events) if e == "fsync")
+
+
+def test_many_files_are_flushed_by_one_syncfs_before_any_takes_its_name(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    events, co, final = _apply(tmp_path, fs_mod.SYNCFS_FROM * 2, monkeypatch)
+    assert read_tree(co) == final
+    assert events.count("syncfs") == 1 and "fsync" not in events  # one filesystem here
+    assert events.index("syncfs") < events.index("link")
+
+
+def test_many_files_failing_half_way_leave_the_checkout_as_it_was(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The syncfs path keeps the all-or-nothing rule: a write failing after some files
+    took their names undoes every step, temporaries included."""
+    from tkbox.doors.changes import ApplyFailed
+
+    n = fs_mod.SYNCFS_FROM * 2
+    lower = {f"d{i % 7}/f{i}.txt": file(b"old %d\n" % i) for i in range(n)}
+    final = {p: file(b"new %d\n" % i) for i, p in enumerate(lower)}
+    make_tree(tmp_path / "lower", lower)
+    make_tree(tmp_path / "upper", final)
+    out = io.BytesIO()
+    write_patch(tmp_path / "lower", tmp_path / "upper", out, max_bytes=1 << 24)
+    co = tmp_path / "co"
+    make_tree(co, lower)
+    real_link = os.link
+    calls = {"n": 0}
+
+    def link(*a: Any, **k: Any) -> None:
+        calls["n"] += 1
+        if calls["n"] == n // 2:
+            raise OSError(28, "No space left on device")
+        real_link(*a, **k)
+
+    monkeypatch.setattr(fs_mod.os, "link", link)
+
+    async def go() -> None:
+        signer = FakeSigner()
+        await signer.open_run("r", {})
+        await apply_patch(out.getvalue(), co, signer, "r")
+
+    with pytest.raises(ApplyFailed, match="No space left on device"):
+        asyncio.run(go())
+    assert read_tree(co) == lower
+    leftovers = [p for p in co.rglob("*") if p.name.startswith(".tkbox")]
+    assert leftovers == []
