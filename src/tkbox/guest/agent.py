@@ -23,6 +23,11 @@ host completely (the host built this initramfs). Standard library, `msgpack`,
 and `tkbox.protocol`/`tkbox.errors`/`tkbox.guest` only; commands are started
 through `tkbox-spawn` (`spawn.c`, built into the initramfs), by vfork+exec, so
 this process's image is never forked.
+
+Why one module (about 930 lines): it is PID 1's whole life in order (mounts,
+disks, the boot config, the RPC verbs, shutdown), and the guest build lists
+what the agent imports; the parts that stand alone are their own modules
+(`rpc` the schemas, `diff` the patch, `oomwatch` the memory watch).
 """
 
 from __future__ import annotations

@@ -34,6 +34,10 @@ before them, and every size over `Limits`.
 `apply_section` applies one section to the file's old state exactly (no
 offsets, no fuzz), checking the blob names on the `index` line; the door then
 compares its result with what git builds from the same patch.
+
+Why one module (about 680 lines): the grammar above, its reader and the exact
+applier share one private representation of a section and its hunks; the
+applier is only correct for what this reader accepts, so they are read together.
 """
 
 from __future__ import annotations
