@@ -55,6 +55,7 @@ from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
+from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import GuestVsockPorts
 
 RUN = Path("/run/tkbox")
@@ -599,13 +600,12 @@ class Agent:
             except OSError:
                 pass
 
+        owner = TaskOwner("egress up")
         try:
-            t_up = asyncio.ensure_future(up())
+            owner.spawn(up())
             await down()
-            t_up.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await t_up
         finally:
+            await owner.aclose()  # up ends with down; a cancellation of ours goes on
             await stream.aclose()
             writer.close()
 
@@ -754,10 +754,10 @@ class Agent:
                         with contextlib.suppress(ProcessLookupError):
                             os.killpg(proc.pid, sig)
 
-        pumps = ([asyncio.ensure_future(pump(1, master))] if master >= 0 else
-                 [asyncio.ensure_future(pump(1, proc.stdout)),
-                  asyncio.ensure_future(pump(2, proc.stderr))])
-        feeder = asyncio.ensure_future(feed())
+        owner = TaskOwner("exec")  # the pumps and the feeder end with this call
+        pumps = ([owner.spawn(pump(1, master))] if master >= 0 else
+                 [owner.spawn(pump(1, proc.stdout)), owner.spawn(pump(2, proc.stderr))])
+        owner.spawn(feed())
         try:
             status = await exited
             proc.returncode = os.waitstatus_to_exitcode(status)
@@ -770,9 +770,7 @@ class Agent:
             async with lock:
                 await fs.send({"ev": "exit", "status": code, "signal": sig})
         finally:
-            feeder.cancel()
-            for p in pumps:
-                p.cancel()
+            await owner.aclose()
             for pipe in (proc.stdout, proc.stderr, proc.stdin):
                 if pipe is not None:
                     with contextlib.suppress(OSError):
@@ -862,16 +860,17 @@ async def amain(fd: int | None, templated: bool) -> None:
     reaper = Reaper()
     reaper.install(loop)
     ports: Ports
+    owner = TaskOwner("agent")  # the transport and the shutdown wait, for the agent's life
     mux_task: asyncio.Future[Any]
     if fd is None:
         ports = GuestVsockPorts()
-        mux_task = asyncio.ensure_future(ports.wait_closed())
+        mux_task = owner.spawn(ports.wait_closed(), "transport")
     else:
         # the guest opens one stream per proxied connection: as many as the host accepts
         mux = MuxPorts(FdStream(fd), initiator=False, max_own=MAX_STREAMS,
                        budget=Budget.unlimited())
         ports = mux
-        mux_task = asyncio.ensure_future(mux.run())
+        mux_task = owner.spawn(mux.run(), "transport")
     boot = FramedStream(await ports.connect(PORT_BOOT))
     cfg = await boot.receive()
     if not isinstance(cfg, dict):
@@ -905,11 +904,11 @@ async def amain(fd: int | None, templated: bool) -> None:
     # Readiness goes back on the boot stream itself, which is then closed for good.
     await boot.send({"ev": "ready", "uptime": time.monotonic() - agent.started})
     await boot.aclose()
-    done, _ = await asyncio.wait(
-        [mux_task, asyncio.ensure_future(agent.shutting_down.wait())],
-        return_when=asyncio.FIRST_COMPLETED)
+    await asyncio.wait([mux_task, owner.spawn(agent.shutting_down.wait(), "shutdown")],
+                       return_when=asyncio.FIRST_COMPLETED)
     await asyncio.sleep(0.1)  # let the last answer leave
     server.close()
+    await owner.aclose()
 
 
 def main() -> None:
