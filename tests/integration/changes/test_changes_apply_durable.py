@@ -23,7 +23,7 @@ from changes_trees import file, make_tree, read_tree  # noqa: E402
 from tkbox.doors.changes import apply_patch  # noqa: E402
 from tkbox.doors.changes import fs as fs_mod  # noqa: E402
 from tkbox.guest.diff import write_patch  # noqa: E402
-from tkbox.record.client import FakeSigner  # noqa: E402
+from tkbox.record.testing import FakeSigner  # noqa: E402
 
 pytestmark = pytest.mark.integration
 
