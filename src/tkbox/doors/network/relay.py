@@ -76,28 +76,10 @@ async def relay(
                     raise OriginError(
                         "the origin switched protocols, which the proxy does not carry"
                     )
-                await guest.send_all(
-                    gconn.send(
-                        h11.InformationalResponse(
-                            status_code=ev.status_code,
-                            headers=response_headers(ev.headers, False),
-                            reason=ev.reason,
-                        )
-                    )
-                    or b""
-                )
+                await guest.send_all(forward_head(gconn, ev))
             elif isinstance(ev, h11.Response):
                 started, status = True, ev.status_code
-                await guest.send_all(
-                    gconn.send(
-                        h11.Response(
-                            status_code=ev.status_code,
-                            headers=response_headers(ev.headers, True),
-                            reason=ev.reason,
-                        )
-                    )
-                    or b""
-                )
+                await guest.send_all(forward_head(gconn, ev))
             elif isinstance(ev, h11.Data):
                 await guest.send_all(gconn.send(h11.Data(data=ev.data)) or b"")
                 conn.down += len(ev.data)
@@ -141,3 +123,12 @@ def response_headers(headers: Any, final: bool) -> list[tuple[bytes, bytes]]:
     if final:
         out.append((b"connection", b"close"))
     return out
+
+
+def forward_head(gconn: h11.Connection,
+                 ev: h11.InformationalResponse | h11.Response) -> bytes:
+    """The origin's response head (interim or final) as sent on to the guest, its
+    headers filtered by `response_headers` (framing headers only on a final one)."""
+    head = type(ev)(status_code=ev.status_code, reason=ev.reason,
+                    headers=response_headers(ev.headers, isinstance(ev, h11.Response)))
+    return gconn.send(head) or b""
