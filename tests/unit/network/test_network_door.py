@@ -510,6 +510,30 @@ async def test_an_origins_malformed_response_is_a_502_blamed_on_the_origin() -> 
 
 
 @aiotest
+async def test_an_interim_response_reaches_the_guest_before_the_final_one() -> None:
+    """A 103 before the 200 is passed on as an interim head (no framing headers of its
+    own), then the final response with its body; one completion, status 200."""
+    response = (b"HTTP/1.1 103 Early Hints\r\nLink: </s.css>; rel=preload\r\n\r\n"
+                b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\nX-Origin: yes\r\n\r\nok")
+    door, signer, _, _ = make_door(
+        ["example.org"], dns={"example.org": [PUBLIC]}, handler=answering(response)
+    )
+    guest, task = await open_conn(
+        door, b"GET http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n"
+    )
+    out = await read_all(guest)
+    await task
+    interim, final = out.split(b"\r\n\r\n", 1)
+    assert interim.startswith(b"HTTP/1.1 103 Early Hints\r\n"), out
+    assert b"link: </s.css>; rel=preload" in interim.lower()
+    assert b"content-length" not in interim.lower() and b"connection" not in interim.lower()
+    assert final.startswith(b"HTTP/1.1 200 OK\r\n") and final.endswith(b"\r\n\r\nok"), out
+    assert b"x-origin: yes" in final.lower()
+    [c] = completions(signer)
+    assert c["status"] == 200
+
+
+@aiotest
 async def test_an_origin_that_stops_mid_response_is_recorded_without_a_second_answer() -> None:
     door, signer, _, _ = make_door(
         ["example.org"], dns={"example.org": [PUBLIC]},
