@@ -13,6 +13,11 @@ private staging directory at the checkout root, every step is journalled, and
 a failure at any step undoes the journal in reverse, leaving the checkout as
 it was. On success the staging directory is removed. (If the process dies
 mid-way, the staging directory `.tkbox-apply-*` holds the originals.)
+
+Why one module (about 530 lines): the descriptor-relative walk, the durable
+writes and the journalled transaction are one guarantee (nothing followed,
+nothing half-written, everything undone on failure); every undo step the
+journal records is a function of this module's own walk.
 """
 
 from __future__ import annotations
