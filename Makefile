@@ -8,6 +8,7 @@ test:
 lint:
 	.venv/bin/ruff check src tests benchmarks
 	.venv/bin/mypy --strict src/tkbox
+	.venv/bin/mypy benchmarks
 bench:
 	for b in benchmarks/*.py; do .venv/bin/python $$b || exit 1; done
 # Each fuzz target runs for FUZZ_SECONDS (rounds of fresh examples); the summary

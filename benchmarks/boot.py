@@ -111,7 +111,7 @@ async def starts(m: BoxManager, ws: Path, runs: int, prefix: str,
         box = await m.create(BoxSpec(name=name, image="tkbox/default", workspace=str(ws)))
         ready.append(time.monotonic() - t0)
         if kinds is not None:
-            kinds.append(box.s.get("start", {}).get("kind", "?"))
+            kinds.append((box.info.start or {}).get("kind", "?"))
         for _ in range(5 if exec_rtt is not None else 0):
             assert box.guest is not None
             t1 = time.monotonic()
@@ -239,4 +239,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    main()

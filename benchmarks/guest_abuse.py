@@ -41,13 +41,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import msgpack
 
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options
+from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
@@ -56,29 +56,6 @@ from tkbox.protocol.streams import AsyncioStream, ByteStream
 from tkbox.record.testing import FakeSigner
 from tkbox.vm.base import VM, BeforeBoot, Launcher, VMSpec
 from tkbox.vm.fake import FakeLauncher
-
-
-@dataclass
-class _Image:
-    digest: str
-    rootfs: Path
-
-
-class _Images:
-    def __init__(self, root: Path) -> None:
-        self.rootfs = root / "root.sqfs"
-        self.rootfs.write_bytes(b"")
-
-    async def resolve(self, ref: str) -> _Image:
-        return _Image("sha256:" + "0" * 64, self.rootfs)
-
-
-@dataclass
-class _Build:
-    kernel: Path
-    initramfs: Path
-    kernel_version: str = "fake"
-    digest: str = "f" * 64
 
 
 async def boot(ports: MuxPorts) -> None:
@@ -255,7 +232,8 @@ async def main(runs: int) -> None:
         (ws / "a.txt").write_text("a\n")
 
         m = BoxManager(launcher=SplitLauncher(), signer=FakeSigner(), options=Options(),
-                       images=_Images(root), guest_build=lambda: _Build(root / "k", root / "i"),
+                       images=FakeImages(root),
+                       guest_build=FakeBuilder(FakeBuild(root / "k", root / "i")),
                        home=root / "home")
         await m.create(BoxSpec(name="b", image="x", workspace=str(ws), disk_mib=64))
         for _ in range(5):
@@ -271,7 +249,9 @@ async def main(runs: int) -> None:
                 reader = asyncio.ensure_future(drain_exec(m, name))
             await asyncio.sleep(1.0)  # let the attack reach full speed
             busy = await median_exec(m, "b", runs)
-            ports = m.get(name).vm.ports  # type: ignore[union-attr]
+            vm = m.get(name).vm
+            assert vm is not None and isinstance(vm.ports, MuxPorts) and vm.ports.budget
+            ports = vm.ports
             rows.append((mode, busy, ports))
             print(f"  during {mode:15s}: {busy * 1000:7.2f} ms  ratio {busy / idle:4.2f}x  "
                   f"(box A throttled {ports.budget.throttled:6.2f} s, reads paused "

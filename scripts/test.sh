@@ -12,5 +12,9 @@ echo "test: ruff"
 .venv/bin/ruff check src tests benchmarks
 echo "test: mypy --strict"
 .venv/bin/mypy --strict src/tkbox
+# The benchmarks are not run by the suite: type-checking them is what keeps them
+# in step with the code they drive.
+echo "test: mypy benchmarks"
+.venv/bin/mypy benchmarks
 exec .venv/bin/python -m pytest -q -W error -p no:cacheprovider \
   tests/unit tests/integration tests/conformance tests/fuzz tests/e2e "$@"
