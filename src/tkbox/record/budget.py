@@ -25,12 +25,12 @@ restart (its box is failed at start-up), so nothing guest-driven is missed.
 from __future__ import annotations
 
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
 from tkbox.errors import SignerUnavailable
-from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
+from tkbox.record.client import JSON, Action, ForwardingSigner, SignerClient, Verdict
 
 #: records a run may hold before its box is stopped
 RUN_RECORDS = 60_000
@@ -67,14 +67,14 @@ def _guest_driven(action: str | None, kind: str | None) -> bool:
     return action == "Connect" or (kind is not None and kind.startswith("tkbox.egress"))
 
 
-class BudgetedSigner(SignerClient):
+class BudgetedSigner(ForwardingSigner):
     """A `SignerClient` that keeps each run within its record budget."""
 
     def __init__(self, inner: SignerClient, *, max_records: int = RUN_RECORDS,
                  max_bytes: int = RUN_BYTES, reserve_records: int = RESERVE_RECORDS,
                  reserve_bytes: int = RESERVE_BYTES,
                  on_exhausted: Callable[[str, str], None] | None = None) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.max_records = max_records
         self.max_bytes = max_bytes
         self.reserve_records = reserve_records
@@ -110,9 +110,6 @@ class BudgetedSigner(SignerClient):
 
     # --- SignerClient -------------------------------------------------------------
 
-    async def ping(self) -> JSON:
-        return await self.inner.ping()
-
     async def open_run(self, run_id: str, facts: JSON) -> None:
         self._charge(run_id, facts)
         await self.inner.open_run(run_id, facts)
@@ -131,12 +128,3 @@ class BudgetedSigner(SignerClient):
 
     async def close_run(self, run_id: str) -> None:
         await self.inner.close_run(run_id)  # the close is never refused: export must work
-
-    async def export(self, run_id: str) -> Export:
-        return await self.inner.export(run_id)
-
-    def pushes(self) -> AsyncIterator[Push]:
-        return self.inner.pushes()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

@@ -102,6 +102,42 @@ class SignerClient(ABC):
         """Release the connection."""
 
 
+class ForwardingSigner(SignerClient):
+    """A signer client in front of another (`inner`) that passes every call on: the
+    base of the wrappers that add one thing (a record budget, a journal) and
+    override only the calls that thing concerns."""
+
+    def __init__(self, inner: SignerClient) -> None:
+        self.inner = inner
+
+    async def ping(self) -> JSON:
+        return await self.inner.ping()
+
+    async def open_run(self, run_id: str, facts: JSON) -> None:
+        await self.inner.open_run(run_id, facts)
+
+    async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
+        return await self.inner.decide(run_id, action, resource, context)
+
+    async def complete(self, run_id: str, decision_id: str, outcome: JSON) -> None:
+        await self.inner.complete(run_id, decision_id, outcome)
+
+    async def event(self, run_id: str, kind: str, body: JSON) -> None:
+        await self.inner.event(run_id, kind, body)
+
+    async def close_run(self, run_id: str) -> None:
+        await self.inner.close_run(run_id)
+
+    async def export(self, run_id: str) -> Export:
+        return await self.inner.export(run_id)
+
+    def pushes(self) -> AsyncIterator[Push]:
+        return self.inner.pushes()
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
+
+
 
 def unrecordable(value: Any, path: str = "body") -> str | None:
     """Why `value` cannot be a record field, or None."""

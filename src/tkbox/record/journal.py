@@ -26,7 +26,7 @@ from collections.abc import AsyncIterator, Callable
 from pathlib import Path
 from typing import Any
 
-from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
+from tkbox.record.client import JSON, Action, ForwardingSigner, SignerClient, Verdict
 
 #: a run's journal stops growing here (the record itself is bounded by the signer)
 MAX_JOURNAL = 16 << 20
@@ -118,11 +118,11 @@ class Journals:
                 pass
 
 
-class JournalingSigner(SignerClient):
+class JournalingSigner(ForwardingSigner):
     """A signer client that journals what the signer acknowledged (see the module)."""
 
     def __init__(self, inner: SignerClient, journals: Journals) -> None:
-        self.inner = inner
+        super().__init__(inner)
         self.journals = journals
 
     def _note(self, run_id: str, entry: dict[str, Any]) -> None:
@@ -130,9 +130,6 @@ class JournalingSigner(SignerClient):
             self.journals.append(run_id, entry)
         except OSError:
             pass  # the journal is a view; the record was kept, and that is what counts
-
-    async def ping(self) -> JSON:
-        return await self.inner.ping()
 
     async def open_run(self, run_id: str, facts: JSON) -> None:
         await self.inner.open_run(run_id, facts)
@@ -156,12 +153,3 @@ class JournalingSigner(SignerClient):
     async def close_run(self, run_id: str) -> None:
         await self.inner.close_run(run_id)
         self._note(run_id, {"op": "close"})
-
-    async def export(self, run_id: str) -> Export:
-        return await self.inner.export(run_id)
-
-    def pushes(self) -> AsyncIterator[Push]:
-        return self.inner.pushes()
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()
