@@ -426,6 +426,25 @@ async def test_bad_chunking_in_a_plain_request_body_is_refused() -> None:
 
 
 @aiotest
+async def test_what_h11_quotes_of_a_malformed_body_is_cut_short() -> None:
+    """h11's error text quotes the bytes it choked on: a guest's 3,000-byte chunk line
+    reaches neither the answer nor the record beyond a short excerpt."""
+    door, signer, _, _ = make_door(
+        ["example.org"], dns={"example.org": [PUBLIC]}, handler=http_origin
+    )
+    guest, task = await open_conn(
+        door,
+        b"POST http://example.org/ HTTP/1.1\r\nHost: example.org\r\n"
+        b"Transfer-Encoding: chunked\r\n\r\n" + b"z" * 3000 + b"\r\n0\r\n\r\n",
+    )
+    out = await read_all(guest)
+    await task
+    assert out.count(b"z") < 200, out[:300]
+    [reason] = [r["reason"] for r in refusals(signer) if "malformed request body" in r["reason"]]
+    assert reason.count("z") < 200, reason[:300]
+
+
+@aiotest
 async def test_operator_hosts_map_and_permit_reach_a_loopback_mirror() -> None:
     op = OperatorConfig(
         permit=(ipaddress.ip_network("127.0.0.1/32"),),

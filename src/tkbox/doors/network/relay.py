@@ -16,6 +16,7 @@ begun, the guest gets that status with the reason.
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Callable
 from typing import Any
 
 import h11
@@ -47,13 +48,9 @@ async def relay(
 
     async def up_events() -> str:
         while True:
-            try:
-                ev = gconn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise BadRequest(400, f"refused: malformed request body ({exc})") from None
-            if ev is h11.NEED_DATA:
-                gconn.receive_data(await guest.receive(chunk))
-            elif isinstance(ev, h11.Data):
+            ev = await next_event(gconn, guest, chunk, lambda why: BadRequest(
+                400, f"refused: malformed request body ({why})"))
+            if isinstance(ev, h11.Data):
                 await origin.send_all(oconn.send(h11.Data(data=ev.data)) or b"")
                 conn.up += len(ev.data)
             elif isinstance(ev, h11.EndOfMessage):
@@ -65,13 +62,9 @@ async def relay(
     async def down_events() -> str:
         nonlocal started, status
         while True:
-            try:
-                ev = oconn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise OriginError(f"the origin sent a malformed response ({exc})") from None
-            if ev is h11.NEED_DATA:
-                oconn.receive_data(await origin.receive(chunk))
-            elif isinstance(ev, h11.InformationalResponse):
+            ev = await next_event(oconn, origin, chunk, lambda why: OriginError(
+                f"the origin sent a malformed response ({why})"))
+            if isinstance(ev, h11.InformationalResponse):
                 if ev.status_code == 101:
                     raise OriginError(
                         "the origin switched protocols, which the proxy does not carry"
@@ -132,3 +125,18 @@ def forward_head(gconn: h11.Connection,
     head = type(ev)(status_code=ev.status_code, reason=ev.reason,
                     headers=response_headers(ev.headers, isinstance(ev, h11.Response)))
     return gconn.send(head) or b""
+
+
+async def next_event(conn: h11.Connection, stream: ByteStream, chunk: int,
+                     error: Callable[[str], Exception]) -> Any:
+    """`conn`'s next event (never NEED_DATA), reading `stream` as it needs. A protocol
+    error is raised as `error(why)`, `why` cut to 120 characters: h11's text may quote
+    what the peer sent."""
+    while True:
+        try:
+            ev = conn.next_event()
+        except h11.RemoteProtocolError as exc:
+            raise error(str(exc)[:120]) from None
+        if ev is not h11.NEED_DATA:
+            return ev
+        conn.receive_data(await stream.receive(chunk))

@@ -37,6 +37,7 @@ from typing import Any
 import h11
 
 from tkbox.doors.network.errors import OriginError
+from tkbox.doors.network.relay import next_event
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
@@ -227,15 +228,8 @@ class SecretsDoor:
 
     async def _next(self, conn: h11.Connection, stream: ByteStream, bad: type[TkboxError]
                     ) -> Any:
-        while True:
-            try:
-                ev = conn.next_event()
-            except h11.RemoteProtocolError as exc:
-                raise bad(f"malformed HTTP/1.1 ({str(exc)[:120]})") from None
-            if ev is h11.NEED_DATA:
-                conn.receive_data(await stream.receive(self.chunk))
-                continue
-            return ev
+        return await next_event(conn, stream, self.chunk,
+                                lambda why: bad(f"malformed HTTP/1.1 ({why})"))
 
     async def _one(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                    oconn: h11.Connection, rules: TunnelRules, host: str,
