@@ -14,6 +14,14 @@ this process on the same disk:
 - the same with agent-like requests: an agent repeats commands (`git status`,
   the same test), which the signer's exact decision cache answers. Same
   baseline.
+- durable events/s with `--concurrency` in flight: the same socket, framing,
+  record and group commit, without a policy to evaluate (an `event` call, as
+  the network door records a connection): what the record path alone can
+  carry. Same baseline.
+- policy evaluation alone, µs per request: `PolicyEngine.decide` in this
+  process over the same all-different requests (the shell reader and Cedar,
+  no cache hits, no socket, no record): the CPU a new decision costs before
+  it is recorded, and so the most decisions one core can evaluate.
 - one decision at a time, p50/p99: all of the above, one call at a time
   (500 of them, after 50 not timed).
   Baseline: raw `write` + `fdatasync` of 300 bytes to a file on the same
@@ -217,6 +225,42 @@ async def agent_like(sock: Path, n: int, concurrency: int) -> dict[str, float]:
                                 lambda i: request(i, repeat=True))
 
 
+async def events(sock: Path, n: int, concurrency: int) -> dict[str, float]:
+    """Durable events/s with `concurrency` in flight: the record path without a policy."""
+    c = UnixSignerClient(sock, timeout=30)
+    try:
+        await c.open_run("bench-events", {})
+        counter = iter(range(n))
+
+        async def worker() -> None:
+            for i in counter:
+                _, resource, context = request(i)
+                await c.event("bench-events", "tkbox.bench.event",
+                              {"resource": resource, "context": context})
+
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return {"per_second": n / (time.perf_counter() - t0)}
+    finally:
+        await c.aclose()
+
+
+def evaluation(n: int) -> dict[str, float]:
+    """Microseconds of CPU per new decision in `PolicyEngine.decide`, in this process."""
+    from tkbox.signer.policy import PolicyEngine
+
+    engine = PolicyEngine(None)
+    for i in range(50):  # warm-up, as above
+        engine.decide("bench-eval", *request(3_000_000 + i))
+    reqs = [request(4_000_000 + i) for i in range(n)]
+    t0 = time.process_time()
+    for action, resource, context in reqs:
+        engine.decide("bench-eval", action, resource, context)
+    elapsed = time.process_time() - t0
+    assert engine.hits == 0, "the evaluation figure must not come from the cache"
+    return {"us": elapsed / n * 1e6}
+
+
 async def export_run(sock: Path, run: str, records: int, others: int = 1) -> tuple[bytes, bytes]:
     """A run of `records` records (open, model calls, close), each followed by another
     run's record every `others`-th time (the log of a signer serving several boxes),
@@ -391,6 +435,8 @@ def main() -> None:
         sync = raw_fdatasync(signer.root)
         dec = asyncio.run(decisions(signer.socket, args.decisions, args.concurrency))
         agent = asyncio.run(agent_like(signer.socket, args.decisions, args.concurrency))
+        ev = asyncio.run(events(signer.socket, args.decisions, args.concurrency))
+        evaluate = evaluation(args.decisions)
         ver = {}
         for n in sizes:
             data, trust = asyncio.run(export_run(signer.socket, f"bench-bundle-{n}", n))
@@ -432,6 +478,8 @@ def main() -> None:
         "decision_p50_ms": dec["p50_ms"],
         "decision_p99_ms": dec["p99_ms"],
         "agent_like_decisions_per_second": agent["per_second"],
+        "events_per_second": ev["per_second"],
+        "policy_evaluation_us": evaluate["us"],
         "verify": {str(n): v for n, v in ver.items()},
         "hold_push_s": push,
         "concurrency": args.concurrency,
@@ -450,6 +498,9 @@ def main() -> None:
         (f"durable decisions/s, {c} in flight, agent-like", agent["per_second"],
          f"raw SQLite durable inserts {insert:8.0f}/s", agent["per_second"] / insert,
          "(half repeat: cache)"),
+        (f"durable events/s, {c} in flight (no policy)", ev["per_second"],
+         f"raw SQLite durable inserts {insert:8.0f}/s", ev["per_second"] / insert,
+         "(the record path alone)"),
         ("one decision at a time, p99 ms", dec["p99_ms"],
          f"raw fdatasync p99 {sync['p99_ms']:8.2f} ms", dec["p99_ms"] / sync["p99_ms"],
          "≤ 2 ms, not below the disk"),
@@ -464,6 +515,10 @@ def main() -> None:
         print(f"{name:52} {value:10.2f} {base:>34} {ratio:7.2f}  {goal}")
     print(f"(raw Ed25519 signatures {sign:.0f}/s; a decision signs nothing: the log's "
           "checkpoints are signed, not each record)")
+    us = evaluate["us"]
+    print(f"(policy evaluation alone, in this process: {us:.0f} µs of CPU per new request, "
+          f"the shell reader and Cedar; one core evaluates at most {1e6 / us:.0f} new "
+          "decisions/s)")
     if tk is None:
         return
     print()
