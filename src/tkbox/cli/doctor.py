@@ -20,7 +20,7 @@ def _tool(name: str, package: str, what: str, optional: bool = False) -> dict[st
 
 
 def checks() -> list[dict[str, Any]]:
-    from tkbox.vm.qemu import decide_accel
+    from tkbox.vm.qemu import TCG_TRADEOFF, decide_accel
 
     out = [
         _tool("tar2sqfs", "squashfs-tools-ng", "squashfs builder (tar2sqfs)"),
@@ -35,8 +35,8 @@ def checks() -> list[dict[str, Any]]:
         out.append({"what": "guest kernel", "ok": True, "detail": f"{k.version} ({k.image})"})
         d = decide_accel(k.version)
         out.append({"what": "acceleration", "ok": True,
-                    "detail": f"{'KVM' if d.accel == 'kvm' else 'software emulation (TCG)'}: "
-                              f"{d.reason}"})
+                    "detail": f"KVM: {d.reason}" if d.accel == "kvm" else
+                              f"software emulation (TCG): {d.reason}; {TCG_TRADEOFF}"})
     except TkboxError as exc:
         out.append({"what": "guest kernel", "ok": False, "detail": str(exc),
                     "fix": f"{APT} linux-image-amd64"})

@@ -71,7 +71,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     from tkbox.vm.base import Launcher
     from tkbox.vm.choice import check_vmm, transport_for
     from tkbox.vm.firecracker import FirecrackerLauncher
-    from tkbox.vm.qemu import AccelDecision, QemuLauncher, decide_accel
+    from tkbox.vm.qemu import TCG_TRADEOFF, AccelDecision, QemuLauncher, decide_accel
 
     check_vmm(vmm)  # a VMM that cannot run here: one line naming what to install
     transport = transport_for(vmm)
@@ -85,7 +85,8 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         launcher = QemuLauncher(accel, transport=transport.kind)
     if accel.accel != "kvm":
         print(f"tkbox: notice: software emulation (TCG): {accel.reason}. Boxes are still "
-              "separate kernels behind a VMM, but much slower.", file=sys.stderr)
+              f"separate kernels behind a VMM, but much slower; {TCG_TRADEOFF}.",
+              file=sys.stderr)
     print(f"tkbox: VMM {vmm}, ports over {transport.kind}: {transport.reason}",
           file=sys.stderr)
     signer: SignerClient

@@ -82,6 +82,18 @@ VSOCK_CMDLINE = "tkbox.ports=vsock"
 
 BOOT = Path("/boot")  # where a kernel's build config is read from: config-VERSION
 
+#: Under software emulation only, the guest kernel runs with user-space address
+#: randomization off. TCG caches translated code by virtual address: with the
+#: randomization on, every exec re-translated the loader and libc (`true` took
+#: 80-130 ms, 27 ms without). The guest is the agent's own domain; nothing of
+#: the host's depends on it (docs/threat-model.md). With KVM it stays on.
+TCG_GUEST_CMDLINE = "norandmaps"
+#: What that costs, in the words `tkbox doctor` and the daemon's notice use.
+TCG_TRADEOFF = ("inside each box, programs run without address randomization "
+                f"({TCG_GUEST_CMDLINE}, so that emulated execs are fast; with KVM they "
+                "keep it): an exploit of a program in the box gains only what the agent "
+                "already has (docs/threat-model.md)")
+
 
 @dataclass(frozen=True)
 class AccelDecision:
@@ -183,12 +195,7 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
         if khz:
             cmdline += f" tsc_early_khz={khz} tsc=reliable"
         cmdline += " lpj=578048"
-        # TCG caches translated code by virtual address: with the guest's user-space
-        # address randomization on, every exec re-translates the loader and libc
-        # (`true` took 80-130 ms, 27 ms without). Off under emulation only; the
-        # guest is the agent's own domain, nothing of the host's depends on it
-        # (docs/threat-model.md). With KVM it stays on.
-        cmdline += " norandmaps"
+        cmdline += " " + TCG_GUEST_CMDLINE  # see TCG_GUEST_CMDLINE
     cmdline = "quiet loglevel=1 " + cmdline if not os.environ.get("TKBOX_GUEST_DEBUG") else cmdline
     argv = [
         qemu, "-M", machine, "-nodefaults", "-no-user-config", "-display", "none",

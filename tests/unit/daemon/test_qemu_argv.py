@@ -53,6 +53,23 @@ def test_user_address_randomization_is_off_under_tcg_only(tmp_path: Path) -> Non
     assert "norandmaps" not in kvm[kvm.index("-append") + 1].split()
 
 
+@pytest.mark.parametrize("accel", ["tcg", "kvm"])
+def test_doctor_says_what_emulation_turns_off_in_the_guest(
+        accel: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A person choosing to run on a host without KVM learns, from `tkbox doctor`, that the
+    boxes' programs run without address randomization there, and why; with KVM it says
+    nothing of it (the guest keeps it)."""
+    from tkbox.cli import doctor
+
+    monkeypatch.setenv("TKBOX_ACCEL", accel)
+    rows = {r["what"]: r for r in doctor.checks()}
+    if "acceleration" not in rows:
+        pytest.skip("no guest kernel on this host: doctor has no acceleration row")
+    detail = rows["acceleration"]["detail"]
+    assert ("norandmaps" in detail and "address randomization" in detail) is (accel == "tcg")
+    assert detail.startswith("KVM" if accel == "kvm" else "software emulation (TCG)")
+
+
 @pytest.fixture
 def pvm_host(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
     """A host whose /dev/kvm opens and whose KVM is PVM; kernel configs in a tmp /boot."""
