@@ -2,20 +2,27 @@
 
 Builds a checkout of N files (default 1,100), a guest patch changing all of
 them (80% modified text files, 5% binary now, 5% deleted, 10% new files), and
-in each round copies the checkout three times, flushes everything to disk (as a
+in each round copies the checkout four times, flushes everything to disk (as a
 person's checkout is: replacing a file that is on disk costs more than one that
 is still in the page cache, on both sides), then times, in the same run:
 
-- `git apply` of the patch on the first copy: the baseline;
-- `apply_patch` on the second, deciding with the in-process `FakeSigner`: the
+- `git apply` of the patch on the first copy: the baseline the issue names;
+- `git apply` then `sync -f` (syncfs) on the second: the same with its writes
+  made durable, as the door's are;
+- `apply_patch` on the third, deciding with the in-process `FakeSigner`: the
   door's own work (parse, git's reading compared with ours, the plan, git's
   scratch build compared with ours, one Write decision per file, the writes,
   made durable (one syncfs from 64 files), the staging directory removed);
-- `apply_patch` on the third, deciding with a real signer process (`tkbox
+- `apply_patch` on the fourth, deciding with a real signer process (`tkbox
   signer serve` over its Unix socket): the same plus every decision and
   completion durable in the signer's log before the files are written.
 
-All three results are checked to be identical. Best of `--repeat` rounds.
+Before each timed step everything written so far is flushed, untimed: a
+syncfs in one step must not pay for the pages an earlier step left dirty (git
+apply does not flush its own). All results are checked to be identical. Each
+figure is the best of `--repeat` rounds, and each ratio is also given as the
+median of the rounds' own ratios (both sides measured in the same round, with
+the disk in the same state).
 
     .venv/bin/python benchmarks/apply.py [--files N] [--repeat R] [--signer real|fake]
 """
@@ -29,6 +36,7 @@ import io
 import os
 import secrets
 import shutil
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -86,6 +94,13 @@ async def door(patch: bytes, co: Path, signer: SignerClient) -> float:
     return dt
 
 
+def settle(cached: bool) -> None:
+    """Everything written so far on disk (untimed), so the next step pays only for its
+    own writes; with `--cached`, nothing is flushed."""
+    if not cached:
+        os.sync()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=1100)
@@ -106,34 +121,43 @@ def main() -> None:
         patch = build(root, args.files)
         (root / "p.diff").write_bytes(patch)
         sections = patch.count(b"\ndiff --git ") + 1
-        times: dict[str, list[float]] = {"git": [], **{k: [] for k in kinds}}
+        times: dict[str, list[float]] = {"git": [], "git+sync": [], **{k: [] for k in kinds}}
         for r in range(args.repeat):
             copies = {k: root / f"{k}{r}" for k in times}
             for k, co in copies.items():
                 shutil.copytree(root / "lower", co)
-                if k != "git":
+                if k in kinds:
                     subprocess.run(["git", "init", "-q"], cwd=co, check=True)
-            if not args.cached:
-                os.sync()  # every copy on disk before anything is timed
-            t = time.perf_counter()
-            subprocess.run(["git", "apply", "--whitespace=nowarn", str(root / "p.diff")],
-                           cwd=copies["git"], check=True)
-            times["git"].append(time.perf_counter() - t)
+            for k in ("git", "git+sync"):
+                settle(args.cached)
+                t = time.perf_counter()
+                subprocess.run(["git", "apply", "--whitespace=nowarn", str(root / "p.diff")],
+                               cwd=copies[k], check=True)
+                if k == "git+sync":
+                    subprocess.run(["sync", "-f", "."], cwd=copies[k], check=True)
+                times[k].append(time.perf_counter() - t)
             for k in kinds:
+                settle(args.cached)
                 signer: SignerClient = (FakeSigner() if k == "fake" else
                                         UnixSignerClient(socket))  # type: ignore[arg-type]
                 times[k].append(asyncio.run(door(patch, copies[k], signer)))
                 assert tree(copies["git"]) == tree(copies[k]), f"git apply and {k} disagree"
-    g = min(times["git"])
+    g, gs = min(times["git"]), min(times["git+sync"])
     print(f"patch: {len(patch)} bytes, {sections} sections, {args.files} files in the checkout"
           + (" (page cache only: --cached)" if args.cached else " (on disk)"))
-    print(f"git apply:                  {g * 1000:8.1f} ms (best of {args.repeat})")
+    print(f"git apply:                  {g * 1000:8.1f} ms (best of {args.repeat}; rounds: "
+          + ", ".join(f"{x * 1000:.0f}" for x in times["git"]) + ")")
+    print(f"git apply + syncfs:         {gs * 1000:8.1f} ms (its writes durable, as the door's)")
     what = {"fake": "in-process fake signer: the door's own work",
             "real": "real signer process: each decision and completion durable"}
     for k in kinds:
         t = min(times[k])
+        per_round = statistics.median(a / b for a, b in zip(times[k], times["git"], strict=True))
+        per_round_s = statistics.median(a / b for a, b in zip(times[k], times["git+sync"],
+                                                              strict=True))
         print(f"apply_patch, {k} signer:    {t * 1000:8.1f} ms   ratio to git apply "
-              f"{t / g:5.1f}x  ({what[k]})")
+              f"{t / g:5.1f}x (rounds' median {per_round:.1f}x), to git apply + syncfs "
+              f"{t / gs:5.1f}x (median {per_round_s:.1f}x)  ({what[k]})")
     print("apply_patch includes: parse, git's reading compared (git apply --numstat), "
           "the plan, git's scratch build compared, one Write decision per file and its "
           "completion, the writes made durable (one syncfs from 64 files), the originals "
