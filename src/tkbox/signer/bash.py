@@ -68,7 +68,10 @@ class Word:
 
     def literal(self) -> str | None:
         """The word's value when it holds no substitution."""
-        if any(not isinstance(p, Lit) for p in self.parts):
+        parts = self.parts
+        if len(parts) == 1 and isinstance(only := parts[0], Lit):  # most words: one run
+            return only.text
+        if any(not isinstance(p, Lit) for p in parts):
             return None
         return "".join(p.text for p in self.parts if isinstance(p, Lit))
 
@@ -125,6 +128,11 @@ _META = set(" \t\n;&|()<>")
 _RESERVED_PREFIX = {"if", "then", "elif", "else", "while", "until", "do", "!", "time", "{",
                     "coproc"}
 _RESERVED_ALONE = {"fi", "done", "esac", "}"}
+#: the characters an operator can start with (the rest go by `_OPERATORS` unread)
+_OP_START = frozenset(op[0] for op in _OPERATORS)
+#: a run of characters a word takes as they are: none of `_META`, no quote,
+#: escape, `$` or backquote (each of those goes through its own branch of `_word`)
+_PLAIN = re.compile(r"[^ \t\n;&|()<>\\'\"$`]+")
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 ASSIGN = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\[[^\]]*\])?\+?=")
 
@@ -191,10 +199,11 @@ class _Reader:
         if self.s.startswith("((", self.i):
             self.i = self._matching(self.i + 2, "(", ")", depth=2)
             return _Tok("arith")
-        for op in _OPERATORS:
-            if self.s.startswith(op, self.i):
-                self.i += len(op)
-                return _Tok("op", op)
+        if c in _OP_START:
+            for op in _OPERATORS:
+                if self.s.startswith(op, self.i):
+                    self.i += len(op)
+                    return _Tok("op", op)
         start = self.i
         w = self._word()
         lit = w.literal()
@@ -249,8 +258,10 @@ class _Reader:
             if c == "$" or c == "`":
                 self._dollar(w, buf, flush)
                 continue
-            buf.append(c)
-            self.i += 1
+            plain = _PLAIN.match(self.s, self.i)  # c and the ordinary characters after it
+            assert plain is not None
+            buf.append(plain.group())
+            self.i = plain.end()
         flush()
         if not w.parts:
             if w.quoted:
