@@ -25,7 +25,10 @@ against every implementation:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import os
+import signal
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable
@@ -111,6 +114,43 @@ class VM(ABC):
     @abstractmethod
     def accel(self) -> str:
         """"kvm", "tcg" (software emulation) or "fake"."""
+
+
+class ManagedVM(VM):
+    """A VM of tkbox's launchers: `_ended` resolves with its exit status when it has
+    ended, and `wait` then releases what it owned (`_cleanup`) exactly once; a second
+    waiter returns only once the first has cleaned up."""
+
+    _ended: asyncio.Future[int]
+
+    def __init__(self) -> None:
+        self._closing = asyncio.Lock()
+        self._closed = False
+
+    async def wait(self) -> int:
+        code = await asyncio.shield(self._ended)
+        async with self._closing:
+            if not self._closed:
+                await self._cleanup()
+                self._closed = True
+        return code
+
+    @abstractmethod
+    async def _cleanup(self) -> None:
+        """Release the VM's tasks, ports and sockets, once it has ended."""
+
+
+class ProcessVM(ManagedVM):
+    """A VM that is one VMM process leading its own process group (QEMU, Firecracker)."""
+
+    proc: asyncio.subprocess.Process
+
+    async def kill(self) -> None:
+        if self.proc.returncode is None:
+            # Not yet reaped, so the group id cannot have been reused.
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(self.proc.pid, signal.SIGKILL)
+        await self.wait()
 
 
 class Launcher(ABC):

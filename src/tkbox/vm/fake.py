@@ -21,15 +21,16 @@ from tkbox.protocol.budget import Budget
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.streams import memory_stream_pair
 from tkbox.protocol.tasks import TaskOwner
-from tkbox.vm.base import VM, BeforeBoot, Launcher, VMSpec
+from tkbox.vm.base import BeforeBoot, Launcher, ManagedVM, VMSpec
 from tkbox.vm.errors import VMEnded
 
 Agent = Callable[[MuxPorts, VMSpec], Awaitable[None]]
 
 
-class FakeVM(VM):
+class FakeVM(ManagedVM):
     def __init__(self, spec: VMSpec, agent: Agent,
                  before_boot: BeforeBoot | None = None) -> None:
+        super().__init__()
         a, b = memory_stream_pair()
         self.spec = spec
         self.ports = MuxPorts(a, initiator=True)
@@ -41,10 +42,8 @@ class FakeVM(VM):
         self._tasks = TaskOwner(f"tkbox-fake-vm-{spec.name}")
         self._tasks.spawn(self.ports.run())
         self._tasks.spawn(self.guest_ports.run())
-        self._done: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._ended = asyncio.get_running_loop().create_future()
         self._agent = self._tasks.spawn(self._run_agent(agent))
-        self._closed = False
-        self._closing = asyncio.Lock()  # a second waiter returns once the first cleaned up
 
     async def _run_agent(self, agent: Agent) -> None:
         try:
@@ -58,17 +57,17 @@ class FakeVM(VM):
             self._finish(0)
 
     def _finish(self, code: int) -> None:
-        if not self._done.done():
-            self._done.set_result(code)
+        if not self._ended.done():
+            self._ended.set_result(code)
 
     @property
     def accel(self) -> str:
         return "fake"
 
     def _check_running(self, what: str) -> None:
-        if self._done.done():
+        if self._ended.done():
             raise VMEnded(f"cannot {what} VM {self.spec.name}: it has ended "
-                          f"(status {self._done.result()})")
+                          f"(status {self._ended.result()})")
 
     async def pause(self) -> None:
         self._check_running("pause")
@@ -82,16 +81,11 @@ class FakeVM(VM):
         self._finish(-9)
         await self.wait()
 
-    async def wait(self) -> int:
-        code = await asyncio.shield(self._done)
-        async with self._closing:
-            if not self._closed:
-                self._tasks.cancel()  # the agent first: a killed guest runs no more
-                await self.ports.aclose()
-                await self.guest_ports.aclose()
-                await self._tasks.aclose()
-                self._closed = True
-        return code
+    async def _cleanup(self) -> None:
+        self._tasks.cancel()  # the agent first: a killed guest runs no more
+        await self.ports.aclose()
+        await self.guest_ports.aclose()
+        await self._tasks.aclose()
 
 
 class FakeLauncher(Launcher):

@@ -59,7 +59,7 @@ from tkbox.protocol.vsock import (
     HybridVsockHostPorts,
     listener_path,
 )
-from tkbox.vm.base import VM, BeforeBoot, Launcher, VMSpec
+from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec
 from tkbox.vm.errors import VMEnded, VMError
 
 FIRECRACKER = "firecracker"
@@ -308,10 +308,11 @@ def _tail(path: Path, limit: int = 400) -> str:
     return " ".join(lines[-1].split())[:MAX_FAULT] if lines else ""
 
 
-class FirecrackerVM(VM):
+class FirecrackerVM(ProcessVM):
     """A Firecracker process and the API client that drives it."""
 
     def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec) -> None:
+        super().__init__()
         self.proc = proc
         self.spec = spec
         self.api_socket = api_socket(spec)
@@ -324,13 +325,11 @@ class FirecrackerVM(VM):
         )
         # Owned by this VM: the reaper and both log drains; `wait` ends them all.
         self._tasks = TaskOwner(f"tkbox-firecracker-{spec.name}")
-        self._waiter: asyncio.Task[int] = self._tasks.spawn(proc.wait())
+        self._ended = self._tasks.spawn(proc.wait())
         self._drains = [
             self._tasks.spawn(_drain(proc.stdout, spec.workdir / CONSOLE_LOG, LOG_CAP)),
             self._tasks.spawn(_drain(proc.stderr, spec.workdir / VMM_LOG, LOG_CAP)),
         ]
-        self._cleaned = False
-        self._closing = asyncio.Lock()
 
     @property
     def accel(self) -> str:
@@ -403,21 +402,6 @@ class FirecrackerVM(VM):
 
     async def resume(self) -> None:
         await self.call(vm_state_call("Resumed"))
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            # Not yet reaped, so the group id cannot have been reused.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        await self.wait()
-
-    async def wait(self) -> int:
-        code = await asyncio.shield(self._waiter)
-        async with self._closing:  # a second waiter returns once the first cleaned up
-            if not self._cleaned:
-                await self._cleanup()
-                self._cleaned = True
-        return code
 
     async def _settle_logs(self) -> None:
         # The drains end at EOF, once the process and everything it started are gone.

@@ -62,7 +62,7 @@ from tkbox.protocol.streams import AsyncioStream
 from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import VhostVsockHostPorts
 from tkbox.vm import template as tpl
-from tkbox.vm.base import VM, BeforeBoot, Disk, Launcher, VMSpec, check_boot_files
+from tkbox.vm.base import BeforeBoot, Disk, Launcher, ProcessVM, VMSpec, check_boot_files
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
 from tkbox.vm.cid import claim_cid
 from tkbox.vm.errors import VMEnded, VMError
@@ -366,7 +366,7 @@ def _ending(proc: asyncio.subprocess.Process, owner: TaskOwner) -> asyncio.Futur
     return owner.spawn(proc.wait())
 
 
-class QemuVM(VM):
+class QemuVM(ProcessVM):
     """A QEMU process, its console drain, its ports and its QMP client.
 
     Every task it starts (the reaper, the console drain, the mux engine) is
@@ -375,6 +375,7 @@ class QemuVM(VM):
 
     def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec, accel: str,
                  listeners: _Listeners, ports: Ports | None = None) -> None:
+        super().__init__()
         self.proc = proc
         self._listeners = listeners
         self.spec = spec
@@ -388,8 +389,6 @@ class QemuVM(VM):
         self._tasks = TaskOwner(f"tkbox-qemu-{spec.name}")
         self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
         self._tasks.spawn(self._reap())
-        self._closing = asyncio.Lock()
-        self._closed = False
 
     @property
     def accel(self) -> str:
@@ -510,21 +509,6 @@ class QemuVM(VM):
 
     async def resume(self) -> None:
         await self._qmp_exec("cont")
-
-    async def kill(self) -> None:
-        if self.proc.returncode is None:
-            # Not yet reaped, so the group id cannot have been reused.
-            with contextlib.suppress(ProcessLookupError):
-                os.killpg(self.proc.pid, signal.SIGKILL)
-        await self.wait()
-
-    async def wait(self) -> int:
-        code = await asyncio.shield(self._ended)
-        async with self._closing:  # a second waiter returns once the first cleaned up
-            if not self._closed:
-                await self._cleanup()
-                self._closed = True
-        return code
 
     async def _cleanup(self) -> None:
         qmp, self._qmp = self._qmp, None
