@@ -24,6 +24,8 @@ from tkbox.protocol.streams import StreamClosed
 from tkbox.protocol.tasks import cancel_and_wait
 from tkbox.vm.errors import VMEnded
 
+NextFrame = Callable[[int], Awaitable[dict[str, Any]]]
+
 OutputSink = Callable[[int, bytes], Awaitable[None]]
 #: what a running command is sent: a signal number, or `{"op": "stdin", "data"}` /
 #: `{"op": "resize", "rows", "cols"}` for a terminal
@@ -248,39 +250,30 @@ class GuestClient:
         stream it may open cannot keep the host from asking.
         """
         loop = asyncio.get_running_loop()
+
+        async def next_frame(total: int) -> dict[str, Any]:
+            late = GuestError(f"box {self.box}: the guest did not finish sending its "
+                              f"patch in time ({total} bytes came); it was not saved")
+            wait = timeout
+            if deadline is not None:
+                wait = deadline - loop.time()
+                if wait <= 0:
+                    raise late
+                wait = min(wait, timeout)
+            try:
+                return await self._recv(fs, wait, "diff")
+            except GuestError:
+                if deadline is not None and loop.time() >= deadline:
+                    raise late from None
+                raise
+
         fs = await self._open(reserved=True)
-        total = 0
         try:
             await fs.send({"op": "diff", "kill": kill})
-            while True:
-                late = GuestError(f"box {self.box}: the guest did not finish sending its "
-                                  f"patch in time ({total} bytes came); it was not saved")
-                wait = timeout
-                if deadline is not None:
-                    wait = deadline - loop.time()
-                    if wait <= 0:
-                        raise late
-                    wait = min(wait, timeout)
-                try:
-                    msg = await self._recv(fs, wait, "diff")
-                except GuestError:
-                    if deadline is not None and loop.time() >= deadline:
-                        raise late from None
-                    raise
-                ev = msg.get("ev")
-                if ev == "data":
-                    data = msg.get("data")
-                    if not isinstance(data, bytes):
-                        raise self._bad("a malformed patch frame")
-                    total += len(data)
-                    if total > max_bytes:
-                        raise GuestError(f"box {self.box}: the patch exceeds {max_bytes} bytes; "
-                                         "it was not saved")
-                    sink.write(data)
-                elif ev == "end":
-                    return safe_stats(msg.get("stats"))
-                else:
-                    raise self._bad("an unexpected event during diff")
+            end, _ = await self._data_into(
+                sink, next_frame, max_bytes, "diff", "patch",
+                f"box {self.box}: the patch exceeds {max_bytes} bytes; it was not saved")
+            return safe_stats(end.get("stats"))
         finally:
             await fs.aclose()
 
@@ -288,27 +281,39 @@ class GuestClient:
                         timeout: float = 120.0) -> int:
         """Stream one file of the box into `sink`; bounded by `max_bytes`. Its size."""
         fs = await self._open()
-        total = 0
+
+        async def next_frame(total: int) -> dict[str, Any]:
+            return await self._recv(fs, timeout, "read")
+
         try:
             await fs.send({"op": "read", "path": path})
-            while True:
-                msg = await self._recv(fs, timeout, "read")
-                ev = msg.get("ev")
-                if ev == "data":
-                    data = msg.get("data")
-                    if not isinstance(data, bytes):
-                        raise self._bad("a malformed file frame")
-                    total += len(data)
-                    if total > max_bytes:
-                        raise GuestError(f"box {self.box}: {path} is larger than {max_bytes} "
-                                         "bytes; nothing was copied")
-                    sink.write(data)
-                elif ev == "end":
-                    return total
-                else:
-                    raise self._bad("an unexpected event during read")
+            _, size = await self._data_into(
+                sink, next_frame, max_bytes, "read", "file",
+                f"box {self.box}: {path} is larger than {max_bytes} bytes; nothing was copied")
+            return size
         finally:
             await fs.aclose()
+
+    async def _data_into(self, sink: BinaryIO, next_frame: NextFrame, max_bytes: int, op: str,
+                         what: str, too_big: str) -> tuple[dict[str, Any], int]:
+        """The guest's `data` frames into `sink`, at most `max_bytes` in all, until its
+        `end` frame: that frame and the bytes written. `next_frame(bytes so far)` reads
+        one frame."""
+        total = 0
+        while True:
+            msg = await next_frame(total)
+            ev = msg.get("ev")
+            if ev == "end":
+                return msg, total
+            if ev != "data":
+                raise self._bad(f"an unexpected event during {op}")
+            data = msg.get("data")
+            if not isinstance(data, bytes):
+                raise self._bad(f"a malformed {what} frame")
+            total += len(data)
+            if total > max_bytes:
+                raise GuestError(too_big)
+            sink.write(data)
 
     async def write_file(self, path: str, data: bytes, *, mode: int = 0o644,
                          timeout: float = 120.0) -> None:

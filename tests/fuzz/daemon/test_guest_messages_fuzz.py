@@ -5,7 +5,8 @@ answers (well-formed frames of any shape, frames with the right events but
 wrong types, random bytes, a stream cut anywhere) each call returns a
 well-typed result or raises `GuestError`, never any other exception; output
 reaches the sink only as `(1|2, bytes)`; a patch never grows past its bound;
-strings the guest supplies come out printable and bounded.
+a file copied out (`read_file`) neither; strings the guest supplies come out
+printable and bounded.
 
 The guest is a scripted peer behind `Ports` (the transport interface), so the
 real client code runs, over an in-memory stream.
@@ -138,6 +139,14 @@ async def _all_calls(script: bytes) -> None:
         except GuestError:
             pass
         assert len(buf.getvalue()) <= 256
+
+        copied = io.BytesIO()
+        try:
+            size = await client.read_file("notes.txt", copied, max_bytes=256, timeout=5)
+            assert size == len(copied.getvalue())
+        except GuestError as exc:
+            assert printable_bounded(str(exc), 1000)
+        assert len(copied.getvalue()) <= 256
 
         try:
             await client.shutdown(timeout=5)
