@@ -156,12 +156,17 @@ class UnixSignerClient(SignerClient):
             raise SignerUnavailable(f"{op} cannot be recorded: {exc} (records hold JSON "
                                     "objects, strings, booleans and integers only)") from None
         writer = await self._connection()
-        fut: asyncio.Future[dict[str, Any]] = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut: asyncio.Future[dict[str, Any]] = loop.create_future()
         p = self._pending[rid] = _Pending(fut)
+        # One timer for the whole call, instead of wait_for's task and shield's future
+        # around every answer (the daemon makes a call per command, connection and file).
+        expire = loop.call_later(timeout or self.timeout, _expire, fut)
         try:
             writer.write(frame)
-            await asyncio.wait_for(writer.drain(), timeout or self.timeout)
-            result = await asyncio.wait_for(asyncio.shield(fut), timeout or self.timeout)
+            if writer.transport.get_write_buffer_size() > 0:  # else drain has nothing to wait for
+                await asyncio.wait_for(writer.drain(), timeout or self.timeout)
+            result = await fut
         except TimeoutError:
             self._drop(writer, "timed out")
             raise SignerUnavailable(
@@ -170,6 +175,7 @@ class UnixSignerClient(SignerClient):
             self._drop(writer, _why(exc))
             raise SignerUnavailable(f"the connection to the signer broke ({_why(exc)})") from None
         finally:
+            expire.cancel()
             self._pending.pop(rid, None)
             if fut.done() and not fut.cancelled():
                 fut.exception()  # retrieved: the caller got a SignerUnavailable already
@@ -280,6 +286,11 @@ class UnixSignerClient(SignerClient):
             for task in readers:
                 if not task.cancelled():
                     task.exception()  # retrieved: a reader's error was already reported
+
+
+def _expire(fut: asyncio.Future[dict[str, Any]]) -> None:
+    if not fut.done():
+        fut.set_exception(TimeoutError())
 
 
 def _why(exc: BaseException) -> str:

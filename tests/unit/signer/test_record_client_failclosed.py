@@ -213,3 +213,45 @@ def test_a_push_subscription_that_breaks_raises() -> None:
         await c.aclose()
 
     _run(go())
+
+
+def test_a_signer_that_stops_reading_times_out_the_call_not_the_client() -> None:
+    """A signer that takes no more bytes leaves the request in the socket's buffer: the call
+    still ends at its timeout, as SignerUnavailable, instead of waiting on the write."""
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        await asyncio.sleep(3600)
+
+    async def go() -> None:
+        c, opened = _client(script, timeout=0.2)
+        big = {"note": "x" * (wire.MAX_FRAME - 1024)}  # more than the socket pair buffers
+        t = asyncio.get_running_loop().time()
+        with pytest.raises(SignerUnavailable, match="did not answer event"):
+            await c.event("r", "tkbox.note", big)
+        assert asyncio.get_running_loop().time() - t < 5
+        await c.aclose()
+
+    _run(asyncio.wait_for(go(), 30))
+
+
+def test_a_cancelled_call_leaves_the_client_working() -> None:
+    """The caller of one decision gives up (its task is cancelled): the answer that comes
+    later is dropped, and the next call on the same connection gets its own answer."""
+    async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
+        while (req := await _frame(r)) is not None:
+            await asyncio.sleep(0.05)
+            w.write(wire.encode({"id": req["id"], "ok": True, "result": {
+                "allowed": True, "reason": req["resource"]["command"], "decision": "r/1"}}))
+            await w.drain()
+
+    async def go() -> None:
+        c, opened = _client(script, timeout=5)
+        first = asyncio.ensure_future(c.decide("r", "Bash", {"command": "first"}, {}))
+        await asyncio.sleep(0.01)
+        first.cancel()
+        with pytest.raises(asyncio.CancelledError):
+            await first
+        v = await c.decide("r", "Bash", {"command": "second"}, {})
+        assert v.reason == "second" and len(opened) == 1
+        await c.aclose()
+
+    _run(asyncio.wait_for(go(), 30))
