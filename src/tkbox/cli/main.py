@@ -148,12 +148,7 @@ def run(
     if inspect == "all":
         err.print("tkbox: WARNING: --inspect all: every allowed host's TLS is read by the "
                   "door; clients that pin certificates will fail")
-    envs: dict[str, str] = {}
-    for item in env:
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise UserError(f"--env {item!r} must be NAME=VALUE")
-        envs[k] = v
+    envs = _env_pairs(env)
     timeout_s = parse_duration(timeout) if timeout is not None else None
     _pull_first(image, as_json)
     with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \
@@ -179,6 +174,17 @@ def parse_duration(text: str) -> int:
         raise UserError(f"--timeout {text!r}: give a positive duration such as 90, 90s, 15m "
                         "or 2h")
     return int(digits) * (mult or 1)
+
+
+def _env_pairs(items: list[str]) -> dict[str, str]:
+    """--env NAME=VALUE options as a mapping; one that is not NAME=VALUE is refused."""
+    envs: dict[str, str] = {}
+    for item in items:
+        k, eq, v = item.partition("=")
+        if not eq:
+            raise UserError(f"--env {item!r} must be NAME=VALUE")
+        envs[k] = v
+    return envs
 
 
 def _pull_first(image: str, as_json: bool) -> None:
@@ -586,12 +592,7 @@ def agent(
     """Run a coding agent headless in a box on a prompt; keep its patch and its bundle."""
     from tkbox.agents.job import AgentSpec, check, run_job
 
-    envs: dict[str, str] = {}
-    for item in env:
-        k, eq, v = item.partition("=")
-        if not eq:
-            raise UserError(f"--env {item!r} must be NAME=VALUE")
-        envs[k] = v
+    envs = _env_pairs(env)
     spec = AgentSpec(agent=agent_name, prompt=prompt, command=agent_command,
                      workspace=workspace.resolve(), image=image, allow=allow, env=envs,
                      secrets=secret, name=name, memory_mib=memory, vcpus=cpus,

@@ -1,6 +1,11 @@
-"""The exit statuses of `tkbox apply` (docs/exit-status.md): what a script acts on."""
+"""The CLI's exit statuses (docs/exit-status.md): `tkbox apply`'s, and a bad option's."""
 
 from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 
@@ -44,3 +49,20 @@ def test_a_bad_timeout_is_a_user_error(text: str) -> None:
 
     with pytest.raises(UserError, match="--timeout"):
         parse_duration(text)
+
+
+@pytest.mark.parametrize("argv", [
+    ["run", "--workspace", ".", "--env", "NOEQUALS"],
+    ["agent", "command", "--agent-command", "true", "--env", "A=1", "--env", "NOEQUALS"],
+])
+def test_an_env_option_without_a_value_is_refused_before_anything_starts(
+        argv: list[str], tmp_path: Path) -> None:
+    """`run` and `agent` read --env the same way: NAME=VALUE, else one line and exit 2
+    (a user error), before any daemon is asked (there is none here)."""
+    env = {**os.environ, "TKBOX_HOME": str(tmp_path / "home"),
+           "TKBOX_RUNTIME": str(tmp_path / "run")}
+    r = subprocess.run([sys.executable, "-m", "tkbox.cli", *argv], env=env, cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert "--env 'NOEQUALS' must be NAME=VALUE" in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr
