@@ -25,6 +25,7 @@ npm, then the npm package installed in a box through the door): minutes, once.
 from __future__ import annotations
 
 import http.server
+import importlib.util
 import json
 import os
 import ssl
@@ -50,33 +51,20 @@ PROMPT = "Make the failing test in test_calc.py pass. Do not change the test."
 
 def registry_permits() -> list[str]:
     """`--egress-permit` for the npm registry's addresses when they are not public, and
-    `--ca-cert` for the CAs this host added locally.
+    `--ca-cert` for the CAs this host added locally: the same operator options the
+    install step gives its build (`scripts/build_agent_image.py`, read from there).
 
     Building the image installs the npm package through the door from the host's
     configured registry. Where that registry is a mirror on a private or
     documentation address (as on some test machines), the door refuses it like
     any such address unless the operator permits it: the operator here is this test.
     """
-    import ipaddress
-    import socket
-
-    from tkbox.doors.network.presets import npm_hosts
-
-    permits = []
-    for entry in npm_hosts():
-        host = entry.split(":")[0]
-        try:
-            infos = socket.getaddrinfo(host, 443, type=socket.SOCK_STREAM)
-        except OSError:
-            continue
-        for info in infos:
-            addr = ipaddress.ip_address(info[4][0])
-            if not addr.is_global:
-                permits += ["--egress-permit", f"{addr}/{addr.max_prefixlen}"]
-    # Such a mirror may also present a certificate from a CA this host added
-    # locally (Debian's place for them); the box trusts it only if the operator says so.
-    for pem in sorted(Path("/usr/local/share/ca-certificates").glob("*.crt")):
-        permits += ["--ca-cert", str(pem)]
+    spec = importlib.util.spec_from_file_location(
+        "build_agent_image", ROOT / "scripts" / "build_agent_image.py")
+    assert spec is not None and spec.loader is not None
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    permits: list[str] = script.registry_permits()
     return permits
 
 
