@@ -299,3 +299,36 @@ def _sample_raws() -> list[bytes]:
 
 
 _SAMPLE_RAWS = _sample_raws()
+
+
+@pytest.mark.parametrize("collector_on", [True, False])
+def test_verifying_leaves_the_cycle_collector_as_it_found_it(
+        big: tuple[Kit, bytes, bytes], collector_on: bool) -> None:
+    """The verifier pauses Python's cycle collector while it reads (process-wide): after a
+    bundle that verifies and after one that does not, it is on again exactly if it was."""
+    import gc
+
+    _, data, trust = big
+    was = gc.isenabled()
+    try:
+        (gc.enable if collector_on else gc.disable)()
+        seen: list[bool] = []
+        real_scan = bundle.scan
+
+        def scan(b: bytes) -> bundle.Scanned | None:
+            seen.append(gc.isenabled())
+            return real_scan(b)
+
+        bundle.scan = scan  # type: ignore[assignment]
+        try:
+            verify_bundle(data, trust)
+            assert gc.isenabled() is collector_on
+            bad = data[: len(data) // 2]  # cut: not a bundle that verifies
+            with pytest.raises(FormatError):
+                verify_bundle(bad, trust)
+            assert gc.isenabled() is collector_on
+        finally:
+            bundle.scan = real_scan  # type: ignore[assignment]
+        assert seen and not any(seen)  # paused while it read
+    finally:
+        (gc.enable if was else gc.disable)()
