@@ -161,16 +161,17 @@ class UnixSignerClient(SignerClient):
         p = self._pending[rid] = _Pending(fut)
         # One timer for the whole call, instead of wait_for's task and shield's future
         # around every answer (the daemon makes a call per command, connection and file).
-        expire = loop.call_later(timeout or self.timeout, _expire, fut)
+        limit = timeout or self.timeout
+        expire = loop.call_later(limit, _expire, fut)
         try:
             writer.write(frame)
             if writer.transport.get_write_buffer_size() > 0:  # else drain has nothing to wait for
-                await asyncio.wait_for(writer.drain(), timeout or self.timeout)
+                await asyncio.wait_for(writer.drain(), limit)
             result = await fut
         except TimeoutError:
             self._drop(writer, "timed out")
             raise SignerUnavailable(
-                f"the signer did not answer {op} within {timeout or self.timeout:g} s") from None
+                f"the signer did not answer {op} within {limit:g} s") from None
         except (ConnectionError, OSError) as exc:
             self._drop(writer, _why(exc))
             raise SignerUnavailable(f"the connection to the signer broke ({_why(exc)})") from None

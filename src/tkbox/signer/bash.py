@@ -73,7 +73,7 @@ class Word:
             return only.text
         if any(not isinstance(p, Lit) for p in parts):
             return None
-        return "".join(p.text for p in self.parts if isinstance(p, Lit))
+        return "".join(p.text for p in parts if isinstance(p, Lit))
 
     def subs(self) -> list[Sub]:
         return [p for p in self.parts if isinstance(p, Sub)]

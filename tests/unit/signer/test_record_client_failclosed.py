@@ -222,12 +222,10 @@ def test_a_signer_that_stops_reading_times_out_the_call_not_the_client() -> None
         await asyncio.sleep(3600)
 
     async def go() -> None:
-        c, opened = _client(script, timeout=0.2)
+        c, _ = _client(script, timeout=0.2)
         big = {"note": "x" * (wire.MAX_FRAME - 1024)}  # more than the socket pair buffers
-        t = asyncio.get_running_loop().time()
-        with pytest.raises(SignerUnavailable, match="did not answer event"):
+        with pytest.raises(SignerUnavailable, match="did not answer event within 0.2 s"):
             await c.event("r", "tkbox.note", big)
-        assert asyncio.get_running_loop().time() - t < 5
         await c.aclose()
 
     _run(asyncio.wait_for(go(), 30))

@@ -303,7 +303,8 @@ _SAMPLE_RAWS = _sample_raws()
 
 @pytest.mark.parametrize("collector_on", [True, False])
 def test_verifying_leaves_the_cycle_collector_as_it_found_it(
-        big: tuple[Kit, bytes, bytes], collector_on: bool) -> None:
+        big: tuple[Kit, bytes, bytes], collector_on: bool, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """The verifier pauses Python's cycle collector while it reads (process-wide): after a
     bundle that verifies and after one that does not, it is on again exactly if it was."""
     import gc
@@ -319,16 +320,13 @@ def test_verifying_leaves_the_cycle_collector_as_it_found_it(
             seen.append(gc.isenabled())
             return real_scan(b)
 
-        bundle.scan = scan  # type: ignore[assignment]
-        try:
-            verify_bundle(data, trust)
-            assert gc.isenabled() is collector_on
-            bad = data[: len(data) // 2]  # cut: not a bundle that verifies
-            with pytest.raises(FormatError):
-                verify_bundle(bad, trust)
-            assert gc.isenabled() is collector_on
-        finally:
-            bundle.scan = real_scan  # type: ignore[assignment]
+        monkeypatch.setattr(bundle, "scan", scan)
+        verify_bundle(data, trust)
+        assert gc.isenabled() is collector_on
+        bad = data[: len(data) // 2]  # cut: not a bundle that verifies
+        with pytest.raises(FormatError):
+            verify_bundle(bad, trust)
+        assert gc.isenabled() is collector_on
         assert seen and not any(seen)  # paused while it read
     finally:
         (gc.enable if was else gc.disable)()
