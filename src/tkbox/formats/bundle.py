@@ -159,19 +159,26 @@ def scan(data: bytes) -> Scanned | None:
     if end < start:
         return None
     checkpoint = data[end + 2 :]
-    body = data[start : end + 1]
-    if not checkpoint or len(checkpoint) > MAX_CHECKPOINT or not body.isascii():
+    # (The entries need no check that they are ASCII: each part of one below is
+    # compared with base64 or digits, and each path with canonical base64 lines.)
+    if not checkpoint or len(checkpoint) > MAX_CHECKPOINT:
         return None
-    chunks = body.split(PROOF_HEADER.encode() + b"\n")
-    if len(chunks) != count + 1 or chunks[0]:
+    # The entries, split in place (not from a copy of the text they are in): the
+    # first piece is the header lines, the last runs on into the checkpoint.
+    chunks = data.split(PROOF_HEADER.encode() + b"\n")
+    last = len(data) - len(chunks[-1])  # where the last entry starts
+    if len(chunks) != count + 1 or len(chunks[0]) != start or last > end:
         return None
+    chunks[-1] = chunks[-1][: end + 1 - last]
     max_extra_text = (MAX_RECORD + 2) // 3 * 4
     a2b, b2a = binascii.a2b_base64, binascii.b2a_base64
     indexes: list[int] = []
     extras: list[bytes] = []
     paths: list[bytes] = []
     try:
-        for chunk in chunks[1:]:
+        for k in range(1, len(chunks)):
+            chunk = chunks[k]
+            chunks[k] = b""  # its memory free again for what is read from it
             extra, index, path = chunk.split(b"\n", 2)
             digits = index[6:]
             if extra[:6] != b"extra " or index[:6] != b"index " or \

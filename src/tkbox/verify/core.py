@@ -201,41 +201,42 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         _check_each_proof(b, cp.size, cp.root, leaves)
     recs = record.parse_many(extras)
     seqs = [r.seq for r in recs]
-    kinds: Counter[str] = Counter()
     prev: record.Record | None = None
     prev_index = -1
     decisions: dict[int, bool] = {}
     completed: set[int] = set()
     refused = 0
     isolation = ""
+    checked = (record.DECISION, record.COMPLETE)
     for j, (index, rec) in enumerate(zip(indexes, recs, strict=True)):
-        where = f"record {j}"
         if rec.run != run:
-            raise _fail("record.run", where,
+            raise _fail("record.run", f"record {j}",
                         f"belongs to run {rec.run!r}, not to this bundle's run {run!r}")
         if prev is not None and rec.seq == prev.seq:
-            raise _fail("record.duplicate", where, f"record {rec.seq} of the run appears twice")
+            raise _fail("record.duplicate", f"record {j}",
+                        f"record {rec.seq} of the run appears twice")
         if rec.seq != j:
             if j in seqs[j + 1 :] or rec.seq < j:
-                raise _fail("record.order", where,
+                raise _fail("record.order", f"record {j}",
                             f"has sequence number {rec.seq}: the records are out of order")
-            raise _fail("record.missing", where,
+            raise _fail("record.missing", f"record {j}",
                         f"has sequence number {rec.seq}: record {j} of the run is missing")
         if prev is not None and rec.prev != leaves[j - 1]:
-            raise _fail("record.chain", where,
+            raise _fail("record.chain", f"record {j}",
                         "its prev hash is not the hash of the record before it")
         if index <= prev_index:
-            raise _fail("record.order", where,
+            raise _fail("record.order", f"record {j}",
                         f"leaf index {index} is not after the previous record's "
                         f"{prev_index}")
         if prev is not None and prev.kind == record.CLOSE:
-            raise _fail("record.after-close", where, "a record after the run's close record")
-        _check_body(rec, where, decisions, completed)
-        if rec.kind == record.OPEN:
+            raise _fail("record.after-close", f"record {j}",
+                        "a record after the run's close record")
+        if rec.kind in checked:
+            _check_body(rec, f"record {j}", decisions, completed)
+            if rec.kind == record.DECISION and rec.body["allowed"] is False:
+                refused += 1
+        elif rec.kind == record.OPEN:
             isolation = str(rec.body["isolation"])
-        if rec.kind == record.DECISION and rec.body.get("allowed") is False:
-            refused += 1
-        kinds[rec.kind] += 1
         prev, prev_index = rec, index
     assert prev is not None
     if prev.kind != record.CLOSE:
@@ -252,7 +253,7 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         tree_size=cp.size,
         root_hash=base64.b64encode(cp.root).decode(),
         cosigned_by=tuple(cosigned),
-        kinds=dict(kinds),
+        kinds=dict(Counter(r.kind for r in recs)),
         first_time=recs[0].time,
         last_time=prev.time,
         refused=refused,

@@ -192,6 +192,7 @@ def test_scan_reads_what_parse_reads(big: tuple[Kit, bytes, bytes]) -> None:
     (b"records ", b"records 0"),  # a count that is not the count
     (b"extra ", b"extra  "),
     (b"c2sp.org/tlog-proof@v1\n", b"c2sp.org/tlog-proof@v1\r\n"),
+    (b"\n\n", b"\n\nc2sp.org/tlog-proof@v1\n"),  # an entry's header in the checkpoint
 ])
 def test_scan_leaves_anything_unusual_to_the_parser(change: tuple[bytes, bytes]) -> None:
     k = Kit()
@@ -200,6 +201,23 @@ def test_scan_leaves_anything_unusual_to_the_parser(change: tuple[bytes, bytes])
     assert bundle.scan(data) is None
     with pytest.raises(FormatError):
         verify_bundle(data, k.trust())
+
+
+def test_a_path_line_not_ascii_is_refused_as_the_parser_refuses_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """`scan` does not look for non-ASCII bytes in a path: the comparison with the
+    rebuilt paths must refuse it, for the reason the parser gives."""
+    k = Kit()
+    k.run("x", decisions=1)
+    data = k.bundle("x")
+    cut = data.index(b"=\n\n")
+    bad = data[: cut - 1] + b"\xe9" + data[cut:]
+    with pytest.raises(FormatError) as fast:
+        verify_bundle(bad, k.trust())
+    monkeypatch.setattr(bundle, "scan", lambda d: None)
+    with pytest.raises(FormatError) as slow:
+        verify_bundle(bad, k.trust())
+    assert (fast.value.code, fast.value.where) == (slow.value.code, slow.value.where)
 
 
 def _mutations(raw: bytes, rng: random.Random) -> list[bytes]:
@@ -215,7 +233,16 @@ def _mutations(raw: bytes, rng: random.Random) -> list[bytes]:
            raw.replace(b'"body":{', b'"body":{"\\u00e9":1,'),
            raw.replace(b'"body":{', b'"body":{"a":' + b"[" * 31 + b"1" + b"]" * 31 + b","),
            raw.replace(b'"body":{', b'"body":{"a":' + b"[" * 32 + b"1" + b"]" * 32 + b","),
-           raw.replace(b'"body":{', b'"body":{"b":1,"a":2,')]
+           raw.replace(b'"body":{', b'"body":{"b":1,"a":2,'),
+           raw.replace(b'"seq":', b'"seq":1000000000000000'),
+           raw.replace(b'"seq":', b'"seq":0'), raw.replace(b'"seq":', b'"seq": '),
+           raw.replace(b',"kind":', b',"a":1,"kind":'), raw.replace(b'"v":1}', b'"v":1,"w":2}'),
+           raw.replace(b'"kind":"tkbox.', b'"kind":"tkbox..'),
+           raw.replace(b'"kind":"tkbox.', b'"kind":"tkbox\\u002e'),
+           raw.replace(b'"run":"', b'"run":"' + b"r" * 128),
+           raw.replace(b'"prev":"', b'"prev": "'), raw.replace(b'"body":{', b'"body":{},"body":{'),
+           raw.replace(b'{"body":{', b'{"body":[{'),
+           raw.replace(b'"time":"2', "\"time\":\"\u0662".encode())]
     if obj.get("prev"):
         p = obj["prev"]
         out += [raw.replace(p.encode(), p[:-2].encode() + b"B="),
