@@ -22,10 +22,12 @@ left out of a bundle, added, or moved unnoticed.
 from __future__ import annotations
 
 import binascii
+import functools
 import json
 import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from time import time_ns
 from typing import Any
 
 from tkbox.formats import _strict, canonjson
@@ -57,15 +59,23 @@ class Record:
     body: dict[str, Any]
     raw: bytes  # the canonical bytes (the leaf)
 
-    @property
+    @functools.cached_property
     def hash(self) -> bytes:
+        """The leaf hash, computed once (the signer needs it three times per record)."""
         return leaf_hash(self.raw)
 
 
 def now() -> str:
     """The current UTC time in the record's format."""
-    t = datetime.now(UTC)
-    return t.strftime("%Y-%m-%dT%H:%M:%S.") + f"{t.microsecond // 1000:03d}Z"
+    ms = time_ns() // 1_000_000
+    second, milli = divmod(ms, 1000)
+    return _second_text(second) + f"{milli:03d}Z"
+
+
+@functools.lru_cache(maxsize=2)
+def _second_text(second: int) -> str:
+    """`YYYY-MM-DDTHH:MM:SS.` of a Unix second (made once per second, not per record)."""
+    return datetime.fromtimestamp(second, UTC).strftime("%Y-%m-%dT%H:%M:%S.")
 
 
 def valid_run_id(run: str) -> bool:

@@ -105,3 +105,9 @@ def test_a_repeated_command_is_read_once_and_an_oversized_one_is_not_kept() -> N
     for i in range(policy.CACHE_ENTRIES + 10):  # bounded: the oldest go first
         e.decide("r", "Connect", {"host": f"h{i}.example", "port": 443}, {})
     assert len(e._decisions) == policy.CACHE_ENTRIES
+    misses = e.misses
+    last = policy.CACHE_ENTRIES + 9
+    e.decide("r", "Connect", {"host": f"h{last}.example", "port": 443}, {})  # the newest: kept
+    assert e.misses == misses
+    e.decide("r", "Bash", {"command": "git status"}, {"cwd": "/a"})  # the oldest: forgotten
+    assert e.misses == misses + 1
