@@ -177,7 +177,7 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
                 if prev is None or kind == OPEN or prev[42] not in _B64_LAST:
                     raise ValueError
                 prev_hash = a2b(prev)
-        except (ValueError, StopIteration, RecursionError, FormatError):
+        except (ValueError, StopIteration, RecursionError, TypeError, FormatError):
             append(parse(raw, f"{where} {j}"))  # raises, naming the fault (or agrees)
             continue
         rec = new(Record)  # as Record(...) does, without its seven frozen setattrs
