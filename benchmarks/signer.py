@@ -11,6 +11,10 @@ this process on the same disk:
   calls through the socket (framing, the shell reader, Cedar, the record
   made, hashed and committed to disk before the answer). Baseline: raw SQLite
   durable inserts, one commit each (WAL, synchronous=FULL).
+- the same, a signer with its policy workers (the default: one per core
+  beyond the first) against one with `--policy-workers 0` (every new request
+  evaluated on its event loop), side by side, three rounds alternated with new
+  requests each round; the medians and their ratio.
 - the same with agent-like requests: an agent repeats commands (`git status`,
   the same test), which the signer's exact decision cache answers. Same
   baseline.
@@ -72,7 +76,6 @@ from typing import Any
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
-from tkbox.errors import SignerUnavailable
 from tkbox.record.unix import UnixSignerClient
 from tkbox.verify import verify_bundle
 
@@ -124,32 +127,37 @@ def raw_fdatasync(directory: Path, n: int = 500) -> dict[str, float]:
 
 
 class Signer:
-    def __init__(self) -> None:
+    """A real `tkbox signer serve`; `workers` its --policy-workers (None: its default),
+    and once it answers, until those workers are ready (what a signer that has run for
+    a second has)."""
+
+    def __init__(self, workers: int | None = None) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="tkbb-", dir=os.environ.get("TMPDIR", "/tmp")))
         self.env = {**os.environ, "TKBOX_HOME": str(self.root / "home"),
                     "TKBOX_RUNTIME": str(self.root / "run")}
         self.env.pop("TKBOX_SIGNER_SOCKET", None)
         self.socket = self.root / "run" / "signer.sock"
+        self.workers = 0
         cli = [sys.executable, "-m", "tkbox.signer.cli", "signer"]
         subprocess.run([*cli, "init", "--dev"], env=self.env, check=True, capture_output=True)
-        self.proc = subprocess.Popen([*cli, "serve"], env=self.env, stdout=subprocess.DEVNULL,
-                                     stderr=subprocess.DEVNULL)
+        extra = [] if workers is None else ["--policy-workers", str(workers)]
+        self.proc = subprocess.Popen([*cli, "serve", *extra], env=self.env,
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
-            if self.socket.exists() and asyncio.run(self._ping()):
+            if self.socket.exists() and self._ready():
                 return
             time.sleep(0.05)
         raise RuntimeError("the signer did not start")
 
-    async def _ping(self) -> bool:
-        c = UnixSignerClient(self.socket, timeout=1)
-        try:
-            await c.ping()
-            return True
-        except SignerUnavailable:
+    def _ready(self) -> bool:
+        st = subprocess.run([sys.executable, "-m", "tkbox.signer.cli", "signer", "status",
+                             "--json"], env=self.env, capture_output=True)
+        if st.returncode != 0:
             return False
-        finally:
-            await c.aclose()
+        pw = json.loads(st.stdout)["policy_workers"]
+        self.workers = pw["count"]
+        return bool(pw["ready"] == pw["count"])
 
     def close(self) -> None:
         self.proc.send_signal(signal.SIGTERM)
@@ -285,6 +293,31 @@ async def export_run(sock: Path, run: str, records: int, others: int = 1) -> tup
     finally:
         await c.aclose()
     return e.bundle, e.trust
+
+
+def workers_or_not(n: int, concurrency: int, rounds: int = 3) -> tuple[int, float, float]:
+    """All-different decisions/s with the signer's policy workers (its default count)
+    and with none (`--policy-workers 0`: every request evaluated on its event loop):
+    two signers side by side, `rounds` rounds alternated, new requests each round
+    (so that no cache answers). Returns the worker count and the two medians."""
+    with_w, without = Signer(), Signer(workers=0)
+    try:
+        got: dict[int, list[float]] = {0: [], 1: []}
+        for r in range(rounds):
+            order = [(1, with_w), (0, without)] if r % 2 == 0 else [(0, without), (1, with_w)]
+            offset = (r + 1) * 10_000_000
+
+            def fresh(i: int, offset: int = offset) -> Request:
+                return request(i + offset)
+
+            for k, s in order:
+                d = asyncio.run(decisions_with(UnixSignerClient(s.socket, timeout=30), n,
+                                               concurrency, f"-ab{r}", fresh))
+                got[k].append(d["per_second"])
+        return with_w.workers, statistics.median(got[1]), statistics.median(got[0])
+    finally:
+        with_w.close()
+        without.close()
 
 
 def verification(bundle: bytes, trust: bytes, records: int) -> dict[str, float]:
@@ -445,6 +478,7 @@ def main() -> None:
                                      lambda run: asyncio.run(_tkbox_hold(signer.socket, run))))
     finally:
         signer.close()
+    workers, with_workers, loop_only = workers_or_not(args.decisions, args.concurrency)
     tk: dict[str, Any] | None = None
     if not args.no_tracekit:
         try:
@@ -475,6 +509,9 @@ def main() -> None:
         "raw_fdatasync_p50_ms": sync["p50_ms"],
         "raw_fdatasync_p99_ms": sync["p99_ms"],
         "decisions_per_second": dec["per_second"],
+        "policy_workers": workers,
+        "worker_decisions_per_second": with_workers,
+        "loop_only_decisions_per_second": loop_only,
         "decision_p50_ms": dec["p50_ms"],
         "decision_p99_ms": dec["p99_ms"],
         "agent_like_decisions_per_second": agent["per_second"],
@@ -495,6 +532,9 @@ def main() -> None:
         (f"durable decisions/s, {c} in flight, all different", dec["per_second"],
          f"raw SQLite durable inserts {insert:8.0f}/s", dec["per_second"] / insert,
          "≥ 5,000/s and ≥ 1.5×"),
+        (f"the same, {workers} policy worker(s), 3 rounds' median", with_workers,
+         f"none, alternated {loop_only:8.0f}/s", with_workers / loop_only,
+         "(--policy-workers 0)"),
         (f"durable decisions/s, {c} in flight, agent-like", agent["per_second"],
          f"raw SQLite durable inserts {insert:8.0f}/s", agent["per_second"] / insert,
          "(half repeat: cache)"),

@@ -98,7 +98,12 @@ def init_cmd(
 
 @signer_app.command("serve")
 def serve_cmd(home: Home = None, socket: Socket = None,
-              verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False) -> None:
+              verbose: Annotated[bool, typer.Option("-v", "--verbose")] = False,
+              policy_workers: Annotated[int | None, typer.Option(
+                  "--policy-workers", min=0, max=16,
+                  help="processes that evaluate new requests beside the event loop "
+                       "(default: one per core beyond the first, at most 4; 0: none)")] = None,
+              ) -> None:
     """Run the signer in the foreground (its own process; ideally its own user)."""
     _setup_logging(verbose)
     from tkbox.signer.server import serve
@@ -108,7 +113,7 @@ def serve_cmd(home: Home = None, socket: Socket = None,
         sock = _socket(socket)
         if cfg.mode == "dev":
             paths.private_dir(sock.parent)
-        asyncio.run(serve(cfg, sock))
+        asyncio.run(serve(cfg, sock, policy_workers))
     except TkboxError as exc:
         raise _fail(exc) from None
     except RuntimeError as exc:
@@ -192,6 +197,11 @@ def status_cmd(socket: Socket = None, json_out: Json = False) -> None:
     runs = ", ".join(f"{v} {k}" for k, v in sorted(st["runs"].items()))
     typer.echo(f"runs:      {runs or 'none'}")
     typer.echo(f"policy:    {st['policy']}")
+    pw = st.get("policy_workers") or {}
+    if pw.get("count"):
+        typer.echo(f"workers:   {pw['ready']} of {pw['count']} policy workers ready; "
+                   f"{pw['evaluated']} requests evaluated by them, {pw['fell_back']} "
+                   "taken back to the signer's loop")
     if st.get("policy_error"):
         typer.echo(f"POLICY ERROR (every decision is refused): {st['policy_error']}")
     typer.echo(f"witnesses: {', '.join(st['witnesses']) or 'none (assurance: dev)'}")

@@ -130,6 +130,7 @@ class PolicyEngine:
         self._analyses: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._decisions: OrderedDict[bytes, Decision] = OrderedDict()
         self.hits = self.misses = 0
+        self.generation = 0
         self._load()
 
     def _file_stamp(self) -> tuple[int, int] | None:
@@ -142,6 +143,7 @@ class PolicyEngine:
         return (st.st_mtime_ns, st.st_size)
 
     def _load(self) -> None:
+        self.generation += 1  # what was evaluated before is not kept from now on
         self._stamp = self._file_stamp()
         self._analyses.clear()
         self._decisions.clear()
@@ -196,6 +198,18 @@ class PolicyEngine:
                context: dict[str, Any]) -> Decision:
         """The decision for one request; from the cache when this exact request
         (byte for byte, in canonical JSON) was decided under this policy set."""
+        key, hit = self.cached(run, action, resource, context)
+        if hit is not None:
+            return hit
+        generation = self.generation
+        d = self.evaluate(run, action, resource, context)
+        self.keep(key, d, generation)
+        return d
+
+    def cached(self, run: str, action: str, resource: dict[str, Any],
+               context: dict[str, Any]) -> tuple[bytes | None, Decision | None]:
+        """This request's cache key (None: not kept) and its cached decision (None:
+        evaluate it, then `keep` it), once the policy file is re-read if it changed."""
         self._maybe_reload()
         try:
             key: bytes | None = canonjson.dumps([run, action, resource, context])
@@ -207,12 +221,15 @@ class PolicyEngine:
             hit = self._decisions.get(key)
             if hit is not None:
                 self.hits += 1
-                return hit
+                return key, hit
         self.misses += 1
-        d = self._evaluate(run, action, resource, context)
-        if key is not None and not d.diagnostics:  # a failure is evaluated again next time
+        return key, None
+
+    def keep(self, key: bytes | None, d: Decision, generation: int) -> None:
+        """Remember `d` for `key`, unless the policy was loaded again since `generation`
+        (when its evaluation began) or it failed (evaluated again next time)."""
+        if key is not None and not d.diagnostics and generation == self.generation:
             _keep(self._decisions, key, d)
-        return d
 
     def _analyze(self, cmd: str) -> dict[str, Any]:
         """The shell reader's analysis of `cmd` (a pure function of the text)."""
@@ -224,8 +241,9 @@ class PolicyEngine:
             _keep(self._analyses, cmd, hit)
         return hit
 
-    def _evaluate(self, run: str, action: str, resource: dict[str, Any],
-                  context: dict[str, Any]) -> Decision:
+    def evaluate(self, run: str, action: str, resource: dict[str, Any],
+                 context: dict[str, Any]) -> Decision:
+        """The decision under the policy as loaded, without the cache."""
         analysis: dict[str, Any] = {"parsed": True, "error": "", "download_to_interpreter": False,
                                     "mentions_downloader": False, "findings": [], "programs": []}
         if action not in ACTIONS:

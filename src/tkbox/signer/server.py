@@ -39,6 +39,7 @@ from tkbox.signer import config as config_mod
 from tkbox.signer.checkpoints import Checkpointer
 from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, Log, LogError
 from tkbox.signer.policy import Decision, PolicyEngine
+from tkbox.signer.policy_worker import PolicyWorkers, default_count
 
 log = logging.getLogger("tkbox.signer")
 
@@ -109,12 +110,15 @@ class Conn:
 
 class Signer:
     def __init__(self, cfg: config_mod.Config, socket_path: Path,
-                 on_fatal: Callable[[str], None] | None = None) -> None:
+                 on_fatal: Callable[[str], None] | None = None, policy_workers: int = 0) -> None:
         self.cfg = cfg
         self.socket_path = socket_path
         self.key = cfg.signer()
         self.log = Log(cfg.db_path, on_fatal=on_fatal)
         self.policy = PolicyEngine(cfg.policy_path)
+        # New requests evaluated in other processes, while the loop goes on (policy_worker.py)
+        self.workers = PolicyWorkers(cfg.policy_path, policy_workers, self.policy.packs) \
+            if policy_workers > 0 else None
         self.checkpoints = Checkpointer(self.log, self.key, cfg.witnesses)
         self.trust = cfg.trust(self.key.verifier())
         self.conns: set[Conn] = set()
@@ -145,8 +149,11 @@ class Signer:
                                                            limit=wire.MAX_FRAME + 4)
         finally:
             os.umask(old)
-        log.info("signer %s serving on %s (log size %d)", note.key_tag(self.key.name,
-                 self.key.key_id), path, self.log.tree.size)
+        if self.workers is not None:
+            self.workers.start()
+        log.info("signer %s serving on %s (log size %d, %d policy workers)",
+                 note.key_tag(self.key.name, self.key.key_id), path, self.log.tree.size,
+                 0 if self.workers is None else self.workers.count)
 
     async def serve_forever(self) -> None:
         await self.start()
@@ -172,6 +179,8 @@ class Signer:
         # cancelled by asyncio.run()'s teardown is logged as an error by asyncio.
         if self._conn_tasks:
             await asyncio.wait(list(self._conn_tasks), timeout=2)
+        if self.workers is not None:
+            await self.workers.aclose()
         await self.log.wait_durable()
         await self.checkpoints.aclose()
         with contextlib.suppress(FileNotFoundError):
@@ -319,6 +328,8 @@ class Signer:
                                   if r.state == "quarantined"),
             "policy": self.policy.digest,
             "policy_error": self.policy.error(),
+            "policy_workers": {"count": 0, "ready": 0, "evaluated": 0, "fell_back": 0}
+            if self.workers is None else self.workers.status(),
             "witnesses": [w.name for w in self.cfg.witnesses],
             "last_cosigned": None if latest is None else {
                 "size": latest.size, "by": latest.cosigned_by, "failures": latest.failures},
@@ -341,21 +352,52 @@ class Signer:
         }
         return self._append(run, record.OPEN, body)
 
-    def _decide(self, conn: Conn, req: dict[str, Any]) -> Durable:
+    def _decide(self, conn: Conn, req: dict[str, Any]
+                ) -> Durable | Awaitable[dict[str, Any]]:
         run = wire.need(req, "run", str)
         action = wire.need(req, "action", str)
         resource = wire.need(req, "resource", dict)
         context = wire.need(req, "context", dict)
         r = self.log.check(run, record.DECISION)
         if r.state in ("held", "quarantined"):
-            d = Decision(False, f"run {run} is {r.state} by the signer's operator"
-                         + (f": {r.reason}" if r.reason else ""))
+            d = _operator_refusal(run, r.state, r.reason)
         else:
-            d = self.policy.decide(run, action, resource, context)
+            key, hit = self.policy.cached(run, action, resource, context)
+            if hit is not None:
+                d = hit
+            else:
+                generation = self.policy.generation
+                if self.workers is not None and self.workers.ready():
+                    return self._decide_elsewhere(run, action, resource, context, key,
+                                                  generation)
+                d = self.policy.evaluate(run, action, resource, context)
+                self.policy.keep(key, d, generation)
+        return self._stage_decision(run, action, resource, context, d)
+
+    def _stage_decision(self, run: str, action: str, resource: dict[str, Any],
+                        context: dict[str, Any], d: Decision) -> Durable:
         body = {"action": action, "resource": resource, "context": context, **d.record_body()}
         rec, fut = self.log.stage(run, record.DECISION, body)
         return Durable(fut, {"allowed": d.allowed, "reason": d.reason,
                              "decision": f"{run}/{rec.seq}"})
+
+    async def _decide_elsewhere(self, run: str, action: str, resource: dict[str, Any],
+                                context: dict[str, Any], key: bytes | None,
+                                generation: int) -> dict[str, Any]:
+        """A new request evaluated by a policy worker (policy_worker.py), then recorded
+        as on the loop. The run is checked again once the answer is back: held or
+        quarantined meanwhile, the request is refused; closed, it is not recorded."""
+        assert self.workers is not None
+        d = await self.workers.decide(run, action, resource, context)
+        if d is None:  # no worker answered: evaluated here, as without workers
+            d = self.policy.evaluate(run, action, resource, context)
+        self.policy.keep(key, d, generation)
+        r = self.log.check(run, record.DECISION)
+        if r.state in ("held", "quarantined"):
+            d = _operator_refusal(run, r.state, r.reason)
+        staged = self._stage_decision(run, action, resource, context, d)
+        await staged.fut
+        return staged.result
 
     def _complete(self, conn: Conn, req: dict[str, Any]) -> Durable:
         run = wire.need(req, "run", str)
@@ -482,11 +524,20 @@ async def _answers(path: Path) -> bool:
     return True
 
 
-async def serve(cfg: config_mod.Config, socket_path: Path) -> None:
+def _operator_refusal(run: str, state: str, reason: str) -> Decision:
+    return Decision(False, f"run {run} is {state} by the signer's operator"
+                    + (f": {reason}" if reason else ""))
+
+
+async def serve(cfg: config_mod.Config, socket_path: Path,
+                policy_workers: int | None = None) -> None:
+    """Serve until SIGTERM or SIGINT; `policy_workers` None: one per core beyond
+    the loop's own (`policy_worker.default_count`)."""
     # Before the log is opened: a second signer must not touch the first one's log.
     if await _answers(socket_path):
         raise _already_serving(socket_path)
-    await Signer(cfg, socket_path).serve_forever()
+    workers = default_count() if policy_workers is None else policy_workers
+    await Signer(cfg, socket_path, policy_workers=workers).serve_forever()
 
 
 def _already_serving(path: Path) -> UserError:

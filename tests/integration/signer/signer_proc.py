@@ -40,11 +40,11 @@ class SignerProc:
         return subprocess.run(_cli(*args), env=self.env, capture_output=True, text=True,
                               check=check, timeout=60)
 
-    def start(self, timeout: float = 20.0) -> None:
+    def start(self, timeout: float = 20.0, serve_args: tuple[str, ...] = ()) -> None:
         assert self.proc is None
         self.log = open(self.root / "signer.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(_cli("signer", "serve"), env=self.env, stdout=self.log,
-                                     stderr=subprocess.STDOUT)
+        self.proc = subprocess.Popen(_cli("signer", "serve", *serve_args), env=self.env,
+                                     stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
