@@ -39,6 +39,7 @@ import contextlib
 import json
 import logging
 import os
+import signal
 import struct
 import sys
 import time
@@ -359,8 +360,15 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - a sub
     ap.add_argument("--policy", type=Path, default=None)
     ap.add_argument("--packs", default=",".join(DEFAULT_PACKS))
     args = ap.parse_args(argv)
+    # Ctrl-C in the signer's terminal reaches the whole process group: the worker ends
+    # when the signer closes its stdin, not before (and without a traceback).
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr,
                         format="policy worker: %(message)s")
+    # The signer's own engine logs the policy's loads and errors; each worker would
+    # say them again.
+    logging.getLogger("tkbox.signer.policy").addFilter(
+        lambda r: not r.getMessage().startswith(("policy loaded", "policy error")))
     packs = tuple(p for p in args.packs.split(",") if p)
     serve(PolicyEngine(args.policy, packs), sys.stdin.buffer, sys.stdout.buffer)
 

@@ -210,3 +210,28 @@ def test_a_decision_evaluated_under_an_older_policy_is_not_kept(tmp_path: Path) 
     e.keep(key, e.evaluate(*REQUESTS[0]), e.generation)
     hit = e.cached(*REQUESTS[0])[1]
     assert hit is not None and not hit.allowed
+
+
+def test_a_worker_outlives_ctrl_c_and_ends_with_its_stdin() -> None:
+    """SIGINT (Ctrl-C in the signer's terminal, sent to the whole group) does not end
+    a worker; closing its stdin does."""
+    import os
+    import signal
+
+    async def go() -> None:
+        w = pw.PolicyWorkers(None, 1)
+        w.start()
+        try:
+            await _ready(w)
+            proc = w._slots[0]
+            assert proc is not None
+            os.kill(proc.proc.pid, signal.SIGINT)
+            await asyncio.sleep(0.3)
+            assert proc.proc.returncode is None
+            d = await w.decide(*REQUESTS[0])
+            assert d is not None and d.allowed
+        finally:
+            await w.aclose()
+        assert proc.proc.returncode == 0
+
+    asyncio.run(go())
