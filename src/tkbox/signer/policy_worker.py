@@ -210,7 +210,7 @@ class PolicyWorkers:
                 frames.feed(data)
                 while (obj := frames.next()) is not None:
                     self._answer(w, obj)
-        except (ValueError, OSError) as exc:
+        except (ValueError, RecursionError, OSError) as exc:
             broken = True
             log.warning("policy worker %d answered something unreadable (%s); stopping it",
                         i, exc.__class__.__name__)

@@ -103,6 +103,7 @@ async def _ready(w: pw.PolicyWorkers) -> None:
 
 @pytest.mark.parametrize("answer", [
     "out.write(b'\\x00\\x00\\x00\\x03abc')",  # not JSON
+    "out.write(pw._LEN.pack(200_000) + b'[' * 100_000 + b']' * 100_000)",  # too deep
     "out.write(pw.frame({'id': 999, 'decision': {}}))",  # no such request
     "out.write(pw.frame({'id': req['id'], 'decision': {'allowed': 'yes'}}))",  # not one
     "out.write(pw.frame({'id': req['id'], 'error': 'KeyError'}))",  # the engine raised
