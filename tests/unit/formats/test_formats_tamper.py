@@ -162,4 +162,3 @@ def test_cosignatures_beyond_a_quorum_of_none_are_local_not_dev() -> None:
     trust = k.trust().replace(b"quorum w0", b"quorum none")
     assert verify_bundle(k.bundle("r"), trust).assurance == "local"
     assert verify_bundle(k.bundle("r", cosigners=[]), trust).assurance == "dev"
-

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import io
+import os
+import signal
 import sys
 from pathlib import Path
 from typing import Any
@@ -194,8 +196,6 @@ def test_no_worker_means_every_request_is_evaluated_by_the_caller() -> None:
 
 
 def test_a_decision_evaluated_under_an_older_policy_is_not_kept(tmp_path: Path) -> None:
-    import os
-
     user = tmp_path / "policy.cedar"
     user.write_text("")
     e = PolicyEngine(user)
@@ -216,9 +216,6 @@ def test_a_decision_evaluated_under_an_older_policy_is_not_kept(tmp_path: Path) 
 def test_a_worker_outlives_ctrl_c_and_ends_with_its_stdin() -> None:
     """SIGINT (Ctrl-C in the signer's terminal, sent to the whole group) does not end
     a worker; closing its stdin does."""
-    import os
-    import signal
-
     async def go() -> None:
         w = pw.PolicyWorkers(None, 1)
         w.start()
