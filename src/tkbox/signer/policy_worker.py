@@ -20,11 +20,11 @@ restarting after it died), or if one fails to answer, answers garbage or dies
 with requests in it, those requests are evaluated on the loop as before. A
 worker that exits is started again, at most once per `RESTART_AFTER` seconds.
 
-The channel is the worker's stdin and stdout: frames of a 4-byte big-endian
-length and a JSON object, at most `MAX_FRAME` bytes. Signer to worker:
+The channel is the worker's stdin and stdout, in the signer's own framing
+(`formats.wire`: a 4-byte length and one canonical JSON object). Signer to worker:
 `{"id", "run", "action", "resource", "context"}`; worker to signer: first
 `{"ready": true}` once its engine is loaded, then for each request `{"id",
-"decision": {allowed, reason, policies, diagnostics, analysis}}`, or `{"id",
+"decision": <Decision.record_body()>}`, or `{"id",
 "error": <exception type>}` when `decide` raised (the signer then evaluates
 it itself, and so answers exactly as it would have without workers). A
 worker reads its stdin until EOF, so it ends with the signer, even a killed
@@ -36,66 +36,30 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import logging
 import os
 import signal
-import struct
 import sys
 import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tkbox.formats import wire
 from tkbox.signer.policy import DEFAULT_PACKS, Decision, PolicyEngine
 
 log = logging.getLogger("tkbox.signer")
 
-MAX_FRAME = 16 << 20
 RESTART_AFTER = 5.0  # seconds between starts of one worker slot
-_LEN = struct.Struct(">I")
+
+
+#: What `PolicyWorkers.status()` says of a signer without workers.
+NONE = {"count": 0, "ready": 0, "evaluated": 0, "fell_back": 0}
 
 
 def default_count() -> int:
     """One worker per core beyond the loop's own, at most 4; none on one core."""
     return max(0, min(4, (os.cpu_count() or 1) - 1))
-
-
-def frame(obj: dict[str, Any]) -> bytes:
-    body = json.dumps(obj, separators=(",", ":")).encode()
-    if len(body) > MAX_FRAME:
-        raise ValueError(f"a frame of {len(body)} bytes")
-    return _LEN.pack(len(body)) + body
-
-
-class Frames:
-    """Feed bytes, take whole JSON objects out; ValueError on anything else."""
-
-    def __init__(self) -> None:
-        self._buf = bytearray()
-
-    def feed(self, data: bytes) -> None:
-        self._buf += data
-
-    def next(self) -> dict[str, Any] | None:
-        if len(self._buf) < 4:
-            return None
-        (n,) = _LEN.unpack_from(self._buf)
-        if n == 0 or n > MAX_FRAME:
-            raise ValueError(f"a frame length of {n}")
-        if len(self._buf) < 4 + n:
-            return None
-        body = bytes(self._buf[4 : 4 + n])
-        del self._buf[: 4 + n]
-        obj = json.loads(body)
-        if not isinstance(obj, dict):
-            raise ValueError("a frame that is not an object")
-        return obj
-
-
-def decision_json(d: Decision) -> dict[str, Any]:
-    return {"allowed": d.allowed, "reason": d.reason, "policies": list(d.policies),
-            "diagnostics": list(d.diagnostics), "analysis": d.analysis}
 
 
 def decision_from_json(obj: Any) -> Decision:
@@ -121,7 +85,6 @@ class _Worker:
         self.ready = False
         # request id -> (its future, when it was sent); in the order sent
         self.pending: dict[int, tuple[asyncio.Future[Decision | None], float]] = {}
-        self.reader: asyncio.Task[None] | None = None
 
 
 class PolicyWorkers:
@@ -130,10 +93,8 @@ class PolicyWorkers:
     def __init__(self, user_file: Path | None, count: int,
                  packs: tuple[str, ...] = DEFAULT_PACKS,
                  command: Sequence[str] | None = None, timeout: float = 10.0) -> None:
-        self.user_file = user_file
         self.timeout = timeout
         self._watch: asyncio.Task[None] | None = None
-        self.packs = packs
         self.count = count
         self._command = list(command) if command is not None else [
             sys.executable, "-m", "tkbox.signer.policy_worker",
@@ -197,12 +158,12 @@ class PolicyWorkers:
             self._spawning.discard(i)
         w = _Worker(proc)
         self._slots[i] = w
-        w.reader = asyncio.get_running_loop().create_task(self._read(i, w))
-        self._readers.add(w.reader)
-        w.reader.add_done_callback(self._readers.discard)
+        reader = asyncio.get_running_loop().create_task(self._read(i, w))
+        self._readers.add(reader)
+        reader.add_done_callback(self._readers.discard)
 
     async def _read(self, i: int, w: _Worker) -> None:
-        frames = Frames()
+        frames = wire.Decoder()
         assert w.proc.stdout is not None
         broken = False
         try:
@@ -210,7 +171,7 @@ class PolicyWorkers:
                 frames.feed(data)
                 while (obj := frames.next()) is not None:
                     self._answer(w, obj)
-        except (ValueError, RecursionError, OSError) as exc:
+        except (wire.WireError, ValueError, OSError) as exc:
             broken = True
             log.warning("policy worker %d answered something unreadable (%s); stopping it",
                         i, exc.__class__.__name__)
@@ -283,9 +244,9 @@ class PolicyWorkers:
         rid = self._next_id
         self._next_id += 1
         try:
-            data = frame({"id": rid, "run": run, "action": action, "resource": resource,
-                          "context": context})
-        except (TypeError, ValueError):
+            data = wire.encode({"id": rid, "run": run, "action": action, "resource": resource,
+                                "context": context})
+        except wire.WireError:
             return None
         assert w.proc.stdin is not None
         fut: asyncio.Future[Decision | None] = asyncio.get_running_loop().create_future()
@@ -321,7 +282,7 @@ class PolicyWorkers:
             if w is not None:
                 await self._stop(w)
                 self._slots[i] = None
-        if self._readers:  # workers already lost, being reaped
+        if self._readers:  # each ends once its worker is reaped
             await asyncio.wait(list(self._readers))
 
     async def _stop(self, w: _Worker) -> None:
@@ -333,24 +294,22 @@ class PolicyWorkers:
             with contextlib.suppress(ProcessLookupError):
                 w.proc.kill()
             await w.proc.wait()
-        if w.reader is not None:
-            await asyncio.wait({w.reader})
 
 
 def serve(engine: PolicyEngine, inp: BinaryIO, out: BinaryIO) -> None:
     """The worker's side: answer each request on `inp` with `engine`'s decision."""
-    out.write(frame({"ready": True}))
+    out.write(wire.encode({"ready": True}))
     out.flush()
-    frames = Frames()
+    frames = wire.Decoder()
     while data := inp.read1(65536):  # type: ignore[attr-defined]
         frames.feed(data)
         while (req := frames.next()) is not None:
             rid = req.get("id")
             try:
                 d = engine.decide(req["run"], req["action"], req["resource"], req["context"])
-                answer = frame({"id": rid, "decision": decision_json(d)})
+                answer = wire.encode({"id": rid, "decision": d.record_body()})
             except Exception as exc:  # noqa: BLE001 - the signer evaluates it itself
-                answer = frame({"id": rid, "error": exc.__class__.__name__})
+                answer = wire.encode({"id": rid, "error": exc.__class__.__name__})
             out.write(answer)
         out.flush()
 

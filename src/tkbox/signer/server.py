@@ -39,6 +39,7 @@ from tkbox.signer import config as config_mod
 from tkbox.signer.checkpoints import Checkpointer
 from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, Log, LogError
 from tkbox.signer.policy import Decision, PolicyEngine
+from tkbox.signer.policy_worker import NONE as NO_WORKERS
 from tkbox.signer.policy_worker import PolicyWorkers, default_count
 
 log = logging.getLogger("tkbox.signer")
@@ -328,8 +329,7 @@ class Signer:
                                   if r.state == "quarantined"),
             "policy": self.policy.digest,
             "policy_error": self.policy.error(),
-            "policy_workers": {"count": 0, "ready": 0, "evaluated": 0, "fell_back": 0}
-            if self.workers is None else self.workers.status(),
+            "policy_workers": NO_WORKERS if self.workers is None else self.workers.status(),
             "witnesses": [w.name for w in self.cfg.witnesses],
             "last_cosigned": None if latest is None else {
                 "size": latest.size, "by": latest.cosigned_by, "failures": latest.failures},

@@ -14,6 +14,7 @@ from typing import Any
 
 import pytest
 
+from tkbox.formats import wire
 from tkbox.signer import policy_worker as pw
 from tkbox.signer.policy import PolicyEngine
 
@@ -29,10 +30,10 @@ REQUESTS: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
 
 
 def _serve(engine: PolicyEngine, requests: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    inp = io.BufferedReader(io.BytesIO(b"".join(pw.frame(r) for r in requests)))
+    inp = io.BufferedReader(io.BytesIO(b"".join(wire.encode(r) for r in requests)))
     out = io.BytesIO()
     pw.serve(engine, inp, out)
-    frames = pw.Frames()
+    frames = wire.Decoder()
     frames.feed(out.getvalue())
     got = []
     while (f := frames.next()) is not None:
@@ -75,13 +76,14 @@ def test_a_decision_that_is_not_one_is_refused(bad: Any) -> None:
         pw.decision_from_json(bad)
 
 
-def test_frames_are_bounded() -> None:
-    f = pw.Frames()
-    f.feed((pw.MAX_FRAME + 1).to_bytes(4, "big"))
-    with pytest.raises(ValueError):
+def test_the_worker_channel_is_bounded() -> None:
+    """Both sides read with the signer's own bounded decoder."""
+    f = wire.Decoder()
+    with pytest.raises(wire.WireError):
+        f.feed((wire.MAX_FRAME + 1).to_bytes(4, "big"))
         f.next()
-    f = pw.Frames()
-    f.feed(pw.frame({"a": 1})[:-1])
+    f = wire.Decoder()
+    f.feed(wire.encode({"a": 1})[:-1])
     assert f.next() is None
 
 
@@ -89,10 +91,10 @@ def _fake(script: str) -> list[str]:
     """A stand-in worker: says ready, then runs `script` with `frames` and `out` set."""
     return [sys.executable, "-c",
             "import sys, json\n"
-            "from tkbox.signer import policy_worker as pw\n"
+            "from tkbox.formats import wire\n"
             "out = sys.stdout.buffer\n"
-            "out.write(pw.frame({'ready': True})); out.flush()\n"
-            "frames = pw.Frames()\n" + script]
+            "out.write(wire.encode({'ready': True})); out.flush()\n"
+            "frames = wire.Decoder()\n" + script]
 
 
 async def _ready(w: pw.PolicyWorkers) -> None:
@@ -105,10 +107,10 @@ async def _ready(w: pw.PolicyWorkers) -> None:
 
 @pytest.mark.parametrize("answer", [
     "out.write(b'\\x00\\x00\\x00\\x03abc')",  # not JSON
-    "out.write(pw._LEN.pack(200_000) + b'[' * 100_000 + b']' * 100_000)",  # too deep
-    "out.write(pw.frame({'id': 999, 'decision': {}}))",  # no such request
-    "out.write(pw.frame({'id': req['id'], 'decision': {'allowed': 'yes'}}))",  # not one
-    "out.write(pw.frame({'id': req['id'], 'error': 'KeyError'}))",  # the engine raised
+    "out.write((200_000).to_bytes(4, 'big') + b'[' * 100_000 + b']' * 100_000)",  # too deep
+    "out.write(wire.encode({'id': 999, 'decision': {}}))",  # no such request
+    "out.write(wire.encode({'id': req['id'], 'decision': {'allowed': 'yes'}}))",  # not one
+    "out.write(wire.encode({'id': req['id'], 'error': 'KeyError'}))",  # the engine raised
     "sys.exit(3)",  # dies with the request in it
 ])
 def test_a_worker_that_does_not_answer_hands_the_request_back(answer: str) -> None:
@@ -167,7 +169,8 @@ def test_a_dead_worker_is_started_again_and_then_decides(monkeypatch: pytest.Mon
                 if w._slots[0] is not first:
                     break
                 await asyncio.sleep(0.025)
-            assert await w.decide(*REQUESTS[1]) is None or w.ready()  # the loop's, or a new one
+            during = await w.decide(*REQUESTS[1])  # the loop's (None), or a new worker's
+            assert during is None or during == PolicyEngine(None).decide(*REQUESTS[1])
             await _ready(w)
             assert w._slots[0] is not first
             again = await w.decide(*REQUESTS[3])
