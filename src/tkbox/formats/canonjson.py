@@ -99,23 +99,44 @@ _encode_plain = json.JSONEncoder(ensure_ascii=False, separators=(",", ":"), sort
 def _plain(v: Any, depth: int) -> bool:
     """Only exact dicts, lists, tuples, strs, ints in range, bools and None, object
     names without astral characters, nested at most MAX_DEPTH: anything else (or
-    anything wrong) goes the slow way, which encodes it or says what is wrong."""
-    if depth > MAX_DEPTH:
-        return False
+    anything wrong) goes the slow way, which encodes it or says what is wrong.
+
+    A container's members that are not containers are checked where they are,
+    without a call each (most of a record's values are strings): a call per value
+    cost as much as the C encoder's whole run over the record."""
     t = type(v)
-    if t is str or t is bool or v is None:
-        return True
-    if t is int:
-        return bool(-MAX_SAFE_INT <= v <= MAX_SAFE_INT)
     if t is dict:
+        if depth >= MAX_DEPTH:  # its members would be deeper than MAX_DEPTH
+            return depth == MAX_DEPTH and not v
         for k, x in v.items():
             if type(k) is not str or (not k.isascii() and max(k) > "\uffff"):
                 return False
-            if not _plain(x, depth + 1):
+            tx = type(x)
+            if tx is str or tx is bool or x is None:
+                continue
+            if tx is int:
+                if not -MAX_SAFE_INT <= x <= MAX_SAFE_INT:
+                    return False
+            elif not _plain(x, depth + 1):
                 return False
         return True
     if t is list or t is tuple:
-        return all(_plain(x, depth + 1) for x in v)
+        if depth >= MAX_DEPTH:
+            return depth == MAX_DEPTH and not v
+        for x in v:
+            tx = type(x)
+            if tx is str or tx is bool or x is None:
+                continue
+            if tx is int:
+                if not -MAX_SAFE_INT <= x <= MAX_SAFE_INT:
+                    return False
+            elif not _plain(x, depth + 1):
+                return False
+        return True
+    if t is str or t is bool or v is None:
+        return depth <= MAX_DEPTH
+    if t is int:
+        return depth <= MAX_DEPTH and -MAX_SAFE_INT <= v <= MAX_SAFE_INT
     return False
 
 

@@ -83,3 +83,23 @@ def test_values_the_fast_path_does_not_take_are_still_refused_or_encoded() -> No
         deep = [deep]
     with pytest.raises(FormatError, match="nested deeper"):
         canonjson.dumps(deep)
+
+
+@pytest.mark.parametrize("depth", range(canonjson.MAX_DEPTH - 2, canonjson.MAX_DEPTH + 3))
+@pytest.mark.parametrize("leaf", [1, "s", None, True, [], {}, [1], {"a": "b"}, ["x", [2]]])
+def test_fast_path_and_reference_agree_at_the_depth_limit(depth: int, leaf: object) -> None:
+    """The C encoder's check (`_plain`) takes a value exactly when the reference
+    encoder does, at and around MAX_DEPTH, nested in lists and in objects."""
+    for wrap in (lambda v: [v], lambda v: {"k": v}):
+        value = leaf
+        for _ in range(depth):
+            value = wrap(value)
+        slow: list[str] = []
+        try:
+            canonjson._value(value, slow, 0)
+        except FormatError:
+            assert not canonjson._plain(value, 0)
+            with pytest.raises(FormatError, match="nested deeper"):
+                canonjson.dumps(value)
+        else:
+            assert canonjson.dumps(value) == "".join(slow).encode()
