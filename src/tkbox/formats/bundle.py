@@ -119,20 +119,22 @@ def parse(data: bytes) -> Bundle:
 
 @dataclass(frozen=True)
 class Scanned:
-    """A bundle read in one pass for the verifier, its audit paths left as text.
+    """A bundle read in one pass for the verifier, its audit paths left in place.
 
-    `paths[j]` is record j's audit path exactly as the bundle holds it: its
-    lines, each with its LF, not yet decoded. Nothing in it is trusted: the
-    verifier compares it with the canonical text of the path it rebuilt
-    (`merkle.Rebuilt`), which checks every byte, and reads through `parse`
-    (which names the fault) whenever anything differs.
+    `paths[j]` is where record j's audit path lies in `data`, the bundle itself:
+    `data[start:end]` is its lines, each with its LF, neither copied out nor
+    decoded. Nothing in it is trusted: the verifier compares it with the
+    canonical text of the path it rebuilt (`merkle.Rebuilt`), which checks every
+    byte, and reads through `parse` (which names the fault) whenever anything
+    differs.
     """
 
     run: str
     indexes: list[int]
     extras: list[bytes]
-    paths: list[bytes]
+    paths: list[tuple[int, int]]
     checkpoint: bytes
+    data: bytes
 
 
 def scan(data: bytes) -> Scanned | None:
@@ -140,7 +142,11 @@ def scan(data: bytes) -> Scanned | None:
     None (then `parse` reads it and says what is wrong). Whatever `scan` accepts,
     `parse` accepts with the same run, indexes, records and checkpoint, provided
     each path text is a sequence of canonical base64 hash lines (the verifier's
-    comparison makes sure of that)."""
+    comparison makes sure of that).
+
+    One pass along the bundle, entry after entry, copying out only each record
+    (decoded from base64): the audit paths, three quarters of a bundle, stay
+    where they are."""
     if len(data) > MAX_BUNDLE:
         return None
     try:
@@ -163,39 +169,46 @@ def scan(data: bytes) -> Scanned | None:
     # compared with base64 or digits, and each path with canonical base64 lines.)
     if not checkpoint or len(checkpoint) > MAX_CHECKPOINT:
         return None
-    # The entries, split in place (not from a copy of the text they are in): the
-    # first piece is the header lines, the last runs on into the checkpoint.
-    chunks = data.split(PROOF_HEADER.encode() + b"\n")
-    last = len(data) - len(chunks[-1])  # where the last entry starts
-    if len(chunks) != count + 1 or len(chunks[0]) != start or last > end:
+    head = PROOF_HEADER.encode() + b"\n"
+    if not data.startswith(head, start):
         return None
-    chunks[-1] = chunks[-1][: end + 1 - last]
     max_extra_text = (MAX_RECORD + 2) // 3 * 4
+    # at most MAX_PATH canonical hash lines (what the verifier compares a path with)
+    max_path_text = MAX_PATH * ((HASH_SIZE + 2) // 3 * 4 + 1)
     a2b, b2a = binascii.a2b_base64, binascii.b2a_base64
+    find, starts = data.find, data.startswith
     indexes: list[int] = []
     extras: list[bytes] = []
-    paths: list[bytes] = []
+    paths: list[tuple[int, int]] = []
+    at = start + len(head)  # where the entry after its header starts
     try:
-        for k in range(1, len(chunks)):
-            chunk = chunks[k]
-            chunks[k] = b""  # its memory free again for what is read from it
-            extra, index, path = chunk.split(b"\n", 2)
-            digits = index[6:]
-            if extra[:6] != b"extra " or index[:6] != b"index " or \
-                    len(extra) - 6 > max_extra_text or path.count(b"\n") > MAX_PATH or \
+        for k in range(count):
+            nxt = find(head, at)  # the next entry's header: none after the last entry
+            if (nxt < 0) != (k == count - 1) or at > end:
+                return None  # fewer or more headers than records, or one in the checkpoint
+            stop = end + 1 if nxt < 0 else nxt  # the last entry ends at the blank line
+            e1 = find(b"\n", at, stop)
+            e2 = find(b"\n", e1 + 1, stop) if e1 >= 0 else -1
+            if e2 < 0:
+                return None
+            digits = data[e1 + 7 : e2]
+            if not starts(b"extra ", at) or not starts(b"index ", e1 + 1) or \
+                    e1 - at - 6 > max_extra_text or stop - e2 - 1 > max_path_text or \
                     not digits.isdigit() or len(digits) > 20 or \
                     (digits[0] == 48 and len(digits) > 1):  # b"0": no leading zero
                 return None
-            raw = a2b(extra[6:], strict_mode=True)
+            extra = data[at + 6 : e1]
+            raw = a2b(extra, strict_mode=True)
             i = int(digits)
-            if b2a(raw, newline=False) != extra[6:] or i > _strict.UINT64_MAX:
+            if b2a(raw, newline=False) != extra or i > _strict.UINT64_MAX:
                 return None  # not canonical base64, or beyond what `parse` takes
             extras.append(raw)
             indexes.append(i)
-            paths.append(path)
+            paths.append((e2 + 1, stop))
+            at = nxt + len(head)
     except (ValueError, binascii.Error):
         return None
-    return Scanned(run, indexes, extras, paths, checkpoint)
+    return Scanned(run, indexes, extras, paths, checkpoint, data)
 
 
 def _read_entries_fast(lines: Lines, count: int) -> list[Entry] | None:

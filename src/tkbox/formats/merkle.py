@@ -431,13 +431,23 @@ class Rebuilt:
             cur, level, last = up, level + 1, last >> 1
         self.root = cur[0][0]
 
-    def paths(self, encode: Callable[[bytes], bytes]) -> list[bytes]:
-        """Each leaf's audit path as the concatenation of `encode(hash)`, bottom first."""
+    def paths(self, encode: Callable[[bytes], bytes], lo: int = 0,
+              hi: int | None = None) -> list[bytes]:
+        """The audit paths of leaves `indexes[lo:hi]`, each the concatenation of
+        `encode(hash)`, bottom first. A caller can take them a slice at a time, so
+        that only that slice's paths are held at once."""
+        below = self.indexes[lo:hi]
+        if not self.siblings:  # a tree of one leaf: its path is empty
+            return [b"" for _ in below]
+        nodes = [below]  # the covered nodes at each level, of these leaves only
+        for _ in range(len(self.siblings) - 1):
+            nodes.append(list(dict.fromkeys(x >> 1 for x in nodes[-1])))
         above: dict[int, bytes] = {0: b""}
-        for sib in reversed(self.siblings):
+        for sib, xs in zip(reversed(self.siblings), reversed(nodes), strict=True):
             here: dict[int, bytes] = {}
-            for x, s in sib.items():
+            for x in xs:
+                s = sib[x]
                 rest = above[x >> 1]
                 here[x] = rest if s is None else encode(s) + rest
             above = here
-        return [above[i] for i in self.indexes]
+        return [above[i] for i in below]

@@ -120,7 +120,7 @@ def parse(raw: bytes, where: str = "record", *, ours: bool = False) -> Record:
     return _check(canonjson.loads(raw, max_size=MAX_RECORD, where=where), raw, where)
 
 
-def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
+def parse_many(raws: list[bytes], where: str = "record", first: int = 0) -> list[Record]:
     """`parse` of each of `raws` (a bundle's records), with what they share done once.
 
     Same acceptance as `parse`. The members of a canonical record come in one
@@ -130,7 +130,9 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
     `{"body":` + a JSON object that the C encoder prints back byte for byte
     (see `canonjson.loads`) + the rest of the members exactly as `_LAYOUT`
     spells them. Anything else goes through `parse`, which says what is wrong
-    with `where` and the record's number (or reads it, if it is valid after all).
+    with `where` and the record's number, counted from `first` (or reads it, if
+    it is valid after all). Records of one run share one run id and few kinds:
+    each record holds the same string as the others, not a copy.
     """
     # Integers beyond I-JSON's range have 16 digits or more: where no record has such
     # a run of digits, the scanner need not check each integer it reads.
@@ -140,8 +142,8 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
     ascii_all = blob.isascii()
     encode = canonjson.encode_plain
     layout = _LAYOUT.fullmatch
-    runs: set[str] = set()  # run ids and kinds already found valid
-    kinds: set[str] = set()
+    runs: dict[str, str] = {}  # run ids and kinds already found valid
+    kinds: dict[str, str] = {}
     out: list[Record] = []
     append = out.append
     a2b = binascii.a2b_base64
@@ -161,11 +163,13 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
             if run not in runs:
                 if not valid_run_id(run):
                     raise ValueError
-                runs.add(run)
+                runs[run] = run
+            run = runs[run]
             if kind not in kinds:
                 if KIND.fullmatch(kind) is None:
                     raise ValueError
-                kinds.add(kind)
+                kinds[kind] = kind
+            kind = kinds[kind]
             seq = int(digits)
             if seq > MAX_SAFE_INT:
                 raise ValueError
@@ -178,7 +182,7 @@ def parse_many(raws: list[bytes], where: str = "record") -> list[Record]:
                     raise ValueError
                 prev_hash = a2b(prev)
         except (ValueError, StopIteration, RecursionError, TypeError, FormatError):
-            append(parse(raw, f"{where} {j}"))  # raises, naming the fault (or agrees)
+            append(parse(raw, f"{where} {first + j}"))  # raises, naming the fault (or agrees)
             continue
         rec = new(Record)  # as Record(...) does, without its seven frozen setattrs
         rec.__dict__.update(run=run, seq=seq, prev=prev_hash, time=time, kind=kind, body=body,

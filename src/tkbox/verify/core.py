@@ -36,7 +36,7 @@ import gc
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, NamedTuple
 
 from tkbox.formats import FormatError, bundle, checkpoint, cosignature, merkle, note, record
 
@@ -199,29 +199,33 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         extras = [e.extra or b"" for e in b.entries]
         leaves = [merkle.leaf_hash(raw) for raw in extras]
         _check_each_proof(b, cp.size, cp.root, leaves)
-    recs = record.parse_many(extras)
-    seqs = [r.seq for r in recs]
-    prev: record.Record | None = None
+    # Every record parsed (any record's fault comes before any fault of the chain),
+    # a slice at a time, keeping only what the checks below read (`_seen`).
+    seen: list[_Seen] = []
+    for lo in range(0, len(extras), _RECORDS_AT_ONCE):
+        seen += map(_seen, record.parse_many(extras[lo : lo + _RECORDS_AT_ONCE], first=lo))
+    prev: _Seen | None = None
     prev_index = -1
     decisions: dict[int, bool] = {}
     completed: set[int] = set()
+    kinds: Counter[str] = Counter()
     refused = 0
     isolation = ""
-    checked = (record.DECISION, record.COMPLETE)
-    for j, (index, rec) in enumerate(zip(indexes, recs, strict=True)):
-        if rec.run != run:
+    for j, (index, rec) in enumerate(zip(indexes, seen, strict=True)):
+        rec_run, seq, rec_prev, kind, _, fact = rec
+        if rec_run != run:
             raise _fail("record.run", f"record {j}",
-                        f"belongs to run {rec.run!r}, not to this bundle's run {run!r}")
-        if prev is not None and rec.seq == prev.seq:
+                        f"belongs to run {rec_run!r}, not to this bundle's run {run!r}")
+        if prev is not None and seq == prev.seq:
             raise _fail("record.duplicate", f"record {j}",
-                        f"record {rec.seq} of the run appears twice")
-        if rec.seq != j:
-            if j in seqs[j + 1 :] or rec.seq < j:
+                        f"record {seq} of the run appears twice")
+        if seq != j:
+            if any(later.seq == j for later in seen[j + 1 :]) or seq < j:
                 raise _fail("record.order", f"record {j}",
-                            f"has sequence number {rec.seq}: the records are out of order")
+                            f"has sequence number {seq}: the records are out of order")
             raise _fail("record.missing", f"record {j}",
-                        f"has sequence number {rec.seq}: record {j} of the run is missing")
-        if prev is not None and rec.prev != leaves[j - 1]:
+                        f"has sequence number {seq}: record {j} of the run is missing")
+        if prev is not None and rec_prev != leaves[j - 1]:
             raise _fail("record.chain", f"record {j}",
                         "its prev hash is not the hash of the record before it")
         if index <= prev_index:
@@ -231,21 +235,26 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         if prev is not None and prev.kind == record.CLOSE:
             raise _fail("record.after-close", f"record {j}",
                         "a record after the run's close record")
-        if rec.kind in checked:
-            _check_body(rec, f"record {j}", decisions, completed)
-            if rec.kind == record.DECISION and rec.body["allowed"] is False:
-                refused += 1
-        elif rec.kind == record.OPEN:
-            isolation = str(rec.body["isolation"])
+        if kind == record.DECISION:
+            if fact is None:
+                raise _fail("record.schema", f"record {j}",
+                            "a decision states its action and allowed")
+            decisions[seq] = fact
+            refused += fact is False
+        elif kind == record.COMPLETE:
+            _check_completion(fact, f"record {j}", decisions, completed)
+        elif kind == record.OPEN:
+            isolation = fact
+        kinds[kind] += 1
         prev, prev_index = rec, index
     assert prev is not None
     if prev.kind != record.CLOSE:
-        raise _fail("record.close", f"record {len(recs) - 1}",
+        raise _fail("record.close", f"record {len(seen) - 1}",
                     f"the run is not closed: its last record is {prev.kind}, so records "
                     "after it may have been cut off")
     return Report(
         run=run,
-        records=len(recs),
+        records=len(seen),
         isolation=isolation,
         assurance=assurance,
         origin=cp.origin,
@@ -253,11 +262,47 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         tree_size=cp.size,
         root_hash=base64.b64encode(cp.root).decode(),
         cosigned_by=tuple(cosigned),
-        kinds=dict(Counter(r.kind for r in recs)),
-        first_time=recs[0].time,
+        kinds=dict(kinds),
+        first_time=seen[0].time,
         last_time=prev.time,
         refused=refused,
     )
+
+
+_RECORDS_AT_ONCE = 4096  # records parsed at once; only `_Seen` of each is kept
+
+
+class _Seen(NamedTuple):
+    """What the checks of a run read of one record, its body left behind (a
+    bundle's bodies would be most of the memory a large bundle takes to check)."""
+
+    run: str
+    seq: int
+    prev: bytes | None
+    kind: str
+    time: str
+    # what the body says for the checks: a decision's `allowed` (None if it does not
+    # state its action and allowed), the decision a completion names (None if not an
+    # integer), an open record's isolation; None for any other kind
+    fact: Any
+
+
+def _seen(rec: record.Record) -> _Seen:
+    # (The body is what the canonical reader made: exact dicts, strs, ints and bools,
+    # so `type(x) is int` is an integer that is not a bool.)
+    body, kind, fact = rec.body, rec.kind, None
+    if kind == record.DECISION:
+        allowed = body.get("allowed")
+        if (allowed is True or allowed is False) and type(body.get("action")) is str:
+            fact = allowed
+    elif kind == record.COMPLETE:
+        d = body.get("decision")
+        if type(d) is int:
+            fact = d
+    elif kind == record.OPEN:
+        fact = str(body["isolation"])
+    # tuple.__new__: a NamedTuple's own __new__ is a Python call, once per record
+    return tuple.__new__(_Seen, (rec.run, rec.seq, rec.prev, kind, rec.time, fact))
 
 
 def _b64_line(h: bytes) -> bytes:
@@ -270,12 +315,13 @@ def _included(fast: bundle.Scanned, leaves: list[bytes], size: int, root: bytes)
     differs, and then `_check_each_proof` says what."""
     if size > 1 << 63:  # a path longer than bundle.MAX_PATH: let the parser refuse it
         return False
-    paths, indexes = fast.paths, fast.indexes
+    data, spans, indexes = fast.data, fast.paths, fast.indexes
 
     def outside(level: int, j: int) -> bytes:
         # The hash at `level` in record j's path: a node beside every leaf the bundle holds.
-        k = merkle.path_position(indexes[j], size, level) * 45
-        line = paths[j][k : k + 45]
+        start, end = spans[j]
+        k = start + merkle.path_position(indexes[j], size, level) * 45
+        line = data[k : k + 45] if k + 45 <= end else b""
         raw = binascii.a2b_base64(line) if len(line) == 45 and line[44] == 10 else b""
         if len(raw) != merkle.HASH_SIZE:
             raise _Differs
@@ -287,7 +333,18 @@ def _included(fast: bundle.Scanned, leaves: list[bytes], size: int, root: bytes)
         return False
     if tree.root != root:
         return False
-    return tree.paths(_b64_line) == paths
+    # Each path byte for byte, where it lies in the bundle, a slice of records at a
+    # time: neither the bundle's paths nor all of the rebuilt ones are copied out.
+    starts = data.startswith
+    for lo in range(0, len(spans), _PATHS_AT_ONCE):
+        built = tree.paths(_b64_line, lo, lo + _PATHS_AT_ONCE)
+        if not all(len(p) == end - start and starts(p, start)
+                   for p, (start, end) in zip(built, spans[lo : lo + _PATHS_AT_ONCE])):
+            return False
+    return True
+
+
+_PATHS_AT_ONCE = 4096  # rebuilt audit paths held at once (about 3 MB of text)
 
 
 class _Differs(Exception):
@@ -310,25 +367,17 @@ def _check_each_proof(b: bundle.Bundle, size: int, root: bytes, leaves: list[byt
                         f"not in the signed log: {exc.what}") from None
 
 
-def _check_body(rec: record.Record, where: str, decisions: dict[int, bool],
-                completed: set[int]) -> None:
-    """What a verifier can check of a body: decisions, and completions of them."""
-    if rec.kind == record.DECISION:
-        if not isinstance(rec.body.get("allowed"), bool) or not isinstance(
-            rec.body.get("action"), str
-        ):
-            raise _fail("record.schema", where, "a decision states its action and allowed")
-        decisions[rec.seq] = bool(rec.body["allowed"])
-    elif rec.kind == record.COMPLETE:
-        d = rec.body.get("decision")
-        if not isinstance(d, int) or isinstance(d, bool) or d not in decisions:
-            raise _fail("record.reference", where,
-                        "completes a decision that is not earlier in this run")
-        if not decisions[d]:
-            raise _fail("record.reference", where, f"completes decision {d}, which was refused")
-        if d in completed:
-            raise _fail("record.reference", where, f"completes decision {d} a second time")
-        completed.add(d)
+def _check_completion(d: int | None, where: str, decisions: dict[int, bool],
+                      completed: set[int]) -> None:
+    """A completion names a decision earlier in the run, allowed, completed once."""
+    if d is None or d not in decisions:
+        raise _fail("record.reference", where,
+                    "completes a decision that is not earlier in this run")
+    if not decisions[d]:
+        raise _fail("record.reference", where, f"completes decision {d}, which was refused")
+    if d in completed:
+        raise _fail("record.reference", where, f"completes decision {d} a second time")
+    completed.add(d)
 
 
 def _describe(pol: Any, name: str) -> str:

@@ -54,8 +54,11 @@ def test_rebuilt_paths_and_root_are_those_of_the_tree(size: int, data: st.DataOb
 
     rebuilt = merkle.Rebuilt(size, chosen, [_leaf(i) for i in chosen], outside)
     assert rebuilt.root == tree.root()
-    assert rebuilt.paths(lambda h: base64.b64encode(h) + b"\n") == \
-        [_b64_path(proofs[i]) for i in chosen]
+    expected = [_b64_path(proofs[i]) for i in chosen]
+    assert rebuilt.paths(lambda h: base64.b64encode(h) + b"\n") == expected
+    lo = data.draw(st.integers(0, len(chosen)))
+    hi = data.draw(st.integers(lo, len(chosen)))
+    assert rebuilt.paths(lambda h: base64.b64encode(h) + b"\n", lo, hi) == expected[lo:hi]
     if len(chosen) == size:
         assert asked == [], "with every leaf held, nothing is read from a path"
 
@@ -184,7 +187,8 @@ def test_scan_reads_what_parse_reads(big: tuple[Kit, bytes, bytes]) -> None:
     assert fast.run == slow.run and fast.checkpoint == slow.checkpoint
     assert fast.indexes == [e.index for e in slow.entries]
     assert fast.extras == [e.extra for e in slow.entries]
-    assert fast.paths == [_b64_path(list(e.path)) for e in slow.entries]
+    assert [data[start:end] for start, end in fast.paths] == \
+        [_b64_path(list(e.path)) for e in slow.entries]
 
 
 @pytest.mark.parametrize("change", [
