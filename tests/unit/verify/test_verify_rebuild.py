@@ -361,3 +361,49 @@ def test_verifying_leaves_the_cycle_collector_as_it_found_it(
         assert seen and not any(seen)  # paused while it read
     finally:
         (gc.enable if was else gc.disable)()
+
+
+def test_checked_a_slice_at_a_time_the_verdicts_are_the_same(
+        monkeypatch: pytest.MonkeyPatch, big: tuple[Kit, bytes, bytes]) -> None:
+    """The verifier parses records and compares rebuilt paths a slice at a time
+    (4,096 records); with slices of a few records, a bundle verifies to the same
+    report, and a fault past the first slices is the same fault, the same record
+    named: a changed path line, a signed record that is not canonical, a decision
+    that does not state its action."""
+    from tkbox.verify import core
+
+    k, data, trust = big
+    whole = verify_bundle(data, trust)
+    monkeypatch.setattr(core, "_RECORDS_AT_ONCE", 7)
+    monkeypatch.setattr(core, "_PATHS_AT_ONCE", 5)
+    assert verify_bundle(data, trust) == whole
+
+    entries = list(k.entries("r"))
+    i, raw, path = entries[1777]
+    bad = [*path[:2], merkle.leaf_hash(b"not a node"), *path[3:]]
+    err = _code(k.bundle("r", entries=[*entries[:1777], (i, raw, bad), *entries[1778:]]), trust)
+    assert err.code == "record.inclusion" and "record 1777" in err.where
+
+    for loose in (True, False):
+        small = Kit()
+        small.append("s", record.OPEN, {"facts": {}, "isolation": "same-user"})
+        for n in range(25):
+            small.append("s", "tkbox.model.call", {"n": n})
+        if loose:  # record 26: signed into the log, but not canonical JSON
+            seq, prev = small.chains["s"]
+            raw = record.make("s", seq, prev, "tkbox.model.call", {"n": 25},
+                              time="2026-01-02T03:04:05.678Z").raw
+            raw = raw.replace(b'{"body":', b'{"body": ')
+            small.chains["s"] = (seq + 1, merkle.leaf_hash(raw))
+            small.raw.append(raw)
+            small.index["s"].append(small.tree.size)
+            small.tree.append(merkle.leaf_hash(raw))
+        else:
+            small.append("s", "tkbox.model.call", {"n": 25})
+        small.append("s", record.DECISION, {"allowed": True})  # record 27: no action
+        small.append("s", record.CLOSE, {})
+        err = _code(small.bundle("s"), small.trust())
+        if loose:  # every record is read before the chain and the bodies are checked
+            assert err.code == "json.canonical" and "record 26" in err.where, err
+        else:
+            assert err.code == "record.schema" and "record 27" in err.where, err
