@@ -201,9 +201,9 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         _check_each_proof(b, cp.size, cp.root, leaves)
     # Every record parsed (any record's fault comes before any fault of the chain),
     # a slice at a time, keeping only what the checks below read (`_seen`).
-    seen: list[_Seen] = []
+    chain: list[_Seen] = []
     for lo in range(0, len(extras), _RECORDS_AT_ONCE):
-        seen += map(_seen, record.parse_many(extras[lo : lo + _RECORDS_AT_ONCE], first=lo))
+        chain += map(_seen, record.parse_many(extras[lo : lo + _RECORDS_AT_ONCE], first=lo))
     prev: _Seen | None = None
     prev_index = -1
     decisions: dict[int, bool] = {}
@@ -211,7 +211,7 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
     kinds: Counter[str] = Counter()
     refused = 0
     isolation = ""
-    for j, (index, rec) in enumerate(zip(indexes, seen, strict=True)):
+    for j, (index, rec) in enumerate(zip(indexes, chain, strict=True)):
         rec_run, seq, rec_prev, kind, _, fact = rec
         if rec_run != run:
             raise _fail("record.run", f"record {j}",
@@ -220,7 +220,7 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
             raise _fail("record.duplicate", f"record {j}",
                         f"record {seq} of the run appears twice")
         if seq != j:
-            if any(later.seq == j for later in seen[j + 1 :]) or seq < j:
+            if any(later.seq == j for later in chain[j + 1 :]) or seq < j:
                 raise _fail("record.order", f"record {j}",
                             f"has sequence number {seq}: the records are out of order")
             raise _fail("record.missing", f"record {j}",
@@ -249,12 +249,12 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         prev, prev_index = rec, index
     assert prev is not None
     if prev.kind != record.CLOSE:
-        raise _fail("record.close", f"record {len(seen) - 1}",
+        raise _fail("record.close", f"record {len(chain) - 1}",
                     f"the run is not closed: its last record is {prev.kind}, so records "
                     "after it may have been cut off")
     return Report(
         run=run,
-        records=len(seen),
+        records=len(chain),
         isolation=isolation,
         assurance=assurance,
         origin=cp.origin,
@@ -263,7 +263,7 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         root_hash=base64.b64encode(cp.root).decode(),
         cosigned_by=tuple(cosigned),
         kinds=dict(kinds),
-        first_time=seen[0].time,
+        first_time=chain[0].time,
         last_time=prev.time,
         refused=refused,
     )
@@ -290,7 +290,8 @@ class _Seen(NamedTuple):
 def _seen(rec: record.Record) -> _Seen:
     # (The body is what the canonical reader made: exact dicts, strs, ints and bools,
     # so `type(x) is int` is an integer that is not a bool.)
-    body, kind, fact = rec.body, rec.kind, None
+    body, kind = rec.body, rec.kind
+    fact: Any = None
     if kind == record.DECISION:
         allowed = body.get("allowed")
         if (allowed is True or allowed is False) and type(body.get("action")) is str:
@@ -339,7 +340,8 @@ def _included(fast: bundle.Scanned, leaves: list[bytes], size: int, root: bytes)
     for lo in range(0, len(spans), _PATHS_AT_ONCE):
         built = tree.paths(_b64_line, lo, lo + _PATHS_AT_ONCE)
         if not all(len(p) == end - start and starts(p, start)
-                   for p, (start, end) in zip(built, spans[lo : lo + _PATHS_AT_ONCE])):
+                   for p, (start, end) in zip(built, spans[lo : lo + _PATHS_AT_ONCE],
+                                               strict=True)):
             return False
     return True
 
