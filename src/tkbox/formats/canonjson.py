@@ -105,39 +105,32 @@ def _plain(v: Any, depth: int) -> bool:
     without a call each (most of a record's values are strings): a call per value
     cost as much as the C encoder's whole run over the record."""
     t = type(v)
+    members: Any
     if t is dict:
-        if depth >= MAX_DEPTH:  # its members would be deeper than MAX_DEPTH
-            return depth == MAX_DEPTH and not v
-        for k, x in v.items():
+        for k in v:
             if type(k) is not str or (not k.isascii() and max(k) > "\uffff"):
                 return False
-            tx = type(x)
-            if tx is str or tx is bool or x is None:
-                continue
-            if tx is int:
-                if not -MAX_SAFE_INT <= x <= MAX_SAFE_INT:
-                    return False
-            elif not _plain(x, depth + 1):
-                return False
-        return True
-    if t is list or t is tuple:
-        if depth >= MAX_DEPTH:
-            return depth == MAX_DEPTH and not v
-        for x in v:
-            tx = type(x)
-            if tx is str or tx is bool or x is None:
-                continue
-            if tx is int:
-                if not -MAX_SAFE_INT <= x <= MAX_SAFE_INT:
-                    return False
-            elif not _plain(x, depth + 1):
-                return False
-        return True
-    if t is str or t is bool or v is None:
+        members = v.values()
+    elif t is list or t is tuple:
+        members = v
+    elif t is str or t is bool or v is None:
         return depth <= MAX_DEPTH
-    if t is int:
+    elif t is int:
         return depth <= MAX_DEPTH and -MAX_SAFE_INT <= v <= MAX_SAFE_INT
-    return False
+    else:
+        return False
+    if depth >= MAX_DEPTH:  # its members would be deeper than MAX_DEPTH
+        return depth == MAX_DEPTH and not v
+    for x in members:
+        tx = type(x)
+        if tx is str or tx is bool or x is None:
+            continue
+        if tx is int:
+            if not -MAX_SAFE_INT <= x <= MAX_SAFE_INT:
+                return False
+        elif not _plain(x, depth + 1):
+            return False
+    return True
 
 
 def dumps(value: Any) -> bytes:
