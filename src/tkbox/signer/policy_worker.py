@@ -101,9 +101,8 @@ class PolicyWorkers:
             "--packs", ",".join(packs),
             *(["--policy", str(user_file)] if user_file is not None else [])]
         self._slots: list[_Worker | None] = [None] * count
-        self._started: list[float] = [float("-inf")] * count
-        self._starting: set[asyncio.Task[None]] = set()
-        self._spawning: set[int] = set()  # slots whose worker is being started
+        self._started: list[float] = [float("-inf")] * count  # when each slot last started
+        self._starting: dict[int, asyncio.Task[None]] = {}  # slot -> its worker being started
         self._readers: set[asyncio.Task[None]] = set()  # one per worker, until it is reaped
         self._next_id = 0
         self._turn = 0
@@ -114,7 +113,7 @@ class PolicyWorkers:
     def start(self) -> None:
         """Start every worker in the background (decisions go on meanwhile, on the loop)."""
         for i in range(self.count):
-            self._start_soon(i)
+            self._start(i)
         self._watch = asyncio.get_running_loop().create_task(self._watchdog())
 
     async def _watchdog(self) -> None:
@@ -132,18 +131,19 @@ class PolicyWorkers:
                     with contextlib.suppress(ProcessLookupError):
                         w.proc.kill()
 
-    def _start_soon(self, i: int) -> None:
-        """Start slot `i`'s worker, unless it has one, one is starting, or it started one
-        less than RESTART_AFTER ago."""
-        now = time.monotonic()
-        if self._closed or self._slots[i] is not None or i in self._spawning or \
-                now - self._started[i] < RESTART_AFTER:
+    def _start(self, i: int) -> None:
+        """Start slot `i`'s worker, unless it has one or one is starting."""
+        if self._closed or self._slots[i] is not None or i in self._starting:
             return
-        self._started[i] = now
-        self._spawning.add(i)
+        self._started[i] = time.monotonic()
         task = asyncio.get_running_loop().create_task(self._spawn(i))
-        self._starting.add(task)
-        task.add_done_callback(self._starting.discard)
+        self._starting[i] = task  # until _spawn ends
+
+    def _start_later(self, i: int) -> None:
+        """Start slot `i` again RESTART_AFTER after it last started (at once if longer ago)."""
+        if not self._closed:
+            wait = self._started[i] + RESTART_AFTER - time.monotonic()
+            asyncio.get_running_loop().call_later(max(0.0, wait), self._start, i)
 
     async def _spawn(self, i: int) -> None:
         try:
@@ -153,9 +153,10 @@ class PolicyWorkers:
         except OSError as exc:
             log.warning("policy worker %d did not start (%s); evaluating on the loop", i,
                         exc.__class__.__name__)
+            self._start_later(i)  # (scheduled: it runs once this slot is no longer starting)
             return
         finally:
-            self._spawning.discard(i)
+            self._starting.pop(i, None)
         w = _Worker(proc)
         self._slots[i] = w
         reader = asyncio.get_running_loop().create_task(self._read(i, w))
@@ -224,8 +225,7 @@ class PolicyWorkers:
         if not self._closed:
             log.warning("policy worker %d ended; what it held is evaluated on the loop, "
                         "and it is started again", i)
-            wait = self._started[i] + RESTART_AFTER - time.monotonic()
-            asyncio.get_running_loop().call_later(max(0.0, wait), self._start_soon, i)
+            self._start_later(i)
 
     def ready(self) -> bool:
         return any(w is not None and w.ready for w in self._slots)
@@ -264,9 +264,7 @@ class PolicyWorkers:
         for k in range(self.count):
             i = (self._turn + k) % self.count
             w = self._slots[i]
-            if w is None:
-                self._start_soon(i)
-            elif w.ready and (best is None or len(w.pending) < len(best.pending)):
+            if w is not None and w.ready and (best is None or len(w.pending) < len(best.pending)):
                 best = w
         self._turn += 1
         return best
@@ -277,7 +275,7 @@ class PolicyWorkers:
             self._watch.cancel()
             await asyncio.wait({self._watch})
         if self._starting:  # a process being started is let start, then stopped below
-            await asyncio.wait(list(self._starting))
+            await asyncio.wait(list(self._starting.values()))
         for i, w in enumerate(self._slots):
             if w is not None:
                 await self._stop(w)

@@ -361,17 +361,14 @@ class Signer:
         r = self.log.check(run, record.DECISION)
         if r.state in ("held", "quarantined"):
             d = _operator_refusal(run, r.state, r.reason)
-        else:
+        elif self.workers is not None and self.workers.ready():
             key, hit = self.policy.cached(run, action, resource, context)
-            if hit is not None:
-                d = hit
-            else:
-                generation = self.policy.generation
-                if self.workers is not None and self.workers.ready():
-                    return self._decide_elsewhere(run, action, resource, context, key,
-                                                  generation)
-                d = self.policy.evaluate(run, action, resource, context)
-                self.policy.keep(key, d, generation)
+            if hit is None:  # a new request: a worker evaluates it while the loop goes on
+                return self._decide_elsewhere(run, action, resource, context, key,
+                                              self.policy.generation)
+            d = hit
+        else:
+            d = self.policy.decide(run, action, resource, context)
         return self._stage_decision(run, action, resource, context, d)
 
     def _stage_decision(self, run: str, action: str, resource: dict[str, Any],

@@ -356,7 +356,7 @@ def _seen(rec: record.Record) -> _Seen:
         if type(d) is int:
             fact = d
     elif kind == record.OPEN:
-        fact = str(body["isolation"])
+        fact = body["isolation"]  # one of record.ISOLATION: parse checked it
     # tuple.__new__: a NamedTuple's own __new__ is a Python call, once per record
     return tuple.__new__(_Seen, (rec.run, rec.seq, rec.prev, kind, rec.time, fact))
 
