@@ -207,7 +207,7 @@ def scanner(*, check_ints: bool = True) -> Any:
     floats and constants refused and integers checked within ±(2^53 - 1)
     (CanonicalJSONError); StopIteration or ValueError if there is no JSON
     value at 0; `end` says where it stopped. For callers that check canonical
-    form themselves (`record.parse_many`). `check_ints=False` leaves integers
+    form themselves (`record.read_links`). `check_ints=False` leaves integers
     unchecked: only for text known to hold no run of 16 digits."""
     return (_checked if check_ints else _unchecked).scan_once  # type: ignore[attr-defined]
 

@@ -28,7 +28,7 @@ import re
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from time import time_ns
-from typing import Any
+from typing import Any, NamedTuple
 
 from tkbox.formats import _strict, canonjson
 from tkbox.formats.canonjson import MAX_DEPTH, MAX_SAFE_INT
@@ -120,8 +120,45 @@ def parse(raw: bytes, where: str = "record", *, ours: bool = False) -> Record:
     return _check(canonjson.loads(raw, max_size=MAX_RECORD, where=where), raw, where)
 
 
-def parse_many(raws: list[bytes], where: str = "record", first: int = 0) -> list[Record]:
-    """`parse` of each of `raws` (a bundle's records), with what they share done once.
+class Link(NamedTuple):
+    """A record as the checks of its run read it (`tkbox.verify`): its place in the
+    run, and the one fact of its body they check (`fact`), the body itself left
+    behind (a large bundle's bodies would be most of the memory checking it takes)."""
+
+    run: str
+    seq: int
+    prev: bytes | None
+    kind: str
+    time: str
+    fact: Any
+
+
+def fact(kind: str, body: dict[str, Any]) -> Any:
+    """What a body states for the checks of its run: a decision's `allowed` (None if
+    it does not state its action and allowed), the decision a completion names (None
+    if that is not an integer), an open record's isolation; None for any other kind.
+    (`body` is what the canonical reader made: exact dicts, strs, ints and bools, so
+    `type(x) is int` is an integer that is not a bool.)"""
+    if kind == DECISION:
+        allowed = body.get("allowed")
+        if (allowed is True or allowed is False) and type(body.get("action")) is str:
+            return allowed
+    elif kind == COMPLETE:
+        d = body.get("decision")
+        if type(d) is int:
+            return d
+    elif kind == OPEN:
+        return body["isolation"]  # one of ISOLATION: `_check` made sure
+    return None
+
+
+def link(rec: Record) -> Link:
+    return Link(rec.run, rec.seq, rec.prev, rec.kind, rec.time, fact(rec.kind, rec.body))
+
+
+def read_links(raws: list[bytes], where: str = "record", first: int = 0) -> list[Link]:
+    """`link(parse(raw))` of each of `raws` (a bundle's records), with what they share
+    done once, and no `Record` made (which costs about as much as reading the record).
 
     Same acceptance as `parse`. The members of a canonical record come in one
     order (sorted: body, kind, prev, run, seq, time, v), and all but the body
@@ -132,7 +169,7 @@ def parse_many(raws: list[bytes], where: str = "record", first: int = 0) -> list
     spells them. Anything else goes through `parse`, which says what is wrong
     with `where` and the record's number, counted from `first` (or reads it, if
     it is valid after all). Records of one run share one run id and few kinds:
-    each record holds the same string as the others, not a copy.
+    each link holds the same string as the others, not a copy.
     """
     # Integers beyond I-JSON's range have 16 digits or more: in a record without such a
     # run of digits, the scanner need not check each integer it reads. (Looked for in
@@ -142,10 +179,10 @@ def parse_many(raws: list[bytes], where: str = "record", first: int = 0) -> list
     layout = _LAYOUT.fullmatch
     runs: dict[str, str] = {}  # run ids and kinds already found valid
     kinds: dict[str, str] = {}
-    out: list[Record] = []
+    out: list[Link] = []
     append = out.append
     a2b = binascii.a2b_base64
-    new = object.__new__
+    new = tuple.__new__  # a NamedTuple's own __new__ is a Python call, once per record
     for j, raw in enumerate(raws):
         try:
             if len(raw) > MAX_RECORD or not raw.isascii() or \
@@ -181,12 +218,9 @@ def parse_many(raws: list[bytes], where: str = "record", first: int = 0) -> list
                     raise ValueError
                 prev_hash = a2b(prev)
         except (ValueError, StopIteration, RecursionError, TypeError, FormatError):
-            append(parse(raw, f"{where} {first + j}"))  # raises, naming the fault (or agrees)
-            continue
-        rec = new(Record)  # as Record(...) does, without its seven frozen setattrs
-        rec.__dict__.update(run=run, seq=seq, prev=prev_hash, time=time, kind=kind, body=body,
-                            raw=raw)
-        append(rec)
+            append(link(parse(raw, f"{where} {first + j}")))  # raises, naming the fault
+            continue                                          # (or agrees)
+        append(new(Link, (run, seq, prev_hash, kind, time, fact(kind, body))))
     return out
 
 

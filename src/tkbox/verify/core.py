@@ -46,7 +46,7 @@ import operator
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, NamedTuple
+from typing import Any
 
 from tkbox.formats import FormatError, bundle, checkpoint, cosignature, merkle, note, record
 
@@ -209,11 +209,11 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         extras = [e.extra or b"" for e in b.entries]
         leaves = [merkle.leaf_hash(raw) for raw in extras]
         _check_each_proof(b, cp.size, cp.root, leaves)
-    # Every record parsed (any record's fault comes before any fault of the chain),
-    # a slice at a time, keeping only what the checks below read (`_seen`).
-    chain: list[_Seen] = []
+    # Every record read (any record's fault comes before any fault of the chain), a
+    # slice at a time, keeping only what the checks below read (`record.Link`).
+    chain: list[record.Link] = []
     for lo in range(0, len(extras), _RECORDS_AT_ONCE):
-        chain += map(_seen, record.parse_many(extras[lo : lo + _RECORDS_AT_ONCE], first=lo))
+        chain += record.read_links(extras[lo : lo + _RECORDS_AT_ONCE], first=lo)
     tally = _chain_fast(run, chain, indexes, leaves) or _chain_one_by_one(run, chain, indexes,
                                                                            leaves)
     return Report(
@@ -264,13 +264,13 @@ class _Tally:
             self.completed.add(fact)
 
 
-def _chain_one_by_one(run: str, chain: list[_Seen], indexes: list[int],
+def _chain_one_by_one(run: str, chain: list[record.Link], indexes: list[int],
                       leaves: list[bytes]) -> _Tally:
     """The run's records in order: each of this run, the next of its sequence, chained
     to the one before, at a later leaf index, none after the close, the last the close;
     each body checked as it comes (`_Tally.body`). The first fault is raised, named."""
     tally = _Tally()
-    prev: _Seen | None = None
+    prev: record.Link | None = None
     prev_index = -1
     for j, (index, rec) in enumerate(zip(indexes, chain, strict=True)):
         rec_run, seq, rec_prev, kind, _, fact = rec
@@ -306,7 +306,7 @@ def _chain_one_by_one(run: str, chain: list[_Seen], indexes: list[int],
     return tally
 
 
-def _chain_fast(run: str, chain: list[_Seen], indexes: list[int],
+def _chain_fast(run: str, chain: list[record.Link], indexes: list[int],
                 leaves: list[bytes]) -> _Tally | None:
     """`_chain_one_by_one`'s checks of the sequence and the chain, column by column
     (each a loop in C), then only the decisions and completions one by one; None
@@ -324,41 +324,7 @@ def _chain_fast(run: str, chain: list[_Seen], indexes: list[int],
     return tally
 
 
-_RECORDS_AT_ONCE = 4096  # records parsed at once; only `_Seen` of each is kept
-
-
-class _Seen(NamedTuple):
-    """What the checks of a run read of one record, its body left behind (a
-    bundle's bodies would be most of the memory a large bundle takes to check)."""
-
-    run: str
-    seq: int
-    prev: bytes | None
-    kind: str
-    time: str
-    # what the body says for the checks: a decision's `allowed` (None if it does not
-    # state its action and allowed), the decision a completion names (None if not an
-    # integer), an open record's isolation; None for any other kind
-    fact: Any
-
-
-def _seen(rec: record.Record) -> _Seen:
-    # (The body is what the canonical reader made: exact dicts, strs, ints and bools,
-    # so `type(x) is int` is an integer that is not a bool.)
-    body, kind = rec.body, rec.kind
-    fact: Any = None
-    if kind == record.DECISION:
-        allowed = body.get("allowed")
-        if (allowed is True or allowed is False) and type(body.get("action")) is str:
-            fact = allowed
-    elif kind == record.COMPLETE:
-        d = body.get("decision")
-        if type(d) is int:
-            fact = d
-    elif kind == record.OPEN:
-        fact = body["isolation"]  # one of record.ISOLATION: parse checked it
-    # tuple.__new__: a NamedTuple's own __new__ is a Python call, once per record
-    return tuple.__new__(_Seen, (rec.run, rec.seq, rec.prev, kind, rec.time, fact))
+_RECORDS_AT_ONCE = 4096  # records read at once; only the `record.Link` of each is kept
 
 
 def _b64_line(h: bytes) -> bytes:

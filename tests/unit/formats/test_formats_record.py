@@ -50,17 +50,18 @@ def test_the_leaf_hash_is_computed_once_and_is_rfc_6962s() -> None:
 @pytest.mark.parametrize(("n", "ok"), [(9007199254740991, True), (-9007199254740991, True),
                                        (9007199254740992, False), (-9007199254740992, False),
                                        (10**20, False)])
-def test_parse_many_checks_the_integers_of_the_record_that_has_long_ones(n: int, ok: bool) -> None:
-    """`parse_many` checks integers only in records with a run of 16 digits or more;
+def test_read_links_checks_the_integers_of_the_record_that_has_long_ones(n: int, ok: bool) -> None:
+    """`read_links` checks integers only in records with a run of 16 digits or more;
     one such record among others is read exactly as `parse` reads it, and named."""
     recs = [_open()]
-    for seq in (1, 2, 3):
-        recs.append(record.make("r", seq, recs[-1].hash, "tkbox.model.call", {"bytes": seq}))
+    for seq in (1, 2, 3):  # (a completion: the decision it names is what its link keeps)
+        recs.append(record.make("r", seq, recs[-1].hash, record.COMPLETE, {"decision": seq}))
     raws = [r.raw for r in recs]
-    raws[2] = raws[2].replace(b'"bytes":2', b'"bytes":%d' % n)
+    raws[2] = raws[2].replace(b'"decision":2', b'"decision":%d' % n)
     if ok:
-        assert record.parse_many(raws)[2].body == {"bytes": n} == record.parse(raws[2]).body
+        assert record.read_links(raws)[2].fact == n
+        assert record.read_links(raws)[2] == record.link(record.parse(raws[2]))
     else:
         with pytest.raises(FormatError) as exc:
-            record.parse_many(raws, first=40)
+            record.read_links(raws, first=40)
         assert exc.value.where == "record 42"

@@ -260,7 +260,7 @@ def _mutations(raw: bytes, rng: random.Random) -> list[bytes]:
     return out
 
 
-def test_parse_many_accepts_and_refuses_exactly_what_parse_does() -> None:
+def test_read_links_accepts_and_refuses_exactly_what_parse_does() -> None:
     """The verifier's quick reader may never take a record `parse` refuses (a
     non-canonical or malformed record would then verify), nor read one differently."""
     k = Kit()
@@ -269,11 +269,11 @@ def test_parse_many_accepts_and_refuses_exactly_what_parse_does() -> None:
     for raw in k.raw:
         for m in _mutations(raw, rng):
             try:
-                want: record.Record | str = record.parse(m, "record 0")
+                want: record.Link | str = record.link(record.parse(m, "record 0"))
             except FormatError as exc:
                 want = exc.code
             try:
-                got: record.Record | str = record.parse_many([m])[0]
+                got: record.Link | str = record.read_links([m])[0]
             except FormatError as exc:
                 got = exc.code
             assert got == want, m
@@ -307,19 +307,19 @@ def test_a_changed_byte_anywhere_gets_the_verdict_of_the_proof_by_proof_check(
 
 @given(base=st.integers(0, 6), cut=st.integers(0, 400), ins=st.binary(max_size=8),
        drop=st.integers(0, 3))
-def test_fuzz_parse_many_is_parse_on_edited_records(base: int, cut: int, ins: bytes,
+def test_fuzz_read_links_is_parse_on_edited_records(base: int, cut: int, ins: bytes,
                                                     drop: int) -> None:
-    """Garbage spliced anywhere into a real record: parse_many's verdict (the record, or
-    the error code) is parse's, and it raises nothing but FormatError."""
+    """Garbage spliced anywhere into a real record: read_links' verdict (the record's
+    link, or the error code) is parse's, and it raises nothing but FormatError."""
     raw = _SAMPLE_RAWS[base % len(_SAMPLE_RAWS)]
     i = cut % (len(raw) + 1)
     m = raw[:i] + ins + raw[i + drop :]
     try:
-        want: record.Record | str = record.parse(m, "record 0")
+        want: record.Link | str = record.link(record.parse(m, "record 0"))
     except FormatError as exc:
         want = exc.code
     try:
-        got: record.Record | str = record.parse_many([m])[0]
+        got: record.Link | str = record.read_links([m])[0]
     except FormatError as exc:
         got = exc.code
     assert got == want
@@ -425,13 +425,13 @@ def test_the_chain_checked_column_by_column_is_the_chain_checked_one_by_one(
 
     n = data.draw(st.integers(2, 12))
     leaves = [_leaf(i) for i in range(n)]
-    chain = [core._Seen("r", 0, None, record.OPEN, "t", "same-user")]
+    chain = [record.Link("r", 0, None, record.OPEN, "t", "same-user")]
     for j in range(1, n - 1):
         kind = data.draw(st.sampled_from(_KINDS[1:4]))
         fact = {record.DECISION: data.draw(st.sampled_from([True, False, None])),
                 record.COMPLETE: data.draw(st.sampled_from([None, *range(j)]))}.get(kind)
-        chain.append(core._Seen("r", j, leaves[j - 1], kind, "t", fact))
-    chain.append(core._Seen("r", n - 1, leaves[n - 2], record.CLOSE, "t", None))
+        chain.append(record.Link("r", j, leaves[j - 1], kind, "t", fact))
+    chain.append(record.Link("r", n - 1, leaves[n - 2], record.CLOSE, "t", None))
     indexes = list(range(0, 2 * n, 2))
     for _ in range(data.draw(st.integers(0, 2))):
         j = data.draw(st.integers(0, n - 1))
