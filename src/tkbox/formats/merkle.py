@@ -366,10 +366,15 @@ def path_position(index: int, size: int, level: int) -> int:
     At level l the leaf's ancestor is node x = index >> l; it has a sibling
     (x ^ 1) unless x is even and the last node of its level ((size - 1) >> l),
     in which case it is carried up unhashed and the path has no hash there.
+    Below level d, the length of the highest bit in which `index` and the last
+    leaf differ, x is never the last node: every level has a hash. From d up, x
+    is the last node, and has a sibling exactly where it is odd: where `index`
+    has a 1 bit. (The level-by-level count is the test's reference.)
     """
-    last = size - 1
-    return sum(1 for lv in range(level)
-               if (index >> lv) & 1 or (index >> lv) != (last >> lv))
+    d = (index ^ (size - 1)).bit_length()
+    if level <= d:
+        return level
+    return d + ((index >> d) & ((1 << (level - d)) - 1)).bit_count()
 
 
 class Rebuilt:
@@ -383,13 +388,16 @@ class Rebuilt:
     caller holds for leaf `indexes[j]`, which lies below the node (when the
     caller holds every leaf of the tree, `outside` is never called).
 
-    `siblings[l][x]` is the hash of covered node (l, x)'s sibling, or None when
-    it has none (the right edge). So the audit path of leaf i is, from the
-    bottom, the non-None `siblings[l][i >> l]`; `paths(encode)` builds each one
-    once, sharing what leaves have in common. If the root equals the signed
-    root and each caller's path equals the one built here, every path is a
-    valid inclusion proof (RFC 9162 §2.1.3.2 climbs through exactly these
-    nodes), at about two hashes per leaf instead of log2(size).
+    The covered nodes of a level are kept in order, as lists: `siblings[l][p]`
+    is the hash of the p-th covered node's sibling at level l, or None when it
+    has none (the right edge), and `parents[l][p]` is where its parent is among
+    the covered nodes of level l + 1. So the audit path of leaf `indexes[j]` is,
+    from the bottom, the non-None siblings along the parents from (0, j);
+    `paths(encode)` builds each one once, sharing what leaves have in common.
+    If the root equals the signed root and each caller's path equals the one
+    built here, every path is a valid inclusion proof (RFC 9162 §2.1.3.2 climbs
+    through exactly these nodes), at about two hashes per leaf instead of
+    log2(size).
     """
 
     def __init__(self, size: int, indexes: Sequence[int], leaves: Sequence[bytes],
@@ -402,52 +410,71 @@ class Rebuilt:
                 raise _fail(f"leaf {i} is not after {prev} and below the tree size {size}",
                             "merkle.index")
             prev = i
-        self.size = size
-        self.indexes = indexes
-        self.siblings: list[dict[int, bytes | None]] = []
-        # level l: covered node x -> (its hash, the first j whose leaf is below it)
-        cur: dict[int, tuple[bytes, int]] = {i: (h, j) for j, (i, h) in
-                                             enumerate(zip(indexes, leaves, strict=True))}
+        self.count = len(indexes)
+        self.siblings: list[list[bytes | None]] = []
+        self.parents: list[list[int]] = []
+        # the covered nodes of this level, in order: node number, hash, and the
+        # first j whose leaf is below it
+        xs, hs, js = list(indexes), list(leaves), list(range(len(indexes)))
         level, last = 0, size - 1
         while last > 0:
-            sib: dict[int, bytes | None] = {}
-            up: dict[int, tuple[bytes, int]] = {}
-            for x, (h, j) in cur.items():
-                if x & 1:
-                    left = cur.get(x - 1)
-                    s = left[0] if left is not None else outside(level, j)
-                    sib[x] = s
-                    if left is None:
-                        up[x >> 1] = (node_hash(s, h), j)  # RFC 6962: HASH(0x01 || l || r)
-                elif x == last:
-                    sib[x] = None  # no right sibling: carried up unhashed
-                    up[x >> 1] = (h, j)
+            n = len(xs)
+            sib: list[bytes | None] = [None] * n
+            parent = [0] * n
+            up_xs: list[int] = []
+            up_hs: list[bytes] = []
+            up_js: list[int] = []
+            up_x, up_h, up_j = up_xs.append, up_hs.append, up_js.append
+            p = q = 0  # p: this level's node; q: its parent's place in the level above
+            while p < n:
+                x, h = xs[p], hs[p]
+                if not x & 1 and p + 1 < n and xs[p + 1] == x + 1:  # both children covered
+                    r = hs[p + 1]
+                    sib[p] = r
+                    sib[p + 1] = h
+                    parent[p] = parent[p + 1] = q
+                    up_h(node_hash(h, r))  # RFC 6962: HASH(0x01 || l || r)
+                    step = 2
                 else:
-                    right = cur.get(x + 1)
-                    s = right[0] if right is not None else outside(level, j)
-                    sib[x] = s
-                    up[x >> 1] = (node_hash(h, s), j)  # RFC 6962: HASH(0x01 || l || r)
+                    if x == last and not x & 1:
+                        up_h(h)  # no right sibling: carried up unhashed
+                    else:
+                        s = sib[p] = outside(level, js[p])
+                        up_h(node_hash(s, h) if x & 1 else node_hash(h, s))
+                    parent[p] = q
+                    step = 1
+                up_x(x >> 1)
+                up_j(js[p])
+                p += step
+                q += 1
             self.siblings.append(sib)
-            cur, level, last = up, level + 1, last >> 1
-        self.root = cur[0][0]
+            self.parents.append(parent)
+            xs, hs, js, level, last = up_xs, up_hs, up_js, level + 1, last >> 1
+        self.root = hs[0]
 
     def paths(self, encode: Callable[[bytes], bytes], lo: int = 0,
               hi: int | None = None) -> list[bytes]:
         """The audit paths of leaves `indexes[lo:hi]`, each the concatenation of
         `encode(hash)`, bottom first. A caller can take them a slice at a time, so
         that only that slice's paths are held at once."""
-        below = self.indexes[lo:hi]
+        lo, hi, _ = slice(lo, hi).indices(self.count)
+        if hi <= lo:
+            return []
         if not self.siblings:  # a tree of one leaf: its path is empty
-            return [b"" for _ in below]
-        nodes = [below]  # the covered nodes at each level, of these leaves only
-        for _ in range(len(self.siblings) - 1):
-            nodes.append(list(dict.fromkeys(x >> 1 for x in nodes[-1])))
-        above: dict[int, bytes] = {0: b""}
-        for sib, xs in zip(reversed(self.siblings), reversed(nodes), strict=True):
-            here: dict[int, bytes] = {}
-            for x in xs:
-                s = sib[x]
-                rest = above[x >> 1]
-                here[x] = rest if s is None else encode(s) + rest
-            above = here
-        return [above[i] for i in below]
+            return [b""] * (hi - lo)
+        # the covered nodes of these leaves at each level: a run of places [a, b)
+        spans = [(lo, hi)]
+        for parent in self.parents[:-1]:
+            a, b = spans[-1]
+            spans.append((parent[a], parent[b - 1] + 1))
+        above, top = [b""], 0  # the paths from the level above up, from its place `top`
+        for sib, parent, (a, b) in zip(reversed(self.siblings), reversed(self.parents),
+                                       reversed(spans), strict=True):
+            here: list[bytes] = []
+            add = here.append
+            for p in range(a, b):
+                s = sib[p]
+                rest = above[parent[p] - top]
+                add(rest if s is None else encode(s) + rest)
+            above, top = here, a
+        return above

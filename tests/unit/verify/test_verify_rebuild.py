@@ -65,6 +65,19 @@ def test_rebuilt_paths_and_root_are_those_of_the_tree(size: int, data: st.DataOb
         assert asked == [], "with every leaf held, nothing is read from a path"
 
 
+@given(size=st.integers(1, 1 << 70), data=st.data())
+def test_path_position_counts_the_levels_that_have_a_hash(size: int,
+                                                          data: st.DataObject) -> None:
+    """`path_position`'s bit count is its definition, level by level: at level l the
+    leaf's ancestor has a sibling unless it is even and the last node of its level."""
+    index = data.draw(st.integers(0, size - 1))
+    level = data.draw(st.integers(0, 72))
+    last = size - 1
+    want = sum(1 for lv in range(level)
+               if (index >> lv) & 1 or (index >> lv) != (last >> lv))
+    assert merkle.path_position(index, size, level) == want
+
+
 def test_rebuilding_hashes_each_node_once_not_a_path_per_leaf() -> None:
     """20,000 consecutive leaves of a 50,000-leaf tree: about one node hash per
     leaf above the leaves, where a proof per leaf would climb 16 levels each."""
