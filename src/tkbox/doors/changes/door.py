@@ -19,6 +19,7 @@ held-back and per-file refusals are in the returned `ApplyReport`.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import os
 import stat
@@ -46,6 +47,7 @@ __all__ = ["apply_patch"]
 
 MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
 DECIDE_WINDOW = 64  # Write decisions in flight at once
+_READ_SCRATCH = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
@@ -296,13 +298,14 @@ def _states(co: Checkout, parsed: Patch, limits: Limits) -> dict[str, State]:
         wanted.update("/".join(parts[:i]) for i in range(1, len(parts)))
     states: dict[str, State] = {}
     total = 0
-    for p in sorted(wanted):
-        st = co.state(p, limits.max_file_bytes, list_below=p in named)
-        total += len(st.content)
-        if total > limits.max_total_bytes:
-            raise PatchRefused(f"the checkout's files the patch changes add up to more than "
-                               f"{limits.max_total_bytes} bytes; apply it in parts")
-        states[p] = st
+    with contextlib.closing(co.states(sorted(wanted), limits.max_file_bytes,
+                                      list_below=named)) as found:
+        for p, st in found:
+            total += len(st.content)
+            if total > limits.max_total_bytes:
+                raise PatchRefused(f"the checkout's files the patch changes add up to more "
+                                   f"than {limits.max_total_bytes} bytes; apply it in parts")
+            states[p] = st
     return states
 
 
@@ -315,8 +318,7 @@ async def _git_builds_same(git: Git, plan: Plan) -> None:
     scratch.mkdir(parents=True, exist_ok=True)
 
     def prepare() -> None:
-        for f in kept:
-            _populate(scratch, f)
+        _populate(scratch, kept)
 
     # git init and the copy at once: they touch different names in `scratch`
     init = asyncio.ensure_future(git.init(scratch))
@@ -345,34 +347,57 @@ def _compare(kept: list[FilePlan], scratch: Path) -> None:
                                "the patch is ambiguous")
 
 
-def _populate(scratch: Path, f: FilePlan) -> None:
-    old = f.old
-    if old.blocked_by is not None or old.kind not in ("file", "link"):
-        return
-    target = scratch / f.path
-    target.parent.mkdir(parents=True, exist_ok=True)
-    if old.kind == "link":
-        os.symlink(old.content, target)
-    else:
-        target.write_bytes(old.content)
-        os.chmod(target, 0o755 if old.exec else 0o644)
+def _populate(scratch: Path, kept: list[FilePlan]) -> None:
+    """The old files and symlinks of `kept`, as we read them, in the scratch copy;
+    each directory made once."""
+    made = {""}
+    for f in kept:
+        old = f.old
+        if old.blocked_by is not None or old.kind not in ("file", "link"):
+            continue
+        parent = f.path.rpartition("/")[0]
+        if parent not in made:
+            os.makedirs(os.path.join(scratch, parent), exist_ok=True)
+            made.add(parent)
+        target = os.path.join(scratch, f.path)
+        if old.kind == "link":
+            os.symlink(old.content, target)
+            continue
+        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        try:
+            view = memoryview(old.content)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fchmod(fd, 0o755 if old.exec else 0o644)
+        finally:
+            os.close(fd)
 
 
 def _tree(root: Path) -> dict[str, State]:
+    """Every file and symlink below `root` (the scratch copy), but its `.git`."""
     out: dict[str, State] = {}
-    for dirpath, dirnames, filenames in os.walk(root):
-        rel_dir = os.path.relpath(dirpath, root)
-        if rel_dir == ".":
-            dirnames[:] = [d for d in dirnames if d != ".git"]
-        for name in filenames + [d for d in dirnames if os.path.islink(os.path.join(dirpath, d))]:
-            full = os.path.join(dirpath, name)
-            rel = os.path.normpath(os.path.join(rel_dir, name))
-            st = os.lstat(full)
-            if stat.S_ISLNK(st.st_mode):
-                out[rel] = State("link", os.fsencode(os.readlink(full)))
-            else:
-                with open(full, "rb") as fh:
-                    out[rel] = State("file", fh.read(), exec=bool(st.st_mode & stat.S_IXUSR))
+    todo = [("", str(root))]
+    while todo:
+        rel, full = todo.pop()
+        with os.scandir(full) as entries:
+            for e in entries:
+                path = f"{rel}/{e.name}" if rel else e.name
+                if e.is_symlink():
+                    out[path] = State("link", os.fsencode(os.readlink(e.path)))
+                elif e.is_dir(follow_symlinks=False):
+                    if path != ".git":
+                        todo.append((path, e.path))
+                else:
+                    fd = os.open(e.path, _READ_SCRATCH)
+                    try:
+                        st = os.fstat(fd)
+                        chunks = []
+                        while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
+                            chunks.append(chunk)
+                    finally:
+                        os.close(fd)
+                    out[path] = State("file", b"".join(chunks),
+                                      exec=bool(st.st_mode & stat.S_IXUSR))
     return out
 
 

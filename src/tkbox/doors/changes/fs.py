@@ -22,13 +22,14 @@ journal records is a function of this module's own walk.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import errno
 import os
 import secrets
 import stat
 import threading
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Container, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -100,6 +101,33 @@ class Checkout:
             return _state_at(fd, name, path, max_bytes, list_below)
         finally:
             os.close(fd)
+
+    def states(self, paths: Iterable[str], max_bytes: int,
+               list_below: Container[str] = frozenset()) -> Generator[tuple[str, State]]:
+        """`(path, state(path))` for each of `paths` in turn, the parent directory's
+        walk (`open_parent`'s) kept from one path to the next while the parent is the
+        same: paths in order walk each directory once. A directory swapped while the
+        states are read is not seen here; the writes walk again and compare each
+        file's identity, and refuse then. `list_below`: the paths to list below."""
+        parent: str | None = None
+        fd: int | None = None
+        blocked: str | None = None
+        try:
+            for path in paths:
+                here, _, name = path.rpartition("/")
+                if here != parent:
+                    if fd is not None:
+                        os.close(fd)
+                    parent, fd = None, None
+                    fd, _, blocked = self.open_parent(path)
+                    parent = here
+                if fd is None:
+                    yield path, State("absent", blocked_by=blocked)
+                else:
+                    yield path, _state_at(fd, name, path, max_bytes, path in list_below)
+        finally:
+            if fd is not None:
+                os.close(fd)
 
 
 def _state_at(dirfd: int, name: str, path: str, max_bytes: int, list_below: bool) -> State:
@@ -337,12 +365,15 @@ def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
     co = txn.co
-    for w in writes:  # the checkout must be as it was decided
-        if co.state(w.path, max_bytes) != w.old:
-            raise PatchRefused(f"{w.path}: the checkout changed after the decision; "
-                               "nothing was written, run tkbox apply again")
-        if w.new.kind != "absent" and not w.verify(w.new.content):
-            raise PatchRefused(f"{w.path}: the content is no longer what was decided")
+    paths = [w.path for w in writes]
+    # (each listed below, if a directory, as `state` does)
+    with contextlib.closing(co.states(paths, max_bytes, list_below=set(paths))) as now:
+        for w, (_, state) in zip(writes, now, strict=True):  # as it was decided
+            if state != w.old:
+                raise PatchRefused(f"{w.path}: the checkout changed after the decision; "
+                                   "nothing was written, run tkbox apply again")
+            if w.new.kind != "absent" and not w.verify(w.new.content):
+                raise PatchRefused(f"{w.path}: the content is no longer what was decided")
     deletions = sorted((w for w in writes if w.new.kind == "absent" and w.old.kind != "absent"
                         and w.old.blocked_by is None and w.old.kind != "dir"),
                        key=lambda w: w.path.split("/"), reverse=True)
