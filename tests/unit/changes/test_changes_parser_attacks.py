@@ -8,12 +8,22 @@ tests/integration/changes/.
 
 from __future__ import annotations
 
+import base64
 import zlib
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from tkbox.doors.changes.errors import PatchRefused
-from tkbox.doors.changes.patch import Limits, apply_section, git_blob_sha1, parse_patch, quote_path
+from tkbox.doors.changes.patch import (
+    Limits,
+    _b85decode,
+    apply_section,
+    git_blob_sha1,
+    parse_patch,
+    quote_path,
+)
 from tkbox.doors.changes.paths import check_path, check_symlink_target, is_dotgit
 from tkbox.doors.changes.plan import ABSENT, State, build, classify
 from tkbox.doors.changes.sensitive import rules, sensitive_reason
@@ -205,7 +215,6 @@ def test_content_other_than_the_index_line_names_is_refused() -> None:
 
 def binary_add(path: bytes, content: bytes, claimed: int | None = None,
                compressed: bytes | None = None) -> bytes:
-    import base64
     data = compressed if compressed is not None else zlib.compress(content)
     lines = b""
     for i in range(0, len(data), 52):
@@ -223,6 +232,29 @@ def test_binary_literal_roundtrips() -> None:
     data = bytes(range(256)) * 3
     (s,) = parse_patch(binary_add(b"b.bin", data)).sections
     assert s.binary == data and apply_section(s, None, 1 << 20) == data
+
+
+_B85 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+
+
+@given(st.one_of(st.binary(max_size=60).map(lambda b: base64.b85encode(b, pad=True)),
+                 st.lists(st.sampled_from(_B85), max_size=60).map(bytes),
+                 st.binary(max_size=60)))
+def test_binary_data_is_read_as_the_standard_base85_reader_reads_it(text: bytes) -> None:
+    """The quick base85 reader of binary hunks (one C loop per step) takes exactly
+    what `base64.b85decode` takes, as the same bytes, for whole groups of five:
+    characters outside the alphabet and groups beyond 32 bits (`|NsC1`, `~~~~~`)
+    refused."""
+    text = (text + text[:4] + b"|NsC1" + b"00000")[: len(text) // 5 * 5 + 5]
+    try:
+        want: bytes | str = base64.b85decode(text)
+    except ValueError:
+        want = "refused"
+    try:
+        got: bytes | str = _b85decode(text)
+    except ValueError:
+        got = "refused"
+    assert got == want
 
 
 def test_decompression_bomb_is_refused() -> None:

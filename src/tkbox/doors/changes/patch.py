@@ -42,11 +42,13 @@ applier is only correct for what this reader accepts, so they are read together.
 
 from __future__ import annotations
 
-import base64
 import hashlib
+import operator
 import re
+import struct
 import zlib
 from dataclasses import dataclass, field
+from itertools import repeat
 
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.paths import check_path, fold_ntfs
@@ -493,6 +495,34 @@ def _binary(r: _Reader, budget: _Budget, where: str, old_oid: str) -> bytes:
     return forward
 
 
+#: git's base85 alphabet (base85.c; RFC 1924's, as `base64.b85encode` uses)
+_B85 = b"0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz!#$%&()*+-;<=>?@^_`{|}~"
+_B85_VALUE = bytes(_B85.find(bytes([c])) % 256 for c in range(256))  # 255: not base85
+
+
+def _b85decode(text: bytes) -> bytes:
+    """`base64.b85decode` of whole groups of five, ValueError where it raises one.
+
+    The standard library's is a loop in Python over each character, and binary
+    files made it half of a patch's parsing; here each step is one loop in C
+    over all the groups: the characters' values by `bytes.translate`, then
+    d0·85⁴ + d1·85³ + d2·85² + d3·85 + d4 for every group at once, refused if any
+    is not below 2³². (A test compares the two on valid and broken text.)"""
+    if len(text) % 5:
+        raise ValueError("base85 text is not whole groups of five")
+    v = text.translate(_B85_VALUE)
+    if 255 in v:
+        raise ValueError("a character that is not base85")
+    mul, add = operator.mul, operator.add
+    words = map(mul, v[0::5], repeat(85**4))
+    for k, weight in ((1, 85**3), (2, 85**2), (3, 85)):
+        words = map(add, words, map(mul, v[k::5], repeat(weight)))
+    values = list(map(add, words, v[4::5]))
+    if values and max(values) > 0xFFFFFFFF:
+        raise ValueError("a base85 group beyond 32 bits")
+    return struct.pack(f">{len(values)}I", *values)
+
+
 def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
     head = r.next()
     m = _LITERAL.fullmatch(head or b"")
@@ -519,11 +549,11 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
         if not full:
             return
         try:
-            compressed.extend(base64.b85decode(b"".join(text for _, text in full)))
+            compressed.extend(_b85decode(b"".join(text for _, text in full)))
         except ValueError:
             for lineno, text in full:
                 try:
-                    base64.b85decode(text)
+                    _b85decode(text)
                 except ValueError:
                     raise PatchRefused(f"patch line {lineno}: bad base85 data") from None
             raise PatchRefused(f"{r.where(0)}: bad base85 data") from None
@@ -557,7 +587,7 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
             continue
         decode_full()
         try:
-            chunk = base64.b85decode(line[1:-1])
+            chunk = _b85decode(line[1:-1])
         except ValueError:
             raise PatchRefused(f"{r.where(0)}: bad base85 data") from None
         if any(chunk[k:]):
