@@ -48,6 +48,7 @@ __all__ = ["apply_patch"]
 MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
 DECIDE_WINDOW = 64  # Write decisions in flight at once
 _READ_SCRATCH = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
+_CREATE_SCRATCH = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
@@ -363,7 +364,7 @@ def _populate(scratch: Path, kept: list[FilePlan]) -> None:
         if old.kind == "link":
             os.symlink(old.content, target)
             continue
-        fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC)
+        fd = os.open(target, _CREATE_SCRATCH)  # a new file: each path is there once
         try:
             view = memoryview(old.content)
             while view:
