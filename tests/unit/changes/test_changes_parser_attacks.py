@@ -9,6 +9,7 @@ tests/integration/changes/.
 from __future__ import annotations
 
 import base64
+import tracemalloc
 import zlib
 
 import pytest
@@ -262,6 +263,22 @@ def test_decompression_bomb_is_refused() -> None:
     bomb = zlib.compress(b"\x00" * (8 << 20))
     refused(binary_add(b"b", b"\x00" * 10, claimed=10, compressed=bomb), "does not inflate")
     refused(binary_add(b"b", b"", claimed=1 << 35), "more than the limit")
+
+
+def test_a_long_binary_literal_takes_memory_in_proportion_to_its_text() -> None:
+    """A guest's literal of many lines (here ~4 MB of base85 claiming 10 bytes) is
+    refused having held little more than its decoded bytes: the lines are decoded a
+    batch at a time, not all together (which took ~10× the text, and
+    `base64.b85decode` ~29×, so that a 256 MB patch would take gigabytes)."""
+    patch = (b"diff --git a/b b/b\nnew file mode 100644\n" + f"index {Z}..{'1' * 40}\n".encode()
+             + b"GIT binary patch\nliteral 10\n" + (b"z" + b"0" * 65 + b"\n") * 60_000 + b"\n")
+    tracemalloc.start()
+    try:
+        refused(patch, "does not inflate")
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 2.5 * len(patch), f"{peak / len(patch):.1f}x the patch"
 
 
 def test_delta_binary_hunks_are_refused() -> None:

@@ -67,6 +67,9 @@ _LITERAL = re.compile(rb"(literal|delta) (0|[1-9][0-9]{0,11})\n")
 _RENAME_COPY = (b"rename from ", b"rename to ", b"copy from ", b"copy to ", b"similarity index ",
                 b"dissimilarity index ", b"rename old ", b"rename new ")
 _BINARY_LINE = 52
+# full binary lines decoded together: what they take while decoded (~50 bytes of
+# objects for each 4 bytes) stays small however long a literal is
+_DECODE_AT_ONCE = 4096
 
 
 @dataclass(frozen=True)
@@ -540,9 +543,9 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
     if budget.binary > limits.max_binary_bytes:
         raise PatchRefused(f"the patch's binary files exceed {limits.max_binary_bytes} bytes")
     compressed = bytearray()
-    # Full lines are decoded together (base85 decodes each 5 characters on their own,
-    # and a full line has no padding); the batch is decoded before any later refusal,
-    # so the first bad line is still the one named.
+    # Full lines are decoded together, up to _DECODE_AT_ONCE (base85 decodes each 5
+    # characters on their own, and a full line has no padding); each batch is
+    # decoded before any later refusal, so the first bad line is still the one named.
     full: list[tuple[int, bytes]] = []  # (line number, base85 text) not yet decoded
 
     def decode_full() -> None:
@@ -584,6 +587,8 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
             raise refuse(f"{r.where(0)}: binary line of the wrong length")
         if k == _BINARY_LINE:
             full.append((r.lineno, line[1:-1]))
+            if len(full) == _DECODE_AT_ONCE:
+                decode_full()
             continue
         decode_full()
         try:
@@ -597,7 +602,7 @@ def _literal(r: _Reader, budget: _Budget, where: str) -> bytes:
     decode_full()
     d = zlib.decompressobj()
     try:
-        out = d.decompress(bytes(compressed), size + 1)
+        out = d.decompress(compressed, size + 1)
     except zlib.error:
         raise PatchRefused(f"{where}: binary data does not inflate") from None
     if len(out) != size or not d.eof or d.unused_data or d.unconsumed_tail:
