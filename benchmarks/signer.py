@@ -198,6 +198,11 @@ def request(i: int, repeat: bool = False) -> Request:
     return "Bash", {"command": _COMMANDS[i % len(_COMMANDS)].format(i=i)}, {"cwd": "/workspace"}
 
 
+def shifted(offset: int) -> Callable[[int], Request]:
+    """`request`, numbered from `offset`: requests no earlier round has made."""
+    return lambda i: request(i + offset)
+
+
 async def decisions_with(c: Any, n: int, concurrency: int, tag: str = "",
                          make: Callable[[int], Request] = request) -> dict[str, float]:
     """Durable decisions/s with `concurrency` in flight, and p50/p99 one at a time,
@@ -239,23 +244,16 @@ def decisions_beside_inserts(signer: Signer, n: int, concurrency: int,
     got: dict[str, list[float]] = {"per_second": [], "p50_ms": [], "p99_ms": []}
     inserts: list[float] = []
     for r in range(rounds):
-        offset = (r + 1) * 20_000_000
-
-        def fresh(i: int, offset: int = offset) -> Request:
-            return request(i + offset)
-
-        def decide(r: int = r, fresh: Callable[[int], Request] = fresh) -> None:
+        for step in ("decide", "insert") if r % 2 == 0 else ("insert", "decide"):
+            if step == "insert":
+                (signer.root / f"raw{r}").mkdir()
+                inserts.append(raw_sqlite(signer.root / f"raw{r}"))
+                continue
             d = asyncio.run(decisions_with(UnixSignerClient(signer.socket, timeout=30), n,
-                                           concurrency, f"-r{r}", fresh))
-            for k in got:
-                got[k].append(d[k])
-
-        def insert(r: int = r) -> None:
-            (signer.root / f"raw{r}").mkdir()
-            inserts.append(raw_sqlite(signer.root / f"raw{r}"))
-
-        for step in ((decide, insert) if r % 2 == 0 else (insert, decide)):
-            step()
+                                           concurrency, f"-r{r}",
+                                           shifted((r + 1) * 20_000_000)))
+            for k, v in got.items():
+                v.append(d[k])
     return ({k: statistics.median(v) for k, v in got.items()}, statistics.median(inserts))
 
 
@@ -336,14 +334,10 @@ def workers_or_not(n: int, concurrency: int, rounds: int = 3) -> tuple[int, floa
         got: dict[int, list[float]] = {0: [], 1: []}
         for r in range(rounds):
             order = [(1, with_w), (0, without)] if r % 2 == 0 else [(0, without), (1, with_w)]
-            offset = (r + 1) * 10_000_000
-
-            def fresh(i: int, offset: int = offset) -> Request:
-                return request(i + offset)
-
             for k, s in order:
                 d = asyncio.run(decisions_with(UnixSignerClient(s.socket, timeout=30), n,
-                                               concurrency, f"-ab{r}", fresh))
+                                               concurrency, f"-ab{r}",
+                                               shifted((r + 1) * 10_000_000)))
                 got[k].append(d["per_second"])
         return with_w.workers, statistics.median(got[1]), statistics.median(got[0])
     finally:

@@ -67,9 +67,10 @@ class Checkout:
     def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def open_parent(self, path: str) -> tuple[int | None, str, str | None]:
-        """(fd of the parent or None, the name, the first ancestor that is not a dir)."""
-        *dirs, name = path.split("/")
+    def open_parent(self, path: str) -> tuple[int | None, str | None]:
+        """(fd of the parent of `path`, or None, and then the first ancestor that is not
+        a directory, or None if one is missing)."""
+        *dirs, _ = path.split("/")
         fd = os.dup(self.fd)
         walked: list[str] = []
         for d in dirs:
@@ -78,37 +79,27 @@ class Checkout:
                 nfd = os.open(d, _DIR, dir_fd=fd)
             except FileNotFoundError:
                 os.close(fd)
-                return None, name, None
+                return None, None
             except OSError as e:
                 os.close(fd)
                 if e.errno in (errno.ENOTDIR, errno.ELOOP):
-                    return None, name, "/".join(walked)
+                    return None, "/".join(walked)
                 raise
             os.close(fd)
             fd = nfd
-        return fd, name, None
-
-    def state(self, path: str, max_bytes: int, list_below: bool = True) -> State:
-        """What is at `path` now, read without following symlinks.
-
-        `list_below`: for a directory, list what is below it (only needed for
-        a path the patch names, never for its ancestors).
-        """
-        fd, name, blocked = self.open_parent(path)
-        if fd is None:
-            return State("absent", blocked_by=blocked)
-        try:
-            return _state_at(fd, name, path, max_bytes, list_below)
-        finally:
-            os.close(fd)
+        return fd, None
 
     def states(self, paths: Iterable[str], max_bytes: int,
                list_below: Container[str] = frozenset()) -> Generator[tuple[str, State]]:
-        """`(path, state(path))` for each of `paths` in turn, the parent directory's
-        walk (`open_parent`'s) kept from one path to the next while the parent is the
-        same: paths in order walk each directory once. A directory swapped while the
-        states are read is not seen here; the writes walk again and compare each
-        file's identity, and refuse then. `list_below`: the paths to list below."""
+        """`(path, what is at path now)` for each of `paths` in turn, read without
+        following symlinks. The parent directory's walk (`open_parent`'s) is kept from
+        one path to the next while the parent is the same: paths in order walk each
+        directory once. A directory swapped while the states are read is not seen
+        here; the writes walk again and compare each file's identity, and refuse then.
+
+        `list_below`: the paths whose directory, if they are one, is listed below
+        (needed for a path the patch names, never for its ancestors).
+        """
         parent: str | None = None
         fd: int | None = None
         blocked: str | None = None
@@ -118,8 +109,8 @@ class Checkout:
                 if here != parent:
                     if fd is not None:
                         os.close(fd)
-                    parent, fd = None, None
-                    fd, _, blocked = self.open_parent(path)
+                        fd = None
+                    fd, blocked = self.open_parent(path)
                     parent = here
                 if fd is None:
                     yield path, State("absent", blocked_by=blocked)
@@ -365,8 +356,7 @@ def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
     co = txn.co
-    paths = [w.path for w in writes]
-    # (each listed below, if a directory, as `state` does)
+    paths = [w.path for w in writes]  # each named by the patch: listed below, as planned
     with contextlib.closing(co.states(paths, max_bytes, list_below=set(paths))) as now:
         for w, (_, state) in zip(writes, now, strict=True):  # as it was decided
             if state != w.old:
