@@ -19,12 +19,17 @@ is still in the page cache, on both sides), then times, in the same run:
 
 Before each timed step everything written so far is flushed, untimed: a
 syncfs in one step must not pay for the pages an earlier step left dirty (git
-apply does not flush its own). All results are checked to be identical. Each
-figure is the best of `--repeat` rounds, and each ratio is also given as the
-median of the rounds' own ratios (both sides measured in the same round, with
-the disk in the same state).
+apply does not flush its own). The order of the steps rotates from round to
+round, so that no step always comes after the same other: on an ext4 without
+a journal, for one, a new file costs a scan past every inode freed in the last
+30 seconds, so a step pays for the files the step before it removed (the
+filesystem is printed, with a warning for that case). All results are checked
+to be identical. Each figure is the best of `--repeat` rounds, and each ratio
+is also given as the median of the rounds' own ratios (both sides measured in
+the same round).
 
     .venv/bin/python benchmarks/apply.py [--files N] [--repeat R] [--signer real|fake]
+                                         [--dir DIR] [--cached]
 """
 
 from __future__ import annotations
@@ -94,6 +99,28 @@ async def door(patch: bytes, co: Path, signer: SignerClient) -> float:
     return dt
 
 
+def filesystem(path: Path) -> str:
+    """The type and device of the filesystem holding `path`, and for ext4 whether it
+    has a journal (Linux only: from /proc)."""
+    best: tuple[str, str, str] = ("", "?", "?")  # mount point, type, device
+    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            where = left.split()[4].replace("\\040", " ")
+            inside = str(path) == where or str(path).startswith(where.rstrip("/") + "/")
+            if inside and len(where) >= len(best[0]):
+                kind, device = right.split()[:2]
+                best = (where, kind, device)
+    _, kind, device = best
+    if kind == "ext4" and not Path(f"/proc/fs/jbd2/{os.path.basename(device)}-8").exists():
+        return (f"ext4 on {device} without a journal: creating a file there scans past "
+                "each inode freed in the last 30 s, so git apply (which removes and "
+                "recreates each file) and whatever runs after a step that removed files "
+                "pay for it; the rounds rotate the order, but prefer a journaled "
+                "filesystem (--dir)")
+    return f"{kind} on {device}"
+
+
 def settle(cached: bool) -> None:
     """Everything written so far on disk (untimed), so the next step pays only for its
     own writes; with `--cached`, nothing is flushed."""
@@ -104,14 +131,17 @@ def settle(cached: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--files", type=int, default=1100)
-    ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--repeat", type=int, default=4)
     ap.add_argument("--signer", choices=("real", "fake", "both"), default="both")
+    ap.add_argument("--dir", help="where the checkouts are made (default: the temporary "
+                    "directory, $TMPDIR)")
     ap.add_argument("--cached", action="store_true",
                     help="do not flush the copies first (files only in the page cache)")
     args = ap.parse_args()
     kinds = ["fake", "real"] if args.signer == "both" else [args.signer]
-    with tempfile.TemporaryDirectory() as d, contextlib.ExitStack() as stack:
+    with tempfile.TemporaryDirectory(dir=args.dir) as d, contextlib.ExitStack() as stack:
         root = Path(d)
+        fs = filesystem(root)
         socket = None
         if "real" in kinds:
             sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -128,8 +158,15 @@ def main() -> None:
                 shutil.copytree(root / "lower", co)
                 if k in kinds:
                     subprocess.run(["git", "init", "-q"], cwd=co, check=True)
-            for k in ("git", "git+sync"):
+            steps = list(times)  # each step in each place of the order, round by round
+            steps = steps[r % len(steps):] + steps[:r % len(steps)]
+            for k in steps:
                 settle(args.cached)
+                if k in kinds:
+                    signer: SignerClient = (FakeSigner() if k == "fake" else
+                                            UnixSignerClient(socket))  # type: ignore[arg-type]
+                    times[k].append(asyncio.run(door(patch, copies[k], signer)))
+                    continue
                 t = time.perf_counter()
                 subprocess.run(["git", "apply", "--whitespace=nowarn", str(root / "p.diff")],
                                cwd=copies[k], check=True)
@@ -137,14 +174,11 @@ def main() -> None:
                     subprocess.run(["sync", "-f", "."], cwd=copies[k], check=True)
                 times[k].append(time.perf_counter() - t)
             for k in kinds:
-                settle(args.cached)
-                signer: SignerClient = (FakeSigner() if k == "fake" else
-                                        UnixSignerClient(socket))  # type: ignore[arg-type]
-                times[k].append(asyncio.run(door(patch, copies[k], signer)))
                 assert tree(copies["git"]) == tree(copies[k]), f"git apply and {k} disagree"
     g, gs = min(times["git"]), min(times["git+sync"])
     print(f"patch: {len(patch)} bytes, {sections} sections, {args.files} files in the checkout"
           + (" (page cache only: --cached)" if args.cached else " (on disk)"))
+    print(f"filesystem: {fs}")
     print(f"git apply:                  {g * 1000:8.1f} ms (best of {args.repeat}; rounds: "
           + ", ".join(f"{x * 1000:.0f}" for x in times["git"]) + ")")
     print(f"git apply + syncfs:         {gs * 1000:8.1f} ms (its writes durable, as the door's)")
