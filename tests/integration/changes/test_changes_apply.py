@@ -150,23 +150,24 @@ def test_parent_swapped_for_a_symlink_after_decision_is_refused(tmp_path: Path) 
     assert (outside / "x").read_bytes() == b"x\n"
 
 
-def test_failure_half_way_leaves_the_checkout_as_it_was(tmp_path: Path, monkeypatch:
-                                                        pytest.MonkeyPatch) -> None:
-    """An error after some files are in place undoes every step."""
+def test_failure_half_way_leaves_the_checkout_as_it_was(tmp_path: Path, placing: Any) -> None:
+    """An error after some files are in place undoes every step, whichever way the files
+    take their names."""
     lower = {"a": file(b"a\n"), "d/b": file(b"b\n"), "del": file(b"x\n"), "z/old": file(b"o\n")}
     final = {"a": file(b"A\n"), "d/b": file(b"B\n"), "n/e/w": file(b"new\n"), "z": file(b"f\n")}
     patch = guest_patch(tmp_path, lower, final)
     co = checkout(tmp_path, lower)
-    real_link = os.link
-    calls = {"n": 0}
+    calls = {"n": 0, "undoing": 0}
 
-    def failing_link(*a: Any, **k: Any) -> None:
+    def third_fails() -> None:  # the undo steps may place files back: counted apart
+        if calls["n"] == 3:
+            calls["undoing"] += 1
+            return
         calls["n"] += 1
         if calls["n"] == 3:
             raise OSError(28, "No space left on device")
-        real_link(*a, **k)
 
-    monkeypatch.setattr(fs_mod.os, "link", failing_link)
+    placing.before_each(third_fails)
     signer = FakeSigner()
     with pytest.raises(ApplyFailed) as err:
         apply(patch, co, signer)
@@ -182,6 +183,96 @@ def test_failure_half_way_leaves_the_checkout_as_it_was(tmp_path: Path, monkeypa
     assert calls["n"] == 3
     assert read_tree(co) == lower
     assert sorted(os.listdir(co)) == [".git", "a", "d", "del", "z"]
+
+
+def test_a_replaced_file_is_in_the_checkout_at_every_step(tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A reader of the checkout during the apply (a test runner, an editor) finds each
+    file the patch modifies, old or new, never missing: it takes its new content in one
+    exchange where the filesystem has renameat2's flags (it does here)."""
+    assert fs_mod._RENAMEAT2 is not None
+    lower = {"a": file(b"a\n"), "d/b": file(b"b\n"), "d/c": file(b"c\n"), "gone": file(b"g\n")}
+    final = {"a": file(b"A\n"), "d/b": file(b"B\n"), "d/c": file(b"c\n"), "d/new": file(b"n\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    seen: list[str] = []
+
+    def look() -> None:
+        for path in ("a", "d/b"):
+            try:
+                seen.append((co / path).read_bytes().decode())
+            except FileNotFoundError:
+                seen.append(f"{path} missing")
+
+    def watched(real: Any) -> Any:
+        def call(*a: Any, **k: Any) -> Any:
+            look()
+            real(*a, **k)
+            look()
+        return call
+
+    for name in ("rename", "link", "unlink"):
+        monkeypatch.setattr(fs_mod.os, name, watched(getattr(os, name)))
+    monkeypatch.setattr(fs_mod, "_RENAMEAT2", watched(fs_mod._RENAMEAT2))
+    apply(patch, co)
+    assert read_tree(co) == final
+    assert seen and set(seen) == {"a\n", "A\n", "b\n", "B\n"}, sorted(set(seen))
+
+
+def test_a_file_saved_as_it_is_replaced_keeps_the_save(tmp_path: Path, placing: Any) -> None:
+    """The person saves `b` just as tkbox is about to give the new `b` its name: their
+    save stays and nothing of the patch is kept. Exchanged, the file that came out is
+    not the one decided on, and the exchange is undone; moved aside, the save takes the
+    empty name first and is never written over (the original stays in the staging
+    directory, and the error says so)."""
+    from tkbox.errors import HostError
+
+    lower = {"a": file(b"a\n"), "b": file(b"b\n")}
+    patch = guest_patch(tmp_path, lower, {"a": file(b"A\n"), "b": file(b"B\n")})
+    co = checkout(tmp_path, lower)
+    calls = {"n": 0}
+
+    def person_saves_b() -> None:
+        calls["n"] += 1
+        if calls["n"] == 2:  # b's turn: a, then b
+            (co / "b").write_bytes(b"saved by the person\n")
+
+    placing.before_each(person_saves_b)
+    with pytest.raises((PatchRefused, HostError)) as err:
+        apply(patch, co)
+    assert (co / "a").read_bytes() == b"a\n"
+    assert (co / "b").read_bytes() == b"saved by the person\n"
+    left = sorted(p.name for p in co.iterdir() if p.name.startswith(".tkbox"))
+    if placing.way == "renameat2":
+        assert isinstance(err.value, PatchRefused)
+        assert "b: the checkout changed while writing" in str(err.value)
+        assert left == []
+    else:
+        assert isinstance(err.value, HostError) and "restore b (File exists)" in str(err.value)
+        assert len(left) == 1 and left[0] in str(err.value)
+        assert (co / left[0] / "2").read_bytes() == b"b\n"  # the original, kept
+
+
+def test_a_filesystem_without_renameat2_flags_is_written_the_other_way(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where renameat2 refuses its flags (EINVAL: some network and FUSE filesystems),
+    the first file says so, and every file is moved aside and linked instead."""
+    import errno
+
+    lower = {"a": file(b"a\n"), "d/b": file(b"b\n"), "gone": file(b"g\n")}
+    final = {"a": file(b"A\n"), "d/b": file(b"B\n"), "d/new": file(b"n\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    calls: list[tuple[Any, ...]] = []
+
+    def lacking(*a: Any) -> None:
+        calls.append(a)
+        raise OSError(errno.EINVAL, os.strerror(errno.EINVAL))
+
+    monkeypatch.setattr(fs_mod, "_RENAMEAT2", lacking)
+    apply(patch, co)
+    assert read_tree(co) == final and len(calls) == 1
+    assert [p for p in co.rglob("*") if p.name.startswith(".tkbox")] == []
 
 
 def test_path_that_is_a_symlink_in_the_checkout_is_never_written_through(tmp_path: Path) -> None:

@@ -3,7 +3,8 @@
 A crash half-way must never leave a checkout file that names bytes still only in
 memory. A few files are fsync'd one each (together, from a thread pool); from
 `fs.SYNCFS_FROM` files one syncfs per filesystem does it. Either way, every flush
-happens before the first `link` into place, and the result is exactly the patch.
+happens before the first file takes its name (exchanged or put with renameat2, or
+linked where the filesystem lacks its flags), and the result is exactly the patch.
 """
 
 from __future__ import annotations
@@ -28,8 +29,8 @@ from tkbox.record.testing import FakeSigner  # noqa: E402
 pytestmark = pytest.mark.integration
 
 
-def _apply(tmp: Path, n: int,
-           monkeypatch: pytest.MonkeyPatch) -> tuple[list[str], Path, dict[str, Any]]:
+def _apply(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch,
+           placing: Any) -> tuple[list[str], Path, dict[str, Any]]:
     lower = {f"d{i % 7}/f{i}.txt": file(b"old %d\n" % i) for i in range(n)}
     final = {p: file(b"new %d\n" % i) for i, p in enumerate(lower)}
     final.update({f"new/n{i}": file(b"n\n") for i in range(n // 4)})
@@ -40,23 +41,19 @@ def _apply(tmp: Path, n: int,
     co = tmp / "co"
     make_tree(co, lower)
     events: list[str] = []
-    real_fsync, real_link, real_syncfs = os.fsync, os.link, fs_mod._SYNCFS
+    real_fsync, real_syncfs = os.fsync, fs_mod._SYNCFS
     assert real_syncfs is not None, "this libc has syncfs"
 
     def fsync(fd: int) -> None:
         events.append("fsync")
         real_fsync(fd)
 
-    def link(*a: Any, **k: Any) -> None:
-        events.append("link")
-        real_link(*a, **k)
-
     def syncfs(fd: int) -> None:
         events.append("syncfs")
         real_syncfs(fd)
 
     monkeypatch.setattr(fs_mod.os, "fsync", fsync)
-    monkeypatch.setattr(fs_mod.os, "link", link)
+    placing.before_each(lambda: events.append("place"))
     monkeypatch.setattr(fs_mod, "_SYNCFS", syncfs)
 
     async def go() -> None:
@@ -66,29 +63,31 @@ def _apply(tmp: Path, n: int,
         assert report.count("applied") == len(report.files)
 
     asyncio.run(go())
+    assert [p for p in co.rglob("*") if p.name.startswith(".tkbox")] == []  # nothing left
     return events, co, final
 
 
 def test_a_few_files_are_each_fsynced_before_any_takes_its_name(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placing: Any) -> None:
     n = fs_mod.SYNCFS_FROM // 2
-    events, co, final = _apply(tmp_path, n, monkeypatch)
+    events, co, final = _apply(tmp_path, n, monkeypatch, placing)
     assert read_tree(co) == final
     written = n + n // 4
     assert events.count("fsync") == written and "syncfs" not in events
-    assert events.index("link") > max(i for i, e in enumerate(events) if e == "fsync")
+    assert events.count("place") == written
+    assert events.index("place") > max(i for i, e in enumerate(events) if e == "fsync")
 
 
 def test_many_files_are_flushed_by_one_syncfs_before_any_takes_its_name(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    events, co, final = _apply(tmp_path, fs_mod.SYNCFS_FROM * 2, monkeypatch)
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placing: Any) -> None:
+    events, co, final = _apply(tmp_path, fs_mod.SYNCFS_FROM * 2, monkeypatch, placing)
     assert read_tree(co) == final
     assert events.count("syncfs") == 1 and "fsync" not in events  # one filesystem here
-    assert events.index("syncfs") < events.index("link")
+    assert events.index("syncfs") < events.index("place")
 
 
 def test_many_files_failing_half_way_leave_the_checkout_as_it_was(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+        tmp_path: Path, placing: Any) -> None:
     """The syncfs path keeps the all-or-nothing rule: a write failing after some files
     took their names undoes every step, temporaries included."""
     from tkbox.doors.changes import ApplyFailed
@@ -102,16 +101,14 @@ def test_many_files_failing_half_way_leave_the_checkout_as_it_was(
     write_patch(tmp_path / "lower", tmp_path / "upper", out, max_bytes=1 << 24)
     co = tmp_path / "co"
     make_tree(co, lower)
-    real_link = os.link
     calls = {"n": 0}
 
-    def link(*a: Any, **k: Any) -> None:
+    def half_way() -> None:
         calls["n"] += 1
         if calls["n"] == n // 2:
             raise OSError(28, "No space left on device")
-        real_link(*a, **k)
 
-    monkeypatch.setattr(fs_mod.os, "link", link)
+    placing.before_each(half_way)
 
     async def go() -> None:
         signer = FakeSigner()

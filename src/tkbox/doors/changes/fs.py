@@ -6,13 +6,20 @@ parent's descriptor, starting from the checkout root, so a symlinked parent
 redirecting it. Files are read with `O_NOFOLLOW`; each new file is written to
 a temporary file created with `O_CREAT|O_EXCL|O_NOFOLLOW|O_WRONLY` in its
 target directory; once all are written and durable (a few: fsync'd together
-from a thread pool; many: one syncfs per filesystem), each is linked into place.
+from a thread pool; many: one syncfs per filesystem), each takes its name in
+one step with renameat(2)'s flags: exchanged with the file it replaces
+(`RENAME_EXCHANGE`), whose identity is then checked under the temporary name,
+or put where nothing is (`RENAME_NOREPLACE`, which fails if something appeared).
+A name the patch modifies holds the old file or the new one at every moment.
+Where the filesystem lacks those flags, the original is moved aside and the new
+file linked into place (`link` fails if something appeared), as before them.
 
-`write_all` is a transaction: originals are moved aside into a
-private staging directory at the checkout root, every step is journalled, and
-a failure at any step undoes the journal in reverse, leaving the checkout as
-it was. On success the staging directory is removed. (If the process dies
-mid-way, the staging directory `.tkbox-apply-*` holds the originals.)
+`write_all` is a transaction: every step is journalled, and a failure at any
+step undoes the journal in reverse, leaving the checkout as it was. Replaced
+files stay beside their new versions under the temporary names, deleted ones
+(and replaced ones where the flags are missing) in a private staging directory
+at the checkout root; on success both are removed. (If the process dies
+mid-way, they are there: `.tkbox-*.tmp` names and `.tkbox-apply-*`.)
 
 Why one module (about 530 lines): the descriptor-relative walk, the durable
 writes and the journalled transaction are one guarantee (nothing followed,
@@ -192,6 +199,30 @@ def _syncfs() -> Callable[[int], None] | None:
 
 _SYNCFS = _syncfs()
 
+RENAME_NOREPLACE, RENAME_EXCHANGE = 1, 2  # renameat2(2)'s flags
+_NO_RENAME_FLAGS = (errno.EINVAL, errno.ENOSYS, errno.EOPNOTSUPP)  # this filesystem lacks them
+
+
+def _renameat2() -> Callable[[int, str, str, int], None] | None:
+    """`run(dirfd, old, new, flags)`: renameat2(2) within one directory, from the C
+    library (Python has no binding), or None where it is missing."""
+    try:
+        call = ctypes.CDLL(None, use_errno=True).renameat2
+    except (OSError, AttributeError):
+        return None
+    call.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p,
+                     ctypes.c_uint]
+    call.restype = ctypes.c_int
+
+    def run(dirfd: int, old: str, new: str, flags: int) -> None:
+        if call(dirfd, os.fsencode(old), dirfd, os.fsencode(new), flags) != 0:
+            err = ctypes.get_errno()
+            raise OSError(err, os.strerror(err))
+    return run
+
+
+_RENAMEAT2 = _renameat2()
+
 
 class _Flusher:
     """Make every temporary file durable before any of them takes its real name.
@@ -269,6 +300,9 @@ class _Txn:
     stage: str = ""
     stage_fd: int = -1
     undo: list[tuple[str, Callable[[], None]]] = field(default_factory=list)
+    replaced: list[tuple[list[str], str]] = field(default_factory=list)  # originals, by tmp
+    renameat2: Callable[[int, str, str, int], None] | None = field(
+        default_factory=lambda: _RENAMEAT2)  # None once a filesystem lacks its flags
     counter: int = 0
     current: str = ""  # the checkout path being written, for errors
 
@@ -349,9 +383,9 @@ def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
     try:
         _cleanup(txn)
     except OSError as e:
-        raise HostError(f"the patch was applied, but the staging directory {txn.stage!r} in "
-                        f"the checkout could not be removed ({e.strerror}); remove it by hand"
-                        ) from None
+        raise HostError(f"the patch was applied, but the originals it replaced could not all "
+                        f"be removed ({e.strerror}): remove the .tkbox-*.tmp files and "
+                        f"{txn.stage!r} in the checkout by hand") from None
 
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
@@ -452,13 +486,30 @@ def _move_aside(txn: _Txn, fd: int, dirs: list[str], name: str, old: State) -> N
 
 
 def _restore(txn: _Txn, dirs: list[str], name: str, backup: str) -> Callable[[], None]:
-    def run() -> None:
+    def run() -> None:  # never over what took the name meanwhile: that is left, reported
         fd = _walk(txn.co, dirs)
         try:
-            os.rename(backup, name, src_dir_fd=txn.stage_fd, dst_dir_fd=fd)
+            _link_or_rename(txn.stage_fd, backup, fd, name)
         finally:
             os.close(fd)
     return run
+
+
+def _link_or_rename(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
+    """Give `src` the name `dst`, or raise FileExistsError if something has it: a link
+    then an unlink; where the filesystem has no hard links, a look then a rename."""
+    try:
+        os.link(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd, follow_symlinks=False)
+    except OSError as e:
+        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
+            raise
+        try:
+            os.stat(dst, dir_fd=dst_fd, follow_symlinks=False)
+        except FileNotFoundError:
+            os.rename(src, dst, src_dir_fd=src_fd, dst_dir_fd=dst_fd)
+            return
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST)) from None
+    os.unlink(src, dir_fd=src_fd)
 
 
 def _unlink(txn: _Txn, dirs: list[str], name: str) -> Callable[[], None]:
@@ -499,27 +550,52 @@ def _put_temporary(txn: _Txn, fd: int, dirs: list[str], w: Write, flusher: _Flus
 
 
 def _put(txn: _Txn, fd: int, dirs: list[str], name: str, tmp: str, w: Write) -> None:
-    """Give the temporary file its real name, the original moved aside first."""
+    """Give the temporary file its real name: in one step where the filesystem has
+    renameat2's flags, else with the original moved aside first."""
     path = "/".join([*dirs, name])
     present = w.old.kind != "absent" and w.old.blocked_by is None and w.old.kind != "dir"
+    if (rename := txn.renameat2) is not None:
+        try:
+            rename(fd, tmp, name, RENAME_EXCHANGE if present else RENAME_NOREPLACE)
+        except OSError as e:
+            if e.errno == errno.EEXIST and not present:
+                raise PatchRefused(f"{path}: appeared in the checkout while writing; nothing "
+                                   "was kept, run tkbox apply again") from None
+            if e.errno == errno.ENOENT and present:
+                raise PatchRefused(f"{path}: the checkout changed while writing; nothing was "
+                                   "kept, run tkbox apply again") from None
+            if e.errno not in _NO_RENAME_FLAGS:
+                raise
+            txn.renameat2 = None  # this filesystem: the steps below, from here on
+        else:
+            if present:  # the original is now at `tmp`: it must be what was decided on
+                txn.undo.append((f"restore {path}", _exchange(txn.co, rename, dirs, tmp, name)))
+                txn.replaced.append((dirs, tmp))
+                _check_ident(fd, tmp, w.old, path)
+            else:
+                txn.undo.append((f"remove new {path}", _unlink(txn, dirs, name)))
+            return
     if present:
         _move_aside(txn, fd, dirs, name, w.old)
     else:
         _check_ident(fd, name, ABSENT, path)
-    # link() fails if something appeared at `name` meanwhile; rename() would replace it
-    try:
-        os.link(tmp, name, src_dir_fd=fd, dst_dir_fd=fd, follow_symlinks=False)
-    except OSError as e:
-        if e.errno == errno.EEXIST:
-            raise PatchRefused(f"{path}: appeared in the checkout while writing; nothing was "
-                               "kept, run tkbox apply again") from None
-        if e.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.EXDEV, errno.EMLINK):
-            raise
-        _check_ident(fd, name, ABSENT, path)
-        os.rename(tmp, name, src_dir_fd=fd, dst_dir_fd=fd)
-    else:
-        os.unlink(tmp, dir_fd=fd)
+    try:  # not rename(): it would replace what appeared at `name` meanwhile
+        _link_or_rename(fd, tmp, fd, name)
+    except FileExistsError:
+        raise PatchRefused(f"{path}: appeared in the checkout while writing; nothing was "
+                           "kept, run tkbox apply again") from None
     txn.undo.append((f"remove new {path}", _unlink(txn, dirs, name)))
+
+
+def _exchange(co: Checkout, rename: Callable[[int, str, str, int], None], dirs: list[str],
+              a: str, b: str) -> Callable[[], None]:
+    def run() -> None:
+        fd = _walk(co, dirs)
+        try:
+            rename(fd, a, b, RENAME_EXCHANGE)
+        finally:
+            os.close(fd)
+    return run
 
 
 def _unlink_quiet(txn: _Txn, dirs: list[str], name: str) -> Callable[[], None]:
@@ -551,7 +627,18 @@ def _rollback(txn: _Txn, exc: BaseException) -> None:
 
 
 def _cleanup(txn: _Txn) -> None:
-    """Drop the originals kept for undo: only files we put in the staging dir."""
+    """Drop the originals kept for undo: the replaced ones under their temporary
+    names (each directory walked once), then what we put in the staging dir."""
+    by_dir: dict[tuple[str, ...], list[str]] = {}
+    for dirs, tmp in txn.replaced:
+        by_dir.setdefault(tuple(dirs), []).append(tmp)
+    for dirs_t, names in by_dir.items():
+        fd = _walk(txn.co, list(dirs_t))
+        try:
+            for name in names:
+                os.unlink(name, dir_fd=fd)
+        finally:
+            os.close(fd)
     fd = os.open(txn.stage, _DIR, dir_fd=txn.co.fd)
     try:
         for name in os.listdir(fd):
