@@ -21,7 +21,7 @@ files stay beside their new versions under the temporary names, deleted ones
 at the checkout root; on success both are removed. (If the process dies
 mid-way, they are there: `.tkbox-*.tmp` names and `.tkbox-apply-*`.)
 
-Why one module (about 530 lines): the descriptor-relative walk, the durable
+Why one module (about 650 lines): the descriptor-relative walk, the durable
 writes and the journalled transaction are one guarantee (nothing followed,
 nothing half-written, everything undone on failure); every undo step the
 journal records is a function of this module's own walk.
