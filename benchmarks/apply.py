@@ -23,7 +23,7 @@ apply does not flush its own). The order of the steps rotates from round to
 round, so that no step always comes after the same other: on an ext4 without
 a journal, for one, a new file costs a scan past every inode freed in the last
 30 seconds, so a step pays for the files the step before it removed (the
-filesystem is printed, with a warning for that case). All results are checked
+filesystem is printed, with a warning for that case: benchmarks/disk.py). All results are checked
 to be identical. Each figure is the best of `--repeat` rounds, and each ratio
 is also given as the median of the rounds' own ratios (both sides measured in
 the same round).
@@ -47,6 +47,9 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk import filesystem  # noqa: E402
 
 from tkbox.doors.changes import apply_patch
 from tkbox.guest.diff import write_patch
@@ -99,28 +102,6 @@ async def door(patch: bytes, co: Path, signer: SignerClient) -> float:
     return dt
 
 
-def filesystem(path: Path) -> str:
-    """The type and device of the filesystem holding `path`, and for ext4 whether it
-    has a journal (Linux only: from /proc)."""
-    best: tuple[str, str, str] = ("", "?", "?")  # mount point, type, device
-    with contextlib.suppress(OSError), open("/proc/self/mountinfo") as f:
-        for line in f:
-            left, _, right = line.partition(" - ")
-            where = left.split()[4].replace("\\040", " ")
-            inside = str(path) == where or str(path).startswith(where.rstrip("/") + "/")
-            if inside and len(where) >= len(best[0]):
-                kind, device = right.split()[:2]
-                best = (where, kind, device)
-    _, kind, device = best
-    if kind == "ext4" and not Path(f"/proc/fs/jbd2/{os.path.basename(device)}-8").exists():
-        return (f"ext4 on {device} without a journal: creating a file there scans past "
-                "each inode freed in the last 30 s, so git apply (which removes and "
-                "recreates each file) and whatever runs after a step that removed files "
-                "pay for it; the rounds rotate the order, but prefer a journaled "
-                "filesystem (--dir)")
-    return f"{kind} on {device}"
-
-
 def settle(cached: bool) -> None:
     """Everything written so far on disk (untimed), so the next step pays only for its
     own writes; with `--cached`, nothing is flushed."""
@@ -144,7 +125,6 @@ def main() -> None:
         fs = filesystem(root)
         socket = None
         if "real" in kinds:
-            sys.path.insert(0, str(Path(__file__).resolve().parent))
             from real_stack import real_stack
 
             socket = stack.enter_context(real_stack(root / "signer", daemon=False)).signer_socket

@@ -42,6 +42,11 @@ this process on the same disk:
   verification), with the process's peak RSS (VmHWM) beside the peak RSS of
   one that imports the same and only reads the bundle.
 
+Everything durable is on the filesystem of $TMPDIR, printed first. The raw
+inserts' baseline is mostly the disk's fsync: on an ext4 without a journal
+(this project's test host) that is far cheaper than on a journaled one, and
+the decisions' ratio to it reads lower than on a user's disk (benchmarks/disk.py).
+
 Requests in the decision runs are all different (`--decisions` distinct
 command lines, hosts and paths: the cache never answers), except in the
 agent-like run, where about half repeat. Goals (issue 14): ≥ 5,000 durable
@@ -84,6 +89,9 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
 
 from tkbox.record.unix import UnixSignerClient
 from tkbox.verify import verify_bundle
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from disk import filesystem  # noqa: E402
 
 
 def raw_ed25519(seconds: float = 1.0) -> float:
@@ -519,6 +527,7 @@ def main() -> None:
     sizes = [int(n) for n in args.records.split(",")]
 
     signer = Signer()
+    disk = filesystem(signer.root)
     try:
         sign = raw_ed25519()
         sync = raw_fdatasync(signer.root)
@@ -560,6 +569,7 @@ def main() -> None:
                   "socket_decision_p50_ms": sdec["p50_ms"]}
 
     out: dict[str, Any] = {
+        "filesystem": disk,
         "raw_ed25519_signs_per_second": sign,
         "raw_sqlite_durable_inserts_per_second": insert,
         "raw_fdatasync_p50_ms": sync["p50_ms"],
@@ -583,6 +593,7 @@ def main() -> None:
         print(json.dumps(out, indent=2))
         return
     c = args.concurrency
+    print(f"the signer's store and the baselines' files: {disk}")
     print(f"{'figure':52} {'value':>10} {'baseline (same run)':>34} {'ratio':>7}  goal")
     rows = [
         (f"durable decisions/s, {c} in flight, all different (3)", dec["per_second"],
