@@ -23,10 +23,10 @@ apply does not flush its own). The order of the steps rotates from round to
 round, so that no step always comes after the same other: on an ext4 without
 a journal, for one, a new file costs a scan past every inode freed in the last
 30 seconds, so a step pays for the files the step before it removed (the
-filesystem is printed, with a warning for that case: benchmarks/disk.py). All results are checked
-to be identical. Each figure is the best of `--repeat` rounds, and each ratio
-is also given as the median of the rounds' own ratios (both sides measured in
-the same round).
+filesystem is printed, with a warning for that case: benchmarks/disk.py). All
+results are checked to be identical. Each figure is the best of `--repeat`
+rounds, and each ratio is also given as the median of the rounds' own ratios
+(both sides measured in the same round).
 
     .venv/bin/python benchmarks/apply.py [--files N] [--repeat R] [--signer real|fake]
                                          [--dir DIR] [--cached]
