@@ -30,7 +30,7 @@ from typing import Any
 
 from tkbox.doors.changes import sensitive
 from tkbox.doors.changes.errors import PatchRefused
-from tkbox.doors.changes.fs import Checkout, Write, write_all
+from tkbox.doors.changes.fs import Checkout, Write, read_fd, write_all, write_fd
 from tkbox.doors.changes.git import Git, Result
 from tkbox.doors.changes.gitnamed import Named, named_paths
 from tkbox.doors.changes.links import Aliases
@@ -366,9 +366,7 @@ def _populate(scratch: Path, kept: list[FilePlan]) -> None:
             continue
         fd = os.open(target, _CREATE_SCRATCH)  # a new file: each path is there once
         try:
-            view = memoryview(old.content)
-            while view:
-                view = view[os.write(fd, view):]
+            write_fd(fd, old.content)
             os.fchmod(fd, 0o755 if old.exec else 0o644)
         finally:
             os.close(fd)
@@ -392,13 +390,10 @@ def _tree(root: Path) -> dict[str, State]:
                     fd = os.open(e.path, _READ_SCRATCH)
                     try:
                         st = os.fstat(fd)
-                        chunks = []
-                        while chunk := os.read(fd, max(st.st_size + 1, 1 << 16)):
-                            chunks.append(chunk)
+                        content = read_fd(fd, st.st_size)
                     finally:
                         os.close(fd)
-                    out[path] = State("file", b"".join(chunks),
-                                      exec=bool(st.st_mode & stat.S_IXUSR))
+                    out[path] = State("file", content, exec=bool(st.st_mode & stat.S_IXUSR))
     return out
 
 

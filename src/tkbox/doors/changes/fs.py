@@ -147,13 +147,27 @@ def _state_at(dirfd: int, name: str, path: str, max_bytes: int, list_below: bool
         fst = os.fstat(fd)
         if _ident(fst) != _ident(st):
             raise PatchRefused(f"{path}: changed while being read; try again")
-        chunks = []
-        while chunk := os.read(fd, 1 << 20):
-            chunks.append(chunk)
+        content = read_fd(fd, fst.st_size)
     finally:
         os.close(fd)
-    return State("file", b"".join(chunks), exec=bool(st.st_mode & stat.S_IXUSR),
+    return State("file", content, exec=bool(st.st_mode & stat.S_IXUSR),
                  perm=stat.S_IMODE(st.st_mode), ident=_ident(st))
+
+
+def read_fd(fd: int, size: int) -> bytes:
+    """All that is left to read from `fd`, `size` its size when last stat'd (one read
+    when it has not grown)."""
+    chunks = []
+    while chunk := os.read(fd, max(size + 1, 1 << 16)):
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+def write_fd(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` (a write may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
 
 
 def _below(dirfd: int, name: str, path: str) -> list[str]:
@@ -538,9 +552,7 @@ def _put_temporary(txn: _Txn, fd: int, dirs: list[str], w: Write, flusher: _Flus
     tfd = os.open(tmp, _CREATE, 0o600, dir_fd=fd)
     try:
         txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
-        view = memoryview(w.new.content)
-        while view:
-            view = view[os.write(tfd, view):]
+        write_fd(tfd, w.new.content)
         os.fchmod(tfd, perm)
     except BaseException:
         os.close(tfd)

@@ -508,10 +508,10 @@ def _b85decode(text: bytes) -> bytes:
 
     The standard library's is a loop in Python over each character: dropping it
     took parsing the benchmark's patch (55 binary files) from 65 to 45-51 ms.
-    Here each step is one loop in C
-    over all the groups: the characters' values by `bytes.translate`, then
-    d0·85⁴ + d1·85³ + d2·85² + d3·85 + d4 for every group at once, refused if any
-    is not below 2³². (A test compares the two on valid and broken text.)"""
+    Here each step is one loop in C over all the groups: the characters' values
+    by `bytes.translate`, then d0·85⁴ + d1·85³ + d2·85² + d3·85 + d4 for every
+    group at once, refused if any is not below 2³². (A test compares the two on
+    valid and broken text.)"""
     if len(text) % 5:
         raise ValueError("base85 text is not whole groups of five")
     v = text.translate(_B85_VALUE)
