@@ -185,6 +185,35 @@ def test_failure_half_way_leaves_the_checkout_as_it_was(tmp_path: Path, placing:
     assert sorted(os.listdir(co)) == [".git", "a", "d", "del", "z"]
 
 
+def test_originals_that_cannot_be_removed_leave_the_record_saying_written(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Once every file is in place and durable, the patch is applied: the record says
+    so even if removing the originals kept for undo then fails, and the error says
+    what to remove by hand (before, it recorded "written": false for written files)."""
+    import errno
+
+    from tkbox.errors import HostError
+
+    lower = {"a": file(b"a\n"), "d/b": file(b"b\n"), "gone": file(b"g\n")}
+    final = {"a": file(b"A\n"), "d/b": file(b"B\n"), "d/new": file(b"n\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+
+    def cleanup_fails(txn: Any) -> None:
+        raise OSError(errno.EIO, os.strerror(errno.EIO))
+
+    monkeypatch.setattr(fs_mod, "_cleanup", cleanup_fails)
+    signer = FakeSigner()
+    with pytest.raises(HostError) as err:
+        apply(patch, co, signer)
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith("the patch was applied, but the originals")
+    assert "Input/output error" in msg and ".tkbox-apply-" in msg and "by hand" in msg
+    assert {p: t for p, t in read_tree(co).items() if ".tkbox" not in p} == final
+    outcomes = [r["outcome"] for r in signer.of_run(RUN, "tkbox.complete")]
+    assert outcomes == [{"written": True}] * 4, outcomes
+
+
 def test_a_replaced_file_is_in_the_checkout_at_every_step(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader of the checkout during the apply (a test runner, an editor) finds each

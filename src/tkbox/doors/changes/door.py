@@ -10,7 +10,8 @@
    (`plan.build`), and git's, in a scratch copy of the affected files with no
    hooks, filters or configuration; the two must agree on every path;
 5. one `Write` decision per file; one refusal and nothing is applied;
-6. check the checkout again and write each file (`fs.write_all`).
+6. check the checkout again and write each file (`fs.place_all`); the
+   completions are recorded while the replaced originals are removed.
 
 Whole-patch refusals raise `PatchRefused` (one line: what, why, where);
 held-back and per-file refusals are in the returned `ApplyReport`.
@@ -30,7 +31,7 @@ from typing import Any
 
 from tkbox.doors.changes import sensitive
 from tkbox.doors.changes.errors import PatchRefused
-from tkbox.doors.changes.fs import Checkout, Write, read_fd, write_all, write_fd
+from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd, write_fd
 from tkbox.doors.changes.git import Git, Result
 from tkbox.doors.changes.gitnamed import Named, named_paths
 from tkbox.doors.changes.links import Aliases
@@ -112,12 +113,20 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
                 return _report(root, plan, dry_run, allow_sensitive, notes, "would apply")
             verdicts = await _decide(signer, run_id, plan)  # (5)
             try:
-                await asyncio.to_thread(write_all, co, _writes(plan), limits.max_file_bytes)  # (6)
+                placed = await asyncio.to_thread(place_all, co, _writes(plan),
+                                                 limits.max_file_bytes)  # (6)
             except BaseException as exc:
                 await _complete(signer, run_id, verdicts, {"written": False,
                                                            "reason": str(exc)[:500]})
                 raise
-            await _complete(signer, run_id, verdicts, {"written": True})
+            # Written and durable: recorded so while the originals kept for undo are
+            # removed (a failure to remove them does not unwrite the files).
+            removing = asyncio.ensure_future(asyncio.to_thread(placed.remove_originals))
+            try:
+                await _complete(signer, run_id, verdicts, {"written": True})
+            finally:
+                await _settle([], [removing])
+            removing.result()
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
         await _settle(started, [])

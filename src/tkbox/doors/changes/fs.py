@@ -14,12 +14,13 @@ A name the patch modifies holds the old file or the new one at every moment.
 Where the filesystem lacks those flags, the original is moved aside and the new
 file linked into place (`link` fails if something appeared), as before them.
 
-`write_all` is a transaction: every step is journalled, and a failure at any
+`place_all` is a transaction: every step is journalled, and a failure at any
 step undoes the journal in reverse, leaving the checkout as it was. Replaced
 files stay beside their new versions under the temporary names, deleted ones
 (and replaced ones where the flags are missing) in a private staging directory
-at the checkout root; on success both are removed. (If the process dies
-mid-way, they are there: `.tkbox-*.tmp` names and `.tkbox-apply-*`.)
+at the checkout root; once all are placed, `Placed.remove_originals` removes
+both. (If the process dies mid-way, they are there: `.tkbox-*.tmp` names and
+`.tkbox-apply-*`.)
 
 Why one module (about 650 lines): the descriptor-relative walk, the durable
 writes and the journalled transaction are one guarantee (nothing followed,
@@ -369,8 +370,29 @@ def _split(path: str) -> tuple[list[str], str]:
     return dirs, name
 
 
-def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
-    """Apply every write or none; raise PatchRefused if the checkout moved."""
+class Placed:
+    """Every write in place, durable; the originals they replaced still kept for undo."""
+
+    def __init__(self, txn: _Txn) -> None:
+        self._txn = txn
+
+    def remove_originals(self) -> None:
+        """Remove the originals and the staging directory (once; blocking). HostError
+        if they cannot all be: the patch stays applied, and the message says what to
+        remove by hand."""
+        try:
+            _cleanup(self._txn)
+        except OSError as e:
+            raise HostError(f"the patch was applied, but the originals it replaced could not "
+                            f"all be removed ({e.strerror}): remove the .tkbox-*.tmp files "
+                            f"and {self._txn.stage!r} in the checkout by hand") from None
+
+
+def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> Placed:
+    """Put every write in place and make it durable, or none (PatchRefused if the
+    checkout moved, ApplyFailed if a write failed: each undone, the checkout as it
+    was). The originals are kept until `Placed.remove_originals`: so the caller may
+    record that the files are written while they are removed."""
     writes = list(writes)
     txn = _Txn(co)
     txn.stage = f".tkbox-apply-{secrets.token_hex(8)}"
@@ -394,12 +416,7 @@ def write_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> None:
             raise
     finally:
         os.close(txn.stage_fd)
-    try:
-        _cleanup(txn)
-    except OSError as e:
-        raise HostError(f"the patch was applied, but the originals it replaced could not all "
-                        f"be removed ({e.strerror}): remove the .tkbox-*.tmp files and "
-                        f"{txn.stage!r} in the checkout by hand") from None
+    return Placed(txn)
 
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
