@@ -214,6 +214,48 @@ def test_originals_that_cannot_be_removed_leave_the_record_saying_written(
     assert outcomes == [{"written": True}] * 4, outcomes
 
 
+def test_an_apply_cancelled_while_writing_ends_the_writes_and_records_them(
+        tmp_path: Path, placing: Any) -> None:
+    """A cancellation (the daemon stopping) that comes while the files are being
+    placed: the writing thread cannot be stopped, so the door waits for it with the
+    checkout's descriptor open, records what it did, then ends cancelled. (Before,
+    the descriptor was closed under the thread, which then could not finish nor undo,
+    and the record said nothing was written.)"""
+    import threading
+
+    lower = {"a": file(b"a\n"), "d/b": file(b"b\n"), "gone": file(b"g\n")}
+    final = {"a": file(b"A\n"), "d/b": file(b"B\n"), "d/new": file(b"n\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    placing_started, carry_on = threading.Event(), threading.Event()
+
+    def first_waits() -> None:
+        if not placing_started.is_set():
+            placing_started.set()
+            carry_on.wait(10)
+
+    placing.before_each(first_waits)
+    signer = FakeSigner()
+
+    async def go() -> None:
+        await signer.open_run(RUN, {})
+        task = asyncio.ensure_future(apply_patch(patch, co, signer, RUN))
+        while not placing_started.is_set():
+            await asyncio.sleep(0.005)
+        task.cancel()
+        await asyncio.sleep(0.1)  # the door has seen the cancellation
+        assert not task.done()
+        carry_on.set()
+        with pytest.raises(asyncio.CancelledError):
+            await task
+
+    asyncio.run(go())
+    assert read_tree(co) == final
+    assert [p for p in co.rglob("*") if p.name.startswith(".tkbox")] == []
+    outcomes = [r["outcome"] for r in signer.of_run(RUN, "tkbox.complete")]
+    assert outcomes == [{"written": True}] * 4, outcomes
+
+
 def test_a_replaced_file_is_in_the_checkout_at_every_step(tmp_path: Path,
                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A reader of the checkout during the apply (a test runner, an editor) finds each

@@ -112,20 +112,23 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             if dry_run:
                 return _report(root, plan, dry_run, allow_sensitive, notes, "would apply")
             verdicts = await _decide(signer, run_id, plan)  # (5)
-            try:
-                placed = await asyncio.to_thread(place_all, co, _writes(plan),
-                                                 limits.max_file_bytes)  # (6)
-            except BaseException as exc:
+            writing = asyncio.ensure_future(asyncio.to_thread(
+                place_all, co, _writes(plan), limits.max_file_bytes))  # (6)
+            cancelled = await _through(writing)
+            if (exc := writing.exception()) is not None:
                 await _complete(signer, run_id, verdicts, {"written": False,
                                                            "reason": str(exc)[:500]})
-                raise
+                raise exc
             # Written and durable: recorded so while the originals kept for undo are
             # removed (a failure to remove them does not unwrite the files).
-            removing = asyncio.ensure_future(asyncio.to_thread(placed.remove_originals))
+            removing = asyncio.ensure_future(asyncio.to_thread(
+                writing.result().remove_originals))
             try:
                 await _complete(signer, run_id, verdicts, {"written": True})
             finally:
-                await _settle([], [removing])
+                cancelled = await _through(removing) or cancelled
+            if cancelled:  # asked while writing: the writes ended, and are recorded
+                raise asyncio.CancelledError
             removing.result()
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
@@ -142,6 +145,21 @@ async def _settle(git_runs: list[asyncio.Future[Any]], threads: list[asyncio.Fut
     for t in git_runs:
         t.cancel()
     await asyncio.gather(*git_runs, *threads, return_exceptions=True)
+
+
+async def _through(thread: asyncio.Future[Any]) -> bool:
+    """Wait for a worker thread that writes the checkout to end, even when cancelled
+    meanwhile: it cannot be stopped, and it uses the checkout's descriptor, which
+    must stay open until it ends, so its result is known and recorded. True if a
+    cancellation came while waiting (the caller raises it once it has recorded
+    what the thread did)."""
+    cancelled = False
+    while not thread.done():
+        try:
+            await asyncio.wait({thread})
+        except asyncio.CancelledError:
+            cancelled = True
+    return cancelled
 
 
 def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path) -> Plan:
