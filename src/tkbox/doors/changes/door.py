@@ -127,9 +127,9 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
                 await _complete(signer, run_id, verdicts, {"written": True})
             finally:
                 cancelled = await _through(removing) or cancelled
+            removing.result()  # HostError: what is left to remove by hand
             if cancelled:  # asked while writing: the writes ended, and are recorded
                 raise asyncio.CancelledError
-            removing.result()
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
         await _settle(started, [])
