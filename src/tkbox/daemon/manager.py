@@ -23,10 +23,12 @@ import os
 import re
 import secrets
 import shutil
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
+from tkbox._threads import run_through
 from tkbox.daemon import lifecycle
 from tkbox.daemon.bootconfig import boot_answer_ok, boot_config, image_config_facts, image_user
 from tkbox.daemon.box import Box
@@ -148,15 +150,20 @@ class BoxManager(CommandVerbs, CopyVerbs):
                  "secrets": box.info.secrets, "inspect": box.info.inspect,
                  "model_hosts": box.info.model_hosts,
                  "image_config": box.info.image_config}
+        opened = False
         try:
             if self.door_factory is not None:
                 box.door = self.door_factory(box)  # a bad --allow entry is refused here
             if not self.opts.unrecorded:
                 await self.signer.open_run(run_id, facts)
+                opened = True
             owner = (run_user.uid, run_user.gid) if run_user else (0, 0)
-            stats = await asyncio.to_thread(build_lower, ws, staging / "lower.sqfs", owner)
+            # The disks are built in threads that write into `staging`: a cancellation
+            # (the daemon stopping) stops the copy and waits for them before removing it.
+            stats = await run_through(build_lower, ws, staging / "lower.sqfs", owner,
+                                      stop=threading.Event())
             box.info.workspace_copy = stats
-            await asyncio.to_thread(build_upper, staging / "upper.ext4", spec.disk_mib)
+            await run_through(build_upper, staging / "upper.ext4", spec.disk_mib)
             box.save()
             final = self.root / spec.name
             if final.exists():
@@ -164,8 +171,10 @@ class BoxManager(CommandVerbs, CopyVerbs):
             os.rename(staging, final)
             box.dir = final
             box.save()
-        except BaseException:
+        except BaseException as exc:
             shutil.rmtree(staging, ignore_errors=True)
+            if opened:
+                await self._unmade(box, exc)
             raise
         self.boxes[spec.name] = box
         try:
@@ -184,6 +193,23 @@ class BoxManager(CommandVerbs, CopyVerbs):
             await self.record(box, "tkbox.box.failed", {"reason": box.info.error[:500]})
             raise
         return box
+
+    async def _unmade(self, box: Box, exc: BaseException) -> None:
+        """A run opened for a box that was never made: its record says why, and it is
+        closed, as nothing is left to export it from. A signer that does not answer
+        gets it as a gap at its next flush (the run then stays open)."""
+        if isinstance(exc, asyncio.CancelledError):
+            why = "cancelled while the box was created (the daemon stopping)"
+        else:
+            why = str(exc) if isinstance(exc, TkboxError) else f"{exc.__class__.__name__}: {exc}"
+        try:
+            await self.signer.event(box.run_id, "tkbox.box.failed",
+                                    {"reason": why[:500], "stage": "create"})
+            await self.signer.close_run(box.run_id)
+        except TkboxError as err:
+            log.warning("the run of box %s, which was not created, is not closed: %s",
+                        box.name, err)
+            self._gap(box, {"reason": f"not created: {why[:300]}"})
 
     def _fresh_name(self) -> str:
         """A name for a box run without --name: short, unused, printed by `tkbox run`."""

@@ -201,12 +201,18 @@ def _git_configs(root: Path,
     return cleaned, includes
 
 
-def _tar_checkout(root: Path, out: io.RawIOBase,
-                  owner: tuple[int, int] = (0, 0)) -> dict[str, int]:
+class _Stopped(Exception):
+    """`build_lower`'s `stop` was set: the copy ends where it is."""
+
+
+def _tar_checkout(root: Path, out: io.RawIOBase, owner: tuple[int, int] = (0, 0),
+                  stop: threading.Event | None = None) -> dict[str, int]:
     stats = {"files": 0, "skipped_credentials": 0, "bytes": 0, "git_config_sections_dropped": 0}
     configs, includes = _git_configs(root, stats)
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         def add(path: Path, rel: str) -> None:
+            if stop is not None and stop.is_set():
+                raise _Stopped
             st = path.lstat()
             info = tarfile.TarInfo(rel)
             info.mode = stat.S_IMODE(st.st_mode)
@@ -264,10 +270,12 @@ def _tar_checkout(root: Path, out: io.RawIOBase,
     return stats
 
 
-def build_lower(checkout: Path, target: Path,
-                owner: tuple[int, int] = (0, 0)) -> dict[str, int]:
+def build_lower(checkout: Path, target: Path, owner: tuple[int, int] = (0, 0),
+                stop: threading.Event | None = None) -> dict[str, int]:
     """Squashfs of the filtered checkout at `target` (via tar2sqfs), every file owned by
-    `owner` (uid, gid): the user the box's commands run as, so they can change it."""
+    `owner` (uid, gid): the user the box's commands run as, so they can change it.
+    Once `stop` is set, the copy ends before the next file: tar2sqfs is killed, the
+    target removed, and a `HostError` raised."""
     if not checkout.is_dir():
         raise UserError(f"workspace {checkout} is not a directory; pass an existing "
                         "directory with --workspace")
@@ -283,13 +291,15 @@ def build_lower(checkout: Path, target: Path,
         reader = threading.Thread(target=lambda: err.append(stderr.read()))
         reader.start()
         try:
-            stats = _tar_checkout(checkout, proc.stdin, owner)  # type: ignore[arg-type]
+            stats = _tar_checkout(checkout, proc.stdin, owner, stop)  # type: ignore[arg-type]
             proc.stdin.close()
-        except OSError as exc:
+        except (OSError, _Stopped) as exc:
             proc.kill()
             proc.wait()
             reader.join()
             target.unlink(missing_ok=True)
+            if isinstance(exc, _Stopped):
+                raise HostError("the workspace copy was stopped") from None
             raise HostError(f"cannot copy the workspace: {exc}") from None
         code = proc.wait()
         reader.join()

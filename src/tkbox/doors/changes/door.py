@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tkbox._threads import through
 from tkbox.doors.changes import sensitive
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd, write_fd
@@ -114,7 +115,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             verdicts = await _decide(signer, run_id, plan)  # (5)
             writing = asyncio.ensure_future(asyncio.to_thread(
                 place_all, co, _writes(plan), limits.max_file_bytes))  # (6)
-            cancelled = await _through(writing)
+            cancelled = await through(writing)
             if (exc := writing.exception()) is not None:
                 await _complete(signer, run_id, verdicts, {"written": False,
                                                            "reason": str(exc)[:500]})
@@ -126,7 +127,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             try:
                 await _complete(signer, run_id, verdicts, {"written": True})
             finally:
-                cancelled = await _through(removing) or cancelled
+                cancelled = await through(removing) or cancelled
             removing.result()  # HostError: what is left to remove by hand
             if cancelled:  # asked while writing: the writes ended, and are recorded
                 raise asyncio.CancelledError
@@ -145,21 +146,6 @@ async def _settle(git_runs: list[asyncio.Future[Any]], threads: list[asyncio.Fut
     for t in git_runs:
         t.cancel()
     await asyncio.gather(*git_runs, *threads, return_exceptions=True)
-
-
-async def _through(thread: asyncio.Future[Any]) -> bool:
-    """Wait for a worker thread that writes the checkout to end, even when cancelled
-    meanwhile: it cannot be stopped, and it uses the checkout's descriptor, which
-    must stay open until it ends, so its result is known and recorded. True if a
-    cancellation came while waiting (the caller raises it once it has recorded
-    what the thread did)."""
-    cancelled = False
-    while not thread.done():
-        try:
-            await asyncio.wait({thread})
-        except asyncio.CancelledError:
-            cancelled = True
-    return cancelled
 
 
 def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path) -> Plan:
