@@ -640,19 +640,11 @@ def report(
     """Verify a bundle, then write it as one self-contained HTML page: VERIFIED or FAILED at
     the top, then the run as a timeline. Exits 4 (the page still written) when it fails."""
     from tkbox._fs import write_atomic
+    from tkbox.formats.bundle import MAX_TRUST
     from tkbox.report import build_report, render_html
-    from tkbox.verify.cli import MAX_READ
+    from tkbox.verify.cli import MAX_READ, read_input
 
-    data: list[bytes] = []
-    for path, what in ((bundle, "bundle"), (trust, "trust file")):
-        try:
-            with path.open("rb") as f:
-                chunk = f.read(MAX_READ + 1)
-        except OSError as exc:
-            raise UserError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
-        if len(chunk) > MAX_READ:
-            raise UserError(f"the {what} {path} is larger than {MAX_READ} bytes")
-        data.append(chunk)
+    data = [read_input(bundle, "bundle", MAX_READ), read_input(trust, "trust file", MAX_TRUST)]
     if not output.parent.is_dir():
         raise UserError(f"directory {output.parent} does not exist")
     outcome = build_report(data[0], data[1])

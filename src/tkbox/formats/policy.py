@@ -48,10 +48,13 @@ class Policy:
         name = self.quorum if name is None else name
         if name == "none":
             return True
-        if name in self.witnesses:
-            return name in have
-        group = self.groups[name]
-        return sum(self.satisfied(have, m) for m in group.members) >= group.threshold
+        # Once each, in the order defined (a group names only what came before it):
+        # a group reached by many paths is not evaluated again on each (exponential
+        # in a trust file that nests groups pairwise).
+        held = {w: w in have for w in self.witnesses}
+        for g in self.groups.values():
+            held[g.name] = sum(held[m] for m in g.members) >= g.threshold
+        return held[name]
 
     def witness_verifiers(self) -> list[cosignature.CosignatureVerifier]:
         return list(self.witnesses.values())

@@ -87,13 +87,13 @@ class Timeline:
             elif rec.kind == record.COMPLETE:
                 t._complete(rec, cmds, writes, conns)
             elif rec.kind == "tkbox.approval":
-                t.approvals.append({"time": rec.time, **b})
+                t.approvals.append({**b, "time": rec.time})
             elif rec.kind == "tkbox.secret.use":
-                t.secret_uses.append({"time": rec.time, **b})
+                t.secret_uses.append({**b, "time": rec.time})
             elif rec.kind == "tkbox.secret.leak":
-                t.secret_leaks.append({"time": rec.time, **b})
+                t.secret_leaks.append({**b, "time": rec.time})
             elif rec.kind == "tkbox.model.call":
-                t.model_calls.append({"time": rec.time, **b})
+                t.model_calls.append({**b, "time": rec.time})
             elif rec.kind == "tkbox.egress.refused":
                 host, port = _str(b.get("host")) or "(no host)", _int(b.get("port"))
                 c = t._conn(host, port)

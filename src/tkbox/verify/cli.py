@@ -13,7 +13,9 @@ from typing import Annotated
 
 import typer
 
+from tkbox.errors import UserError
 from tkbox.formats import FormatError
+from tkbox.formats.bundle import MAX_TRUST
 from tkbox.verify.core import Report, verify_bundle
 
 MAX_READ = 512 << 20
@@ -25,17 +27,25 @@ ASSURANCE_TEXT = {
 }
 
 
-def _read(path: Path, what: str) -> bytes:
+def read_input(path: Path, what: str, limit: int) -> bytes:
+    """A bundle or trust file, read up to its limit (a larger one is never held
+    whole). UserError with a one-line reason if it cannot be read or is too large."""
     try:
         with path.open("rb") as f:
-            data = f.read(MAX_READ + 1)
+            data = f.read(limit + 1)
     except OSError as exc:
-        typer.echo(f"error: cannot read the {what} {path}: {exc.strerror or exc}", err=True)
-        raise typer.Exit(2) from None
-    if len(data) > MAX_READ:
-        typer.echo(f"error: the {what} {path} is larger than {MAX_READ} bytes", err=True)
-        raise typer.Exit(2)
+        raise UserError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
+    if len(data) > limit:
+        raise UserError(f"the {what} {path} is larger than {limit} bytes")
     return data
+
+
+def _read(path: Path, what: str, limit: int) -> bytes:
+    try:
+        return read_input(path, what, limit)
+    except UserError as exc:
+        typer.echo(f"error: {exc}", err=True)
+        raise typer.Exit(2) from None
 
 
 def render(report: Report) -> str:
@@ -65,8 +75,8 @@ def verify_command(
 ) -> None:
     """Verify a bundle offline: every record signed, chained, and witnessed as the
     trust file requires."""
-    bundle_bytes = _read(bundle, "bundle")
-    trust_bytes = _read(trust, "trust file")
+    bundle_bytes = _read(bundle, "bundle", MAX_READ)
+    trust_bytes = _read(trust, "trust file", MAX_TRUST)
     try:
         report = verify_bundle(bundle_bytes, trust_bytes)
     except FormatError as exc:

@@ -48,7 +48,16 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from tkbox.formats import FormatError, bundle, checkpoint, cosignature, merkle, note, record
+from tkbox.formats import (
+    FormatError,
+    _strict,
+    bundle,
+    checkpoint,
+    cosignature,
+    merkle,
+    note,
+    record,
+)
 
 ASSURANCES = ("dev", "local", "witnessed")
 
@@ -160,7 +169,8 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         where = f"checkpoint line {first_sig_line + i}"
         tag = note.key_tag(sig.name, sig.key_id)
         if (sig.name, sig.key_id) in seen:
-            raise _fail("checkpoint.duplicate", where, f"a second signature by {tag}")
+            raise _fail("checkpoint.duplicate", where,
+                        f"a second signature by {_strict.show(tag, 120)}")
         seen.add((sig.name, sig.key_id))
         if not known.knows(sig.name, sig.key_id):
             if sig.name == log.name:
@@ -169,7 +179,8 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
                             f"{note.key_tag(log.name, log.key_id)}: the wrong trust file, "
                             "or a signer that changed its key")
             raise _fail("checkpoint.unknown-signature", where,
-                        f"a signature by {tag}, which the trust file does not name; "
+                        f"a signature by {_strict.show(tag, 120)}, which the trust file "
+                        "does not name; "
                         "a bundle carries only signatures its trust file can check")
     try:
         opened = note.open_note(signed, known)
@@ -390,8 +401,24 @@ def _check_each_proof(b: bundle.Bundle, size: int, root: bytes, leaves: list[byt
                         f"not in the signed log: {exc.what}") from None
 
 
-def _describe(pol: Any, name: str) -> str:
-    if name in pol.witnesses:
-        return f"the witness {name}"
-    g = pol.groups[name]
-    return f"{g.threshold} of ({', '.join(_describe(pol, m) for m in g.members)})"
+def _describe(pol: Any, name: str, limit: int = 2000) -> str:
+    """The quorum in words: each group spelled once, the groups it names after it by
+    name (a group reached by many paths is not written out again on each)."""
+    def one(n: str) -> str:
+        return f"the witness {n}" if n in pol.witnesses else f"group {n}"
+
+    parts, todo, seen = [], [name], {name}
+    while todo:
+        n = todo.pop(0)
+        if n in pol.witnesses:
+            parts.append(f"the witness {n}")
+            continue
+        g = pol.groups[n]
+        spelled = f"{g.threshold} of ({', '.join(one(m) for m in g.members)})"
+        parts.append(spelled if n == name else f"{one(n)} is {spelled}")
+        for m in g.members:
+            if m in pol.groups and m not in seen:
+                seen.add(m)
+                todo.append(m)
+    text = parts[0] + "".join(f"; {p}" for p in parts[1:])
+    return text if len(text) <= limit else text[:limit] + "…"
