@@ -17,6 +17,7 @@ from tkbox.doors.network.testing import client_hello, ech_ext, records, server_h
 from tkbox.doors.network.tls import (
     MAX_CIPHERTEXT,
     MAX_HANDSHAKE,
+    MAX_HELD,
     TLSRefused,
     TunnelInspector,
     parse_client_hello,
@@ -135,7 +136,7 @@ def test_mutated_client_hellos_raise_only_tls_refused(
     try:
         for i in range(0, len(raw), split):
             insp.client_data(bytes(raw[i : i + split]))
-            assert len(insp._held) <= MAX_HANDSHAKE + 2 * (MAX_CIPHERTEXT + 5)
+            assert len(insp._held) <= MAX_HELD
             assert len(insp._crec.buf) <= MAX_CIPHERTEXT + 5 + split
     except TLSRefused:
         pass
@@ -188,7 +189,7 @@ def test_inspector_memory_is_bounded_for_an_endless_hello() -> None:
         insp.client_data(records(first))
         for _ in range(1000):
             insp.client_data(records(b"\x00" * 16000))
-            assert len(insp._held) <= MAX_HANDSHAKE + 2 * (MAX_CIPHERTEXT + 5)
+            assert len(insp._held) <= MAX_HELD
         raise AssertionError("an endless hello was never refused")
     except TLSRefused:
         pass

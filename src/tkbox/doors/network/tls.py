@@ -41,6 +41,12 @@ from tkbox.errors import GuestError
 MAX_HANDSHAKE = 32 * 1024  # a ClientHello or ServerHello, reassembled
 MAX_PLAINTEXT = 1 << 14  # RFC 8446 §5.1
 MAX_CIPHERTEXT = (1 << 14) + 2048  # RFC 5246 §6.2.3 (TLS 1.2's bound, the larger)
+# The held-back ClientHello records, headers included: the message (with its 4-byte
+# header) plus a 5-byte record header per 256 bytes of it. A hello cut into smaller
+# records than that on average is refused before it holds more (1-byte records
+# would hold ~6 times `MAX_HANDSHAKE`).
+MIN_HELD_RECORD = 256
+MAX_HELD = MAX_HANDSHAKE + 4 + 5 * (MAX_HANDSHAKE // MIN_HELD_RECORD + 1)
 
 CT_CCS, CT_ALERT, CT_HANDSHAKE, CT_APPDATA = 20, 21, 22, 23
 HS_CLIENT_HELLO, HS_SERVER_HELLO = 1, 2
@@ -161,13 +167,15 @@ def parse_client_hello(body: bytes) -> ClientHello:
     if r.left:
         raise TLSRefused("refused: bytes after the ClientHello extensions")
     types: list[int] = []
+    seen: set[int] = set()  # a set: a list's `in` is quadratic in ~8,000 empty extensions
     name: str | None = None
     ech: str | None = None
     while ext.left:
         etype = ext.u16()
         data = ext.vec(2)
-        if etype in types:
+        if etype in seen:
             raise TLSRefused(f"refused: ClientHello repeats extension {etype}")
+        seen.add(etype)
         types.append(etype)
         if etype == EXT_SERVER_NAME:
             name = _parse_server_name(data)
@@ -336,6 +344,11 @@ class TunnelInspector:
                 if ctype != CT_HANDSHAKE:
                     raise TLSRefused(
                         f"refused: expected a TLS ClientHello, got record type {ctype}"
+                    )
+                if len(self._held) + len(raw) > MAX_HELD:
+                    raise TLSRefused(
+                        f"refused: the client's ClientHello records hold more than {MAX_HELD} "
+                        f"bytes (records of {MIN_HELD_RECORD} bytes or more on average)"
                     )
                 self._held += raw
                 msgs = self._chs.feed(payload)
