@@ -2,19 +2,29 @@
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from typing import Any
 
 import pytest
+from tests.unit.network.test_network_door import (
+    PUBLIC,
+    connect,
+    decisions,
+    open_conn,
+    refusals,
+)
 
 from tkbox.doors.network import tls
 from tkbox.doors.network.names import parse_host
-from tkbox.doors.network.testing import client_hello, records
+from tkbox.doors.network.testing import aiotest, client_hello, make_door, records, server_hello
 from tkbox.doors.network.tls import (
     MAX_HANDSHAKE,
     TLSRefused,
     TunnelInspector,
     parse_client_hello,
 )
+from tkbox.protocol.streams import ByteStream
 
 
 def _vec(d: bytes, n: int) -> bytes:
@@ -118,3 +128,60 @@ def test_hellos_cut_into_small_records_within_the_cap_still_pass() -> None:
         insp = TunnelInspector(parse_host("allowed.example"), True)
         assert _feed(insp, raw) == raw
         assert insp.server_names == ["allowed.example"]
+
+
+# --- 2. a stream reset right after CONNECT is an ordinary ending -------------
+
+
+async def _answer_hello(stream: ByteStream) -> None:
+    got = False
+    while await stream.receive():
+        if not got:
+            got = True
+            await stream.send_all(records(server_hello()))
+    await stream.send_eof()
+
+
+@aiotest
+async def test_a_guest_gone_right_after_connect_gets_its_completion_and_no_traceback(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR)
+    door, signer, origin, _ = make_door(["example.org"], dns={"example.org": [PUBLIC]},
+                                        handler=_answer_hello)
+    for _ in range(20):
+        guest, task = await open_conn(door, connect("example.org"))
+        await guest.aclose()  # the guest resets right after its CONNECT
+        await asyncio.wait_for(task, 5)
+    assert origin.dialed
+    decided = decisions(signer)
+    done = [r for r in signer.records if r["kind"] == "tkbox.complete"]
+    assert len(decided) == 20
+    assert len(done) == 20
+    assert all(r["outcome"]["ended"] == "reset" for r in done), done[:1]
+    assert refusals(signer) == []  # no internal-error refusal
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+@aiotest
+async def test_an_origin_gone_before_a_relayed_request_gets_its_completion(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    caplog.set_level(logging.ERROR)
+
+    door, signer, origin, _ = make_door(["example.org"], dns={"example.org": [PUBLIC]})
+
+    async def dial_reset(address: str, port: int) -> ByteStream:
+        ours = await origin(address, port)
+        await origin.streams[-1].aclose()  # the origin resets before the request's head
+        return ours
+
+    door.dial = dial_reset
+    raw = b"GET http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n"
+    guest, task = await open_conn(door, raw)
+    await asyncio.wait_for(task, 5)
+    await guest.aclose()
+    done = [r for r in signer.records if r["kind"] == "tkbox.complete"]
+    assert [r["outcome"]["ended"] for r in done] == ["reset"]
+    assert all(r.get("body", {}).get("stage") != "internal" for r in signer.records)
+    assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []

@@ -252,6 +252,11 @@ class EgressDoor:
         else:
             try:
                 ending = await self._cross(stream, origin, conn, req, parser, decided)
+            except (StreamClosed, OSError):
+                # a stream reset before the crossing's directions ran (the guest gone
+                # before its `200`, the origin before the relayed request's head):
+                # an ordinary ending, as inside the crossing (`Ending.from_failure`)
+                ending = Ending("reset")
             finally:
                 with contextlib.suppress(Exception):
                     await origin.aclose()
