@@ -12,11 +12,13 @@ from tests.unit.network.test_network_door import (
     connect,
     decisions,
     open_conn,
+    read_head,
     refusals,
 )
 
 from tkbox.doors.network import tls
 from tkbox.doors.network.names import parse_host
+from tkbox.doors.network.request import BadRequest, RequestHeadParser
 from tkbox.doors.network.testing import aiotest, client_hello, make_door, records, server_hello
 from tkbox.doors.network.tls import (
     MAX_HANDSHAKE,
@@ -185,3 +187,32 @@ async def test_an_origin_gone_before_a_relayed_request_gets_its_completion(
     assert [r["outcome"]["ended"] for r in done] == ["reset"]
     assert all(r.get("body", {}).get("stage") != "internal" for r in signer.records)
     assert [r for r in caplog.records if r.levelno >= logging.ERROR] == []
+
+
+# --- 3. the request method in a decision record is bounded -------------------
+
+
+def test_a_method_longer_than_32_characters_is_refused_in_parsing() -> None:
+    p = RequestHeadParser()
+    with pytest.raises(BadRequest, match="method longer than 32") as info:
+        p.feed(b"A" * 33 + b" http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    assert info.value.status == 501
+    ok = RequestHeadParser().feed(
+        b"A" * 32 + b" http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n"
+    )
+    assert ok is not None and ok.method == "A" * 32
+
+
+@aiotest
+async def test_an_8k_method_never_reaches_a_decision_record() -> None:
+    door, signer, origin, _ = make_door(["example.org"], dns={"example.org": [PUBLIC]})
+    raw = ("A" * 8150 + " http://example.org/ HTTP/1.1\r\nHost: example.org\r\n\r\n").encode()
+    guest, task = await open_conn(door, raw)
+    await asyncio.wait_for(task, 5)
+    head = await read_head(guest)
+    await guest.aclose()
+    assert head.startswith(b"HTTP/1.1 501")
+    assert decisions(signer) == [] and not origin.dialed
+    assert all(len(str(r)) < 1000 for r in signer.records), [len(str(r)) for r in signer.records]
+    [refused] = refusals(signer)
+    assert refused["stage"] == "request" and refused["status"] == 501

@@ -35,6 +35,7 @@ MAX_HEAD = 16 * 1024  # the whole request head
 MAX_LINE = 8 * 1024  # one request line or header line
 MAX_HEADERS = 64  # header fields in one head
 MAX_TARGET = 4 * 1024
+MAX_METHOD = 32  # the method goes whole into every Connect decision record
 
 _TOKEN = re.compile(rb"^[!#$%&'*+\-.^_`|~0-9A-Za-z]+$")
 _BAD_LINE_BYTES = re.compile(rb"[\x00-\x08\x0a-\x1f\x7f]")
@@ -216,6 +217,9 @@ class RequestHeadParser:
         return self.request
 
     def _interpret(self, event: h11.Request) -> ProxyRequest:
+        if len(event.method) > MAX_METHOD:
+            # RFC 9112 §3: a method longer than any the server implements is a 501
+            raise BadRequest(501, f"refused: request method longer than {MAX_METHOD} characters")
         method = event.method.decode("ascii")
         version = event.http_version.decode("ascii")
         if version not in ("1.0", "1.1"):
