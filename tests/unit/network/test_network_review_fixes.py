@@ -216,3 +216,19 @@ async def test_an_8k_method_never_reaches_a_decision_record() -> None:
     assert all(len(str(r)) < 1000 for r in signer.records), [len(str(r)) for r in signer.records]
     [refused] = refusals(signer)
     assert refused["stage"] == "request" and refused["status"] == 501
+
+
+# --- 4. a connection refused while the box is stopping is stage `stop` -------
+
+
+@aiotest
+async def test_a_connection_while_the_box_stops_is_refused_at_stage_stop() -> None:
+    door, signer, origin, _ = make_door(["example.org"], dns={"example.org": [PUBLIC]})
+    await door.close()
+    guest, task = await open_conn(door, connect("example.org"))
+    await asyncio.wait_for(task, 5)
+    head = await read_head(guest)
+    await guest.aclose()
+    assert head.startswith(b"HTTP/1.1 503") and b"is stopping" in head
+    assert not origin.dialed
+    assert [r["stage"] for r in refusals(signer)] == ["stop"]

@@ -173,8 +173,10 @@ class EgressDoor:
     async def handle(self, stream: ByteStream) -> None:
         """Serve one proxy connection; never raises (except cancellation)."""
         reason = None
+        stage = Stage.LIMIT
         if self._closed:
             reason = f"refused: box {self.box} is stopping; egress is closed"
+            stage = Stage.STOP
         elif len(self._conns) >= self.max_connections:
             reason = (f"refused: box {self.box} has {self.max_connections} connections open "
                       "(the limit); close some and retry")
@@ -182,7 +184,7 @@ class EgressDoor:
             reason = self.pool.acquire(self.box)
         if reason is not None:
             with contextlib.suppress(Exception):
-                await self._refuse(stream, EgressRefused(503, reason, Stage.LIMIT), None)
+                await self._refuse(stream, EgressRefused(503, reason, stage), None)
             with contextlib.suppress(Exception):
                 await stream.aclose()
             return
