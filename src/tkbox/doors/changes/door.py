@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox._threads import through
-from tkbox.doors.changes import sensitive
+from tkbox.doors.changes import gitdirs, sensitive
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd, write_fd
 from tkbox.doors.changes.git import Git, Result
@@ -151,10 +151,14 @@ async def _settle(git_runs: list[asyncio.Future[Any]], threads: list[asyncio.Fut
 def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path) -> Plan:
     """States, the checkout's symlinks, and the plan on the final tree (blocking)."""
     states = _states(co, parsed, limits)
-    links = checkout_links(co.fd)
+    markers: dict[str, set[str]] = {}
+    links = checkout_links(co.fd, markers=markers)
     plan = build(parsed, states, max_file_bytes=limits.max_file_bytes, links=links,
                  root=str(root), max_total_bytes=limits.max_total_bytes)
     _refuse_below_checkout_symlinks(plan, states)
+    plan.git_dirs = gitdirs.final_git_dirs(
+        markers, [(f.path, f.old.kind != "absent" and f.old.blocked_by is None,
+                   f.new.kind != "absent") for f in plan.files])
     return plan
 
 
@@ -198,14 +202,16 @@ def _classify(plan: Plan, root: Path, repo: RepoConfig, ignored: set[str],
                 via = "" if name == f.path else f", reached as {name!r}"
                 raise PatchRefused(f"{f.sections[0].where}: inside the checkout's git hooks "
                                    f"directory (core.hooksPath{via})")
-        reasons[f.path] = _sensitive(f.path, aliases, named)
+        reasons[f.path] = _sensitive(f.path, aliases, named, plan.git_dirs)
     classify(plan, ignored=ignored, sensitive=lambda p: reasons.get(p),
              allow_sensitive=allow_sensitive)
 
 
-def _sensitive(path: str, aliases: Aliases, named: Named) -> str | None:
+def _sensitive(path: str, aliases: Aliases, named: Named,
+               git_dirs: set[tuple[str, ...]]) -> str | None:
     for name in aliases.names:
-        why = sensitive.sensitive_reason(name) or named.reason(name)
+        why = (sensitive.sensitive_reason(name) or named.reason(name)
+               or gitdirs.reason(name, git_dirs))
         if why is not None:
             return why if name == path else f"{why}, reached as {name!r} through symlinks"
     if aliases.truncated:

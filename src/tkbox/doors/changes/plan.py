@@ -95,6 +95,8 @@ class Plan:
     patch: Patch
     files: list[FilePlan] = field(default_factory=list)
     tree: FinalTree = field(default_factory=lambda: FinalTree({}))
+    # folded paths of the directories git would take for a repository (`gitdirs`)
+    git_dirs: set[tuple[str, ...]] = field(default_factory=set)
 
     def kept(self) -> list[FilePlan]:
         return [f for f in self.files if f.status == "apply"]

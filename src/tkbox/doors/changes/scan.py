@@ -3,7 +3,9 @@
 `checkout_links` walks the checkout from its root descriptor with
 `O_DIRECTORY|O_NOFOLLOW` opens, never entering a symlink or a `.git`
 directory (nor anything a filesystem could fold to `.git`), and returns
-{relative path: target} for each symlink, for `links.FinalTree`. The walk is
+{relative path: target} for each symlink, for `links.FinalTree`; given
+`markers`, it also fills it with {directory: paths of its entries named like
+`HEAD`, `objects`, `refs` or `commondir`}, for `gitdirs`. The walk is
 bounded: past `MAX_ENTRIES` entries the patch is refused, since tkbox could
 not say which names reach the files it writes.
 """
@@ -14,6 +16,7 @@ import errno
 import os
 
 from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.gitdirs import is_marker
 from tkbox.doors.changes.paths import is_dotgit
 from tkbox.errors import HostError, TkboxError
 
@@ -21,7 +24,8 @@ MAX_ENTRIES = 2_000_000
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 
 
-def checkout_links(root_fd: int, max_entries: int = MAX_ENTRIES) -> dict[str, bytes]:
+def checkout_links(root_fd: int, max_entries: int = MAX_ENTRIES,
+                   markers: dict[str, set[str]] | None = None) -> dict[str, bytes]:
     links: dict[str, bytes] = {}
     count = 0
     stack: list[tuple[int, str]] = [(os.dup(root_fd), "")]
@@ -39,6 +43,8 @@ def checkout_links(root_fd: int, max_entries: int = MAX_ENTRIES) -> dict[str, by
                                 "applied: apply the patch to a smaller checkout"
                             )
                         path = f"{rel}/{entry.name}" if rel else entry.name
+                        if markers is not None and is_marker(entry.name):
+                            markers.setdefault(rel, set()).add(path)
                         if entry.is_symlink():
                             links[path] = os.fsencode(os.readlink(entry.name, dir_fd=fd))
                         elif entry.is_dir(follow_symlinks=False) and not is_dotgit(entry.name):
