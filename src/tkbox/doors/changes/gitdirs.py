@@ -69,7 +69,8 @@ def reason(path: str, git_dirs: set[tuple[str, ...]]) -> str | None:
     if not git_dirs:
         return None
     parts = folded_parts(path)
-    for k in range(len(parts)):
+    deepest = max(map(len, git_dirs))  # no deeper prefix can match: linear in the path
+    for k in range(min(len(parts), deepest + 1)):
         if parts[:k] in git_dirs:
             return REASON
     return None
