@@ -142,6 +142,20 @@ def test_setuid_and_other_modes_are_refused(mode: bytes) -> None:
     refused(add(b"x", mode=mode), "refused: only 100644, 100755 and 120000")
 
 
+@pytest.mark.parametrize("mode", [b"100644\x1b]0;owned\x07", b"\x1b[2J\x1b[H100644",
+                                  b"10\x9b31m0644", b"\xc2\x9b31m", b"100644\x7f\x08\x08"])
+def test_refused_mode_is_shown_without_control_characters(mode: bytes) -> None:
+    """The guest's mode text reaches the terminal only escaped, as _show shows lines."""
+    for patch in (add(b"x", mode=mode),
+                  add(b"x").replace(b"new file mode 100644\n",
+                                    b"old mode 100644\nnew mode " + mode + b"\n", 1)):
+        with pytest.raises(PatchRefused) as e:
+            parse_patch(patch)
+        text = str(e.value)
+        assert "refused: only 100644" in text
+        assert not any(ord(c) < 0x20 or 0x7F <= ord(c) < 0xA0 for c in text), text
+
+
 def test_header_disagreeing_with_minus_plus_lines_is_refused() -> None:
     """`diff --git a/x b/x` whose `+++` names another file: git and a naive parser differ."""
     p = add(b"harmless").replace(b"+++ b/harmless", b"+++ b/.github/workflows/ci.yml")

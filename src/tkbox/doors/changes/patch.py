@@ -235,7 +235,7 @@ def _show(line: bytes | None) -> str:
 def _mode(text: bytes, where: str) -> int:
     mode = _MODES.get(text)
     if mode is None:
-        shown = text[:20].decode("ascii", errors="backslashreplace")
+        shown = repr(text[:20].decode("utf-8", errors="backslashreplace"))
         raise PatchRefused(
             f"{where}: mode {shown} refused: only 100644, 100755 and 120000 are applied "
             "(no setuid or other bits, no submodules)"
