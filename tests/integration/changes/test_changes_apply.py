@@ -498,3 +498,21 @@ def test_ancestor_directories_are_not_listed(tmp_path: Path) -> None:
         states = door_mod._states(c, parse_patch(patch), door_mod.Limits())
     assert states["src"].kind == "dir" and states["src"].below == frozenset()
     assert states["src/x"].content == b"x\n"
+
+
+def test_a_directory_a_write_needs_is_kept_with_its_mode(tmp_path: Path) -> None:
+    """Deleting `priv/x` and adding `priv/y` keeps the 0700 `priv/`: it is not removed
+    as emptied and then made again as 0755. Emptied directories no write needs still go."""
+    lower = {"priv/x": file(b"x\n"), "priv/sub/z": file(b"z\n"), "gone/deep/w": file(b"w\n"),
+             "keep": file(b"k\n")}
+    final = {"priv/y": file(b"y\n"), "keep": file(b"k\n")}
+    patch = guest_patch(tmp_path, lower, final)
+    co = checkout(tmp_path, lower)
+    os.chmod(co / "priv", 0o700)
+    report = apply(patch, co)
+    assert {f.path: f.status for f in report.files} == {
+        "gone/deep/w": "applied", "priv/sub/z": "applied", "priv/x": "applied",
+        "priv/y": "applied"}
+    assert read_tree(co) == final
+    assert (co / "priv").stat().st_mode & 0o7777 == 0o700
+    assert not (co / "priv" / "sub").exists() and not (co / "gone").exists()

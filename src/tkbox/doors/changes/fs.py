@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkbox.doors.changes.errors import ApplyFailed, PatchRefused
+from tkbox.doors.changes.paths import fold_ntfs, folded_parts
 from tkbox.doors.changes.plan import ABSENT, State
 from tkbox.errors import HostError
 
@@ -419,6 +420,19 @@ def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> Placed:
     return Placed(txn)
 
 
+_Tree = dict[str, "_Tree"]
+
+
+def _in_tree(tree: _Tree, dirs: Iterable[str]) -> bool:
+    """True if the folded `dirs` are a path from the root of `tree`."""
+    node: _Tree | None = tree
+    for d in dirs:
+        node = node.get(fold_ntfs(d)) if node is not None else None
+        if node is None:
+            return False
+    return True
+
+
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
     co = txn.co
     paths = [w.path for w in writes]  # each named by the patch: listed below, as planned
@@ -443,8 +457,18 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
             os.close(fd)
         for i in range(len(dirs), 0, -1):
             emptied.add(tuple(dirs[:i]))
-    # like git, remove the directories the deletions left empty, deepest first
+    # like git, remove the directories the deletions left empty, deepest first,
+    # but not one a write below needs: removed, it would come back as a new 0755
+    # directory, and a 0700 one would lose its permission bits
+    puts = sorted((w for w in writes if w.new.kind != "absent"), key=lambda w: w.path.split("/"))
+    needed: _Tree = {}  # every put's directories, folded as a filesystem may compare them
+    for w in puts:
+        node = needed
+        for part in folded_parts(w.path)[:-1]:
+            node = node.setdefault(part, {})
     for dirs_t in sorted(emptied, key=lambda d: (len(d), d), reverse=True):
+        if _in_tree(needed, dirs_t):
+            continue
         dirs = list(dirs_t)
         fd = txn.dir_fd(dirs[:-1], create=False)
         try:
@@ -461,7 +485,6 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
             txn.undo.append((f"rmdir {'/'.join(dirs)}", _mkdir(co, dirs[:-1], dirs[-1], perm)))
         finally:
             os.close(fd)
-    puts = sorted((w for w in writes if w.new.kind != "absent"), key=lambda w: w.path.split("/"))
     temps: list[str] = []
     flusher = _Flusher(sum(1 for w in puts if w.new.kind == "file"))
     try:
