@@ -236,3 +236,57 @@ def test_any_links_and_path_resolve_without_error(links: dict[str, bytes], path:
     assert isinstance(r, str)
     al = tree.aliases(path, limit=64)
     assert al.names[0] == path and len(al.names) <= 64
+
+
+def _counting_folds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Every component folded from now on, by `folded_parts` or by `gitnamed` itself."""
+    from tkbox.doors.changes import gitnamed, paths
+
+    seen: list[str] = []
+    real = paths.fold_ntfs
+
+    def counting(component: str) -> str:
+        seen.append(component)
+        return real(component)
+
+    monkeypatch.setattr(paths, "fold_ntfs", counting)
+    monkeypatch.setattr(gitnamed, "fold_ntfs", counting, raising=False)
+    paths.folded_parts.cache_clear()
+    return seen
+
+
+def test_a_deep_path_is_looked_up_in_steps_of_the_deepest_named_path(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stops a deep path (thousands of components, under 4096 names through symlinks)
+    costing a hash of every leading slice of itself in every look-up: depth squared."""
+    found = Named(named_paths([_e("core.hookspath", "tools/hooks"), _e("gpg.program", "bin/gpg")],
+                              ROOT, "/home/u"))
+    seen = _counting_folds(monkeypatch)
+    for deep in ["d/" * 2000 + "x", "tools/" + "d/" * 2000 + "x", "Tools/HOOKS/" + "d/" * 2000]:
+        seen.clear()
+        why = found.reason(deep)
+        assert (why is not None) == deep.startswith("Tools/HOOKS/")
+        assert len(seen) <= 2, len(seen)  # the deepest named path has two components
+
+
+def test_deep_named_paths_are_found_folded_and_the_shortest_first() -> None:
+    found = Named({"a/b/c/d": "deep", "a/b": "shallow", "x/y/z": "xyz"})
+    assert found.reason("A/B/c/d/e") == "shallow"
+    assert found.reason("x/y/Z/w") == "xyz"
+    assert found.reason("x/y") is None and found.reason("x/y/zz") is None
+    assert Named({}).reason("a") is None
+
+
+def test_names_made_through_links_are_bounded_in_total_length() -> None:
+    """Stops 64 links `rNN -> .` making 4,096 names of a deep path, each longer than
+    the path, that every check then reads: the names stop at MAX_ALIAS_CHARS in all."""
+    from tkbox.doors.changes.links import MAX_ALIAS_CHARS
+
+    tree = FinalTree({f"r{i:02d}": b"." for i in range(64)})
+    deep = "d/" * 2000 + "x"
+    al = tree.aliases(deep)
+    assert al.truncated and al.names[0] == deep
+    assert sum(len(n) for n in al.names) <= MAX_ALIAS_CHARS
+    assert all(tree.resolve(n) == deep for n in al.names[:50])
+    short = tree.aliases("a/b")  # an ordinary path still gets its 4,096 names
+    assert short.truncated and len(short.names) == 4096

@@ -32,7 +32,7 @@ import os
 import re
 from collections.abc import Iterable
 
-from tkbox.doors.changes.paths import folded_parts
+from tkbox.doors.changes.paths import fold_ntfs, folded_parts
 from tkbox.gitconfig import Entry
 
 # variable names that name a program or a file (the last component of the key)
@@ -102,21 +102,42 @@ def named_paths(entries: Iterable[Entry], root: str, home: str) -> dict[str, str
     return named
 
 
+class _Node:
+    __slots__ = ("below", "why")
+
+    def __init__(self) -> None:
+        self.below: dict[str, _Node] = {}
+        self.why: str | None = None
+
+
 class Named:
-    """Look-ups of `named_paths` on folded components."""
+    """Look-ups of `named_paths` on folded components.
+
+    The named paths are kept as a tree of folded components, so that a look-up
+    folds and compares one component of the path at a time and stops where no
+    named path goes deeper: a deep path costs at most as many steps as the
+    deepest named path has components, not a hash of every leading slice.
+    """
 
     def __init__(self, named: dict[str, str]) -> None:
-        self.items: dict[tuple[str, ...], str] = {}
+        self.root = _Node()
         for p, why in sorted(named.items()):
-            self.items.setdefault(folded_parts(p), why)
+            node = self.root
+            for part in folded_parts(p):
+                node = node.below.setdefault(part, _Node())
+            if node.why is None:
+                node.why = why
 
     def reason(self, path: str) -> str | None:
         """Why `path` is named: it is a named path or below a named directory."""
-        if not self.items:
-            return None
-        parts = folded_parts(path)
-        for k in range(1, len(parts) + 1):
-            why = self.items.get(parts[:k])
-            if why is not None:
-                return why
+        node = self.root
+        for part in path.split("/"):
+            if not node.below:
+                return None
+            nxt = node.below.get(fold_ntfs(part))
+            if nxt is None:
+                return None
+            if nxt.why is not None:
+                return nxt.why
+            node = nxt
         return None

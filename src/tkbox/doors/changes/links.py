@@ -18,8 +18,12 @@ patch removes or replaces, plus those it creates (`FinalTree`).
   the link's own path followed by the rest, repeatedly (a link reached
   through another link). Each link is used at most twice on one chain, which
   is enough for any rule of two components to straddle the seam, and at most
-  `MAX_ALIASES` names are made; `truncated` says the bound was hit, and the
-  caller then holds the change back rather than guess.
+  `MAX_ALIASES` names, of `MAX_ALIAS_CHARS` characters in all, are made
+  (a chain of links can make names far longer than the path, and the caller
+  checks every name); `truncated` says a bound was hit, and the caller then
+  holds the change back rather than guess. The ancestors of a name that some
+  link leads to are found by walking a tree of the links' resolutions one
+  component at a time, not by joining every leading slice of the name.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from dataclasses import dataclass
 
 MAX_FOLLOW = 40
 MAX_ALIASES = 4096
+MAX_ALIAS_CHARS = 1 << 20  # characters of all the names of one path together
 OUTSIDE = "\x00outside"
 LOOP = "\x00loop"
 
@@ -57,6 +62,7 @@ class FinalTree:
         self.root = root.rstrip("/")
         self._resolved: dict[str, str] = {}
         self._by_target: dict[str, list[str]] | None = None
+        self._targets: _Targets | None = None
 
     @classmethod
     def after(cls, checkout_links: Mapping[str, bytes], changed: Mapping[str, bytes | None],
@@ -124,27 +130,59 @@ class FinalTree:
             self._by_target = index
         return self._by_target
 
-    def aliases(self, path: str, limit: int = MAX_ALIASES) -> Aliases:
+    def _target_tree(self) -> _Targets:
+        """`by_target` as a tree of components: {component: subtree}, links leading here."""
+        if self._targets is None:
+            root = _Targets()
+            for target, links in self.by_target().items():
+                node = root
+                for c in target.split("/") if target else ():
+                    node = node.below.setdefault(c, _Targets())
+                node.links = links
+            self._targets = root
+        return self._targets
+
+    def aliases(self, path: str, limit: int = MAX_ALIASES,
+                max_chars: int = MAX_ALIAS_CHARS) -> Aliases:
         """`path` and every other name the final tree reaches it by (see the docstring)."""
-        index = self.by_target()
+        targets = self._target_tree()
         seen = {path}
         out = [path]
+        chars = len(path)
         queue: deque[tuple[str, dict[str, int]]] = deque([(path, {})])
         while queue:
             name, used = queue.popleft()
             parts = name.split("/")
-            for i in range(len(parts), -1, -1):
-                anc = "/".join(parts[:i])
+            # (how many leading components, the links leading to them)
+            found = [(0, targets.links)] if targets.links else []
+            node = targets
+            for i, c in enumerate(parts):
+                nxt = node.below.get(c)
+                if nxt is None:
+                    break
+                node = nxt
+                if node.links:
+                    found.append((i + 1, node.links))
+            for i, links in reversed(found):
                 rest = "/".join(parts[i:])
-                for link in index.get(anc, ()):
+                for link in links:
                     if used.get(link, 0) >= 2:
                         continue
                     alias = _join(link, rest)
                     if alias in seen:
                         continue
-                    if len(out) >= limit:
+                    if len(out) >= limit or chars + len(alias) > max_chars:
                         return Aliases(tuple(out), True)
                     seen.add(alias)
                     out.append(alias)
+                    chars += len(alias)
                     queue.append((alias, {**used, link: used.get(link, 0) + 1}))
         return Aliases(tuple(out), False)
+
+
+class _Targets:
+    __slots__ = ("below", "links")
+
+    def __init__(self) -> None:
+        self.below: dict[str, _Targets] = {}
+        self.links: list[str] = []
