@@ -28,7 +28,7 @@ from typing import Literal
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.links import LOOP, OUTSIDE, FinalTree
 from tkbox.doors.changes.patch import MODE_EXEC, MODE_FILE, MODE_LINK, Patch, Section, apply_section
-from tkbox.doors.changes.paths import check_symlink_target, folded_parts, is_dotgit, under
+from tkbox.doors.changes.paths import check_symlink_target, folded_parts, is_dotgit
 
 Kind = Literal["added", "modified", "deleted", "mode", "symlink"]
 Status = Literal["apply", "held back", "refused", "set apart"]
@@ -248,12 +248,53 @@ def classify(plan: Plan, *, ignored: set[str], sensitive: Callable[[str], str | 
             f.status, f.reason = "held back", f"sensitive: {why}"
         elif f.new.kind == "file" and f.new.exec and not (f.old.kind == "file" and f.old.exec):
             f.status, f.reason = "held back", "sensitive: makes the file executable"
-    # a change and the changes it depends on go together
+    # a change and the changes it depends on go together: a kept file at, below or
+    # above a file held back or set apart (folded) is held back with it, naming the
+    # first such file; the stopped files are a tree of folded components, so each
+    # kept file is checked in steps of its own depth, not against every stopped file
     stopped = [f for f in plan.files if f.status != "apply"]
+    tree = _Stopped(len(stopped))
+    for i, g in enumerate(stopped):
+        tree.add(folded_parts(g.path), i)
     for f in plan.files:
         if f.status != "apply":
             continue
-        for g in stopped:
-            if under(g.path, folded_parts(f.path)) or under(f.path, folded_parts(g.path)):
-                f.status, f.reason = "held back", f"goes with {g.path!r} ({g.status})"
-                break
+        first = tree.first_related(folded_parts(f.path))
+        if first < len(stopped):
+            g = stopped[first]
+            f.status, f.reason = "held back", f"goes with {g.path!r} ({g.status})"
+
+
+class _Stopped:
+    """Folded paths of the stopped files as a tree: at each node, the first (lowest
+    index) stopped file that is this path (`here`) and that is it or below (`sub`)."""
+
+    __slots__ = ("below", "here", "none", "sub")
+
+    def __init__(self, none: int) -> None:
+        self.none = none  # an index no file has
+        self.below: dict[str, _Stopped] = {}
+        self.here = none
+        self.sub = none
+
+    def add(self, parts: tuple[str, ...], index: int) -> None:
+        node = self
+        for c in parts:
+            nxt = node.below.get(c)
+            if nxt is None:
+                nxt = node.below[c] = _Stopped(self.none)
+            node = nxt
+            node.sub = min(node.sub, index)
+        node.here = min(node.here, index)
+
+    def first_related(self, parts: tuple[str, ...]) -> int:
+        """The first stopped file that is `parts`, an ancestor of it, or below it."""
+        best = self.none
+        node = self
+        for c in parts:
+            nxt = node.below.get(c)
+            if nxt is None:
+                return best
+            node = nxt
+            best = min(best, node.here)
+        return min(best, node.sub)
