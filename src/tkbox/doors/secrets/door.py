@@ -32,6 +32,7 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -334,8 +335,11 @@ class SecretsDoor:
                 cls = h11.Response if isinstance(ev, h11.Response) else h11.InformationalResponse
                 if isinstance(ev, h11.Response):
                     status = ev.status_code
+                # The origin's reason phrase is never passed on: it is free text the
+                # origin chose (it could quote the request's credentials).
                 await guest.send_all(gconn.send(cls(status_code=ev.status_code,
-                                                    headers=headers, reason=ev.reason)) or b"")
+                                                    headers=headers,
+                                                    reason=_reason(ev.status_code))) or b"")
             elif isinstance(ev, h11.Data):
                 data = bytes(ev.data)
                 down += len(data)
@@ -363,3 +367,11 @@ class SecretsDoor:
 
 class _GuestBad(GuestError):
     pass
+
+
+def _reason(status: int) -> bytes:
+    """The standard reason phrase of `status` (RFC 9110 §15), or none."""
+    try:
+        return HTTPStatus(status).phrase.encode("ascii")
+    except ValueError:
+        return b""

@@ -166,16 +166,18 @@ class TunnelRules:
             self._check(name + b": " + value, "trailer " + _where_header(name))
 
     def redact_headers(self, headers: Headers) -> tuple[Headers, int]:
-        """Response headers with every value form replaced; and how many were."""
+        """Response headers with every value form replaced, in names and values; and how
+        many were. A name keeps its length and stays a token (`*` is a token character)."""
         out: Headers = []
         count = 0
         for name, value in headers:
-            low = value.lower()
-            if not any(n in low for n in self._redact_needles):
-                out.append((name, value))
-                continue
-            r = self.redactor()
-            new = r.feed(value, final=True)
-            count += r.count
-            out.append((name, new))
+            pair = []
+            for part in (name, value):
+                low = part.lower()
+                if any(n in low for n in self._redact_needles):
+                    r = self.redactor()
+                    part = r.feed(part, final=True)
+                    count += r.count
+                pair.append(part)
+            out.append((pair[0], pair[1]))
         return out, count

@@ -1,0 +1,156 @@
+"""Hostile origins and guests against the secrets door: what the origin reflects in
+places other than the body (reason phrase, header names, malformed heads, model
+fields), request smuggling, and the scanner's work on many tiny chunks.
+
+Each test checks that the real value is nowhere in what the guest received nor in
+any record.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import threading
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from secretsdoor_rig import NAMES, Origin, Rig, _Handler, _Server, make_ca
+
+from tkbox.doors.network import OperatorConfig
+from tkbox.doors.secrets import Secret, SecretSpec
+
+pytestmark = pytest.mark.integration
+
+VALUE = b"ghp_RealTokenValue0123456789"
+PH = b"tkbox_GH_5f1d3c2b1a0998877665544332211000"
+
+
+class _Hostile(_Handler):
+    """Answers that carry what the request's Authorization held, outside the body."""
+
+    def _serve(self) -> None:
+        auth = self.headers.get("authorization", "")
+        if self.path == "/reason":
+            self._body()
+            self.send_response(401, "bad credentials " + auth)
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        if self.path == "/header-name":
+            self._body()
+            self.send_response(200)
+            self.send_header("x-" + auth.split()[-1], "1")
+            self.send_header("content-length", "0")
+            self.end_headers()
+            return
+        if self.path == "/badhead":
+            self._body()
+            self.wfile.write(b"HTTP/1.1 401 No\r\nWWW-Authenticate-Debug " + auth.encode()
+                             + b"\r\ncontent-length: 0\r\n\r\n")
+            return
+        if self.path == "/v1/model":  # an OpenAI-compatible host echoing a field
+            self._body()
+            out = json.dumps({"model": auth.split()[-1],
+                              "usage": {"input_tokens": 1}}).encode()
+            self.send_response(200)
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
+        super()._serve()
+
+    do_GET = _serve
+    do_POST = _serve
+
+
+class _HostileOrigin(Origin):
+    def __init__(self, cert: Any, key: Any) -> None:
+        self.log: list[dict[str, Any]] = []
+        handler = type("H", (_Hostile,), {"log": self.log})
+        self.server = _Server(("127.0.0.1", 0), handler)
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(cert, key)
+        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("reflections")
+    ca, cert, key = make_ca(d)
+    origin = _HostileOrigin(cert, key)
+    hosts = d / "hosts"
+    hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
+    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
+    sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",)), VALUE, PH)
+    rig = Rig([f"{n}:{origin.port}" for n in NAMES], op, [sec], [ca.read_text()],
+              model_hosts=["api.bound.test"])
+    assert rig.mitm.ca_pem is not None
+    box_ca = d / "box-ca.pem"
+    box_ca.write_text(rig.mitm.ca_pem)
+    yield {"rig": rig, "origin": origin, "port": origin.port, "box_ca": box_ca}
+    rig.close()
+    origin.close()
+
+
+def _tunnel(w: dict[str, Any]) -> ssl.SSLSocket:
+    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
+    raw.sendall(f"CONNECT api.bound.test:{w['port']} HTTP/1.1\r\n"
+                "Host: api.bound.test\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += raw.recv(4096)
+    assert b" 200 " in head
+    return ssl.create_default_context(cafile=str(w["box_ca"])).wrap_socket(
+        raw, server_hostname="api.bound.test")
+
+
+def _exchange(w: dict[str, Any], data: bytes) -> bytes:
+    s = _tunnel(w)
+    s.sendall(data)
+    out = b""
+    s.settimeout(30)
+    while True:
+        try:
+            c = s.recv(65536)
+        except (ssl.SSLError, OSError):
+            break
+        if not c:
+            break
+        out += c
+    s.close()
+    return out
+
+
+def _get(w: dict[str, Any], path: str, extra: bytes = b"", body: bytes = b"",
+         method: bytes = b"GET") -> bytes:
+    return _exchange(w, method + f" {path} HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
+                     .encode() + b"Authorization: Bearer " + PH + b"\r\n" + extra
+                     + b"Connection: close\r\n\r\n" + body)
+
+
+def _nowhere(w: dict[str, Any], got: bytes) -> None:
+    """The value in no form the guest could read, and in no record."""
+    low = got.lower()
+    for needle in (VALUE, VALUE[:12], VALUE[-12:]):
+        assert needle.lower() not in low
+    recs = json.dumps(w["rig"].records())
+    assert VALUE.decode() not in recs
+    assert VALUE[:12].decode() not in recs
+
+
+def test_origin_reason_phrase_never_reaches_the_guest(w: dict[str, Any]) -> None:
+    got = _get(w, "/reason")
+    assert got.startswith(b"HTTP/1.1 401 Unauthorized\r\n")
+    _nowhere(w, got)
+
+
+def test_origin_header_name_holding_the_value_is_redacted(w: dict[str, Any]) -> None:
+    got = _get(w, "/header-name")
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert b"x-" + b"*" * len(VALUE) in got.lower()
+    _nowhere(w, got)
