@@ -12,6 +12,7 @@ import json
 import socket
 import ssl
 import threading
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -133,6 +134,16 @@ def _get(w: dict[str, Any], path: str, extra: bytes = b"", body: bytes = b"",
                      + b"Connection: close\r\n\r\n" + body)
 
 
+def _completions(w: dict[str, Any], after: int) -> list[dict[str, Any]]:
+    """The tunnels' completion records past the first `after` (waits for one)."""
+    for _ in range(200):
+        done = w["rig"].records("tkbox.complete")
+        if len(done) > after:
+            return done[after:]
+        time.sleep(0.05)
+    raise AssertionError("no tkbox.complete record")
+
+
 def _nowhere(w: dict[str, Any], got: bytes) -> None:
     """The value in no form the guest could read, and in no record."""
     low = got.lower()
@@ -153,4 +164,16 @@ def test_origin_header_name_holding_the_value_is_redacted(w: dict[str, Any]) -> 
     got = _get(w, "/header-name")
     assert got.startswith(b"HTTP/1.1 200 ")
     assert b"x-" + b"*" * len(VALUE) in got.lower()
+    _nowhere(w, got)
+
+
+def test_malformed_origin_head_is_not_quoted_to_the_guest_or_the_record(
+        w: dict[str, Any]) -> None:
+    before = len(w["rig"].records("tkbox.complete"))
+    got = _get(w, "/badhead")
+    assert got.startswith(b"HTTP/1.1 502 ")
+    assert b"x-tkbox-reason: refused: the origin's answer is not valid HTTP/1.1\r\n" in got
+    (done,) = _completions(w, before)
+    assert done["outcome"]["ended"] == "origin error"
+    assert done["outcome"]["reason"] == "refused: the origin's answer is not valid HTTP/1.1"
     _nowhere(w, got)
