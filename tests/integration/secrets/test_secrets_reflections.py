@@ -177,3 +177,19 @@ def test_malformed_origin_head_is_not_quoted_to_the_guest_or_the_record(
     assert done["outcome"]["ended"] == "origin error"
     assert done["outcome"]["reason"] == "refused: the origin's answer is not valid HTTP/1.1"
     _nowhere(w, got)
+
+
+def test_content_length_with_transfer_encoding_is_refused_not_forwarded(
+        w: dict[str, Any]) -> None:
+    before, done = len(w["origin"].log), len(w["rig"].records("tkbox.complete"))
+    smuggled = (b"GET /echo HTTP/1.1\r\nHost: api.bound.test\r\nX-Debug: " + PH + b"\r\n\r\n")
+    body = b"5\r\nhello\r\n0\r\n\r\n" + smuggled
+    got = _get(w, "/echo", b"Content-Length: 15\r\nTransfer-Encoding: chunked\r\n", body,
+               method=b"POST")
+    assert got.startswith(b"HTTP/1.1 403 ")
+    assert b"both Content-Length and Transfer-Encoding" in got
+    (rec,) = _completions(w, done)
+    assert rec["outcome"]["ended"] == "refused request"
+    time.sleep(0.2)
+    assert len(w["origin"].log) == before
+    _nowhere(w, got)

@@ -7,7 +7,9 @@ request head (method, target, headers) it:
    origin-form (an origin may route on either, so a request could otherwise
    reach a host the door never checked);
 2. refuses a request body it cannot read (`Content-Encoding` other than
-   identity), since a compressed body hides anything from the scanner;
+   identity), since a compressed body hides anything from the scanner, and
+   one framed both by `Content-Length` and `Transfer-Encoding` (RFC 9112
+   §6.1: a server honouring the length would smuggle the rest);
 3. for each header bound to a secret of this host, swaps the placeholder
    (`swap.swap`) and notes a use; the original header value may hold nothing
    else of any secret;
@@ -118,6 +120,13 @@ class TunnelRules:
             raise BadTunnelRequest(
                 "refused: a request inside a tunnel must have an origin-form target "
                 "(/path); an absolute URL could name another host")
+        names = {n.lower() for n, _ in headers}
+        if b"content-length" in names and b"transfer-encoding" in names:
+            # RFC 9112 §6.1: a server may take either; one that honours Content-Length
+            # would read the rest of a chunked body as another request (smuggling).
+            raise BadTunnelRequest(
+                "refused: a request with both Content-Length and Transfer-Encoding is "
+                "ambiguous (RFC 9112 section 6.1); send one")
         self._check(target, "URL")
         self._check(method, "method")
         out: Headers = []
