@@ -51,9 +51,12 @@ class _Hostile(_Handler):
             self.wfile.write(b"HTTP/1.1 401 No\r\nWWW-Authenticate-Debug " + auth.encode()
                              + b"\r\ncontent-length: 0\r\n\r\n")
             return
-        if self.path == "/v1/model":  # an OpenAI-compatible host echoing a field
+        if self.path.startswith("/v1/model"):  # an OpenAI-compatible host echoing a field
             self._body()
-            out = json.dumps({"model": auth.split()[-1],
+            echoed = auth.split()[-1]
+            if self.path.endswith("-dashed"):  # a form the redactor does not replace
+                echoed = "-".join(echoed)
+            out = json.dumps({"model": echoed,
                               "usage": {"input_tokens": 1}}).encode()
             self.send_response(200)
             self.send_header("content-length", str(len(out)))
@@ -192,4 +195,36 @@ def test_content_length_with_transfer_encoding_is_refused_not_forwarded(
     assert rec["outcome"]["ended"] == "refused request"
     time.sleep(0.2)
     assert len(w["origin"].log) == before
+    _nowhere(w, got)
+
+
+def test_model_field_echoing_the_value_is_not_recorded(w: dict[str, Any]) -> None:
+    before = len(w["rig"].records("tkbox.model.call"))
+    got = _get(w, "/v1/model")
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert b'"model": "' + b"*" * len(VALUE) + b'"' in got
+    for _ in range(100):
+        calls = w["rig"].records("tkbox.model.call")[before:]
+        if calls:
+            break
+        time.sleep(0.05)
+    (call,) = calls
+    assert call["body"]["path"] == "/v1/model"
+    assert call["body"]["model"] == "*" * len(VALUE)
+    assert call["body"]["usage"] == {"input_tokens": 1}
+    _nowhere(w, got)
+
+
+def test_model_name_holding_the_value_in_another_form_is_withheld(w: dict[str, Any]) -> None:
+    before = len(w["rig"].records("tkbox.model.call"))
+    got = _get(w, "/v1/model-dashed")
+    assert got.startswith(b"HTTP/1.1 200 ")
+    for _ in range(100):
+        calls = w["rig"].records("tkbox.model.call")[before:]
+        if calls:
+            break
+        time.sleep(0.05)
+    (call,) = calls
+    assert call["body"]["model"] == "(withheld)"
+    assert "-".join(VALUE.decode()) not in json.dumps(w["rig"].records())
     _nowhere(w, got)

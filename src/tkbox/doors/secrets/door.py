@@ -273,7 +273,12 @@ class SecretsDoor:
                 "path": path if len(path) <= MAX_PATH else path[:MAX_PATH] + "...",
                 "status": status, "bytes_up": up, "bytes_down": down,
                 "duration_ms": round((time.monotonic() - started) * 1000)}
-            body.update(model.fields())
+            fields = model.fields()
+            name = fields.get("model")
+            if name is not None and scan_once(rules.scan_patterns,
+                                              name.encode("ascii", "replace")):
+                fields["model"] = "(withheld)"  # a form the redactor does not replace
+            body.update(fields)
             await self._record("tkbox.model.call", body)
 
     async def _request_body(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
@@ -352,13 +357,16 @@ class SecretsDoor:
                 down += len(data)
                 if counts is not None:
                     counts.down += len(data)
-                model.feed(data)
+                # The model name and usage are read from what the guest gets (redacted):
+                # a model field echoing the value must not put it in the record.
                 out = redactor.feed(data)
                 if out:
+                    model.feed(out)
                     await guest.send_all(gconn.send(h11.Data(data=out)) or b"")
             elif isinstance(ev, h11.EndOfMessage):
-                model.finish()
                 out = redactor.feed(b"", final=True)
+                model.feed(out)
+                model.finish()
                 stats["redactions"] += redactor.count
                 if out:
                     await guest.send_all(gconn.send(h11.Data(data=out)) or b"")
