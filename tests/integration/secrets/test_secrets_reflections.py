@@ -21,6 +21,8 @@ from secretsdoor_rig import NAMES, Origin, Rig, _Handler, _Server, make_ca
 
 from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
+from tkbox.doors.secrets.rules import TunnelRules
+from tkbox.doors.secrets.scan import LeakScanner
 
 pytestmark = pytest.mark.integration
 
@@ -227,4 +229,57 @@ def test_model_name_holding_the_value_in_another_form_is_withheld(w: dict[str, A
     (call,) = calls
     assert call["body"]["model"] == "(withheld)"
     assert "-".join(VALUE.decode()) not in json.dumps(w["rig"].records())
+    _nowhere(w, got)
+
+
+def _post_chunks(w: dict[str, Any], path: str, chunks: list[bytes]) -> bytes:
+    head = (f"POST {path} HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
+            "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
+    body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
+    return _exchange(w, head + body)
+
+
+@pytest.fixture
+def scanners(monkeypatch: pytest.MonkeyPatch) -> list[LeakScanner]:
+    """Every body scanner the door makes while the test runs."""
+    made: list[LeakScanner] = []
+    real = TunnelRules.body_scanner
+
+    def spy(self: TunnelRules) -> LeakScanner:
+        made.append(real(self))
+        return made[-1]
+
+    monkeypatch.setattr(TunnelRules, "body_scanner", spy)
+    return made
+
+
+def test_a_body_of_one_byte_chunks_is_scanned_in_linear_work(
+        w: dict[str, Any], scanners: list[LeakScanner]) -> None:
+    n = 64 * 1024
+    before = len(w["origin"].log)
+    got = _post_chunks(w, "/echo-tiny", [b"%"] * n)
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert w["origin"].log[before]["body"] == b"%" * n
+    (sc,) = scanners
+    # Each feed looks at the held tail again (`hold` bytes): fed per 1-byte chunk this
+    # was n feeds and n * hold bytes (~190 MB here); now at most two looks at each byte.
+    assert sc.hold > 1000
+    assert sc.feeds <= n // sc.hold + 2
+    assert sc.scanned <= 2 * n + 2 * sc.hold
+    _nowhere(w, got)
+
+
+def test_a_placeholder_split_over_one_byte_chunks_is_still_caught(
+        w: dict[str, Any], scanners: list[LeakScanner]) -> None:
+    before, leaks = len(w["origin"].log), len(w["rig"].records("tkbox.secret.leak"))
+    chunks = [b"x"] * 5000 + [bytes([c]) for c in PH] + [b"y"] * 3
+    got = _post_chunks(w, "/echo-split", chunks)
+    assert got.startswith(b"HTTP/1.1 403 ")
+    assert b"placeholder of secret GH was found in the body" in got
+    (leak,) = w["rig"].records("tkbox.secret.leak")[leaks:]
+    assert leak["body"]["where"] == "body"
+    time.sleep(0.2)
+    assert all(PH not in e["body"] for e in w["origin"].log[before:])
+    (sc,) = scanners
+    assert sc.feeds <= 5100 // sc.hold + 2
     _nowhere(w, got)

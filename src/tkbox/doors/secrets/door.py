@@ -285,25 +285,42 @@ class SecretsDoor:
                             oconn: h11.Connection, rules: TunnelRules, counts: Any) -> int:
         scanner = rules.body_scanner()
         hold = scanner.hold
-        held = b""
+        # `pending`: received, not scanned yet; `held`: scanned, not forwarded yet (the
+        # last `hold` bytes could begin a leak that ends in bytes still to come). The
+        # scanner is fed only once `hold` new bytes are pending, or at the end: each
+        # feed looks at `hold` bytes of tail again, so feeding every h11 Data event
+        # (one per chunk: a guest's 1-byte chunks) would cost hold bytes of work per
+        # byte, on the loop every box shares.
+        pending = bytearray()
+        held = bytearray()
         sent = 0
+
+        async def scan() -> None:
+            hits = scanner.feed(bytes(pending))
+            if hits:
+                with contextlib.suppress(Exception):
+                    await origin.aclose()
+                raise SecretLeak(hits[0], rules.host, "body")
+            held.extend(pending)
+            del pending[:]
+
         while True:
             ev = await self._next(gconn, guest, _GuestBad)
             if isinstance(ev, h11.Data):
-                data = bytes(ev.data)
-                hits = scanner.feed(data)
-                if hits:
-                    with contextlib.suppress(Exception):
-                        await origin.aclose()
-                    raise SecretLeak(hits[0], rules.host, "body")
-                held += data
+                pending.extend(ev.data)
+                if len(pending) < hold:
+                    continue
+                await scan()
                 if len(held) > hold:
-                    out, held = held[:len(held) - hold], held[len(held) - hold:]
+                    out = bytes(held[:len(held) - hold])
+                    del held[:len(held) - hold]
                     await origin.send_all(oconn.send(h11.Data(data=out)) or b"")
                     sent += len(out)
                     if counts is not None:
                         counts.up += len(out)
             elif isinstance(ev, h11.EndOfMessage):
+                if pending:
+                    await scan()
                 trailers = [(bytes(n), bytes(v)) for n, v in ev.headers.raw_items()]
                 try:
                     rules.trailers(trailers)
@@ -312,7 +329,7 @@ class SecretsDoor:
                         await origin.aclose()
                     raise
                 if held:
-                    await origin.send_all(oconn.send(h11.Data(data=held)) or b"")
+                    await origin.send_all(oconn.send(h11.Data(data=bytes(held))) or b"")
                     sent += len(held)
                     if counts is not None:
                         counts.up += len(held)

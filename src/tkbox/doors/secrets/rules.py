@@ -96,6 +96,17 @@ class TunnelRules:
             if (hit.name, hit.kind) not in allowed:
                 raise SecretLeak(hit, self.host, where)
 
+    def _check_all(self, items: Sequence[tuple[bytes, str]], where: str) -> None:
+        """Each (bytes, where) item checked as `_check` does, with one scan of them all
+        joined; only on a hit is each looked at, to say where. A hit only across
+        items (a placeholder split between two headers) is a leak of `where`."""
+        hits = scan_once(self.scan_patterns, b"\r\n".join(data for data, _ in items))
+        if not hits:
+            return
+        for data, item_where in items:
+            self._check(data, item_where)
+        raise SecretLeak(hits[0], self.host, where)
+
     def _host_ok(self, value: bytes) -> bool:
         text = value.decode("ascii", "replace").strip()
         name, _, port = text.rpartition(":") if text.count(":") == 1 else (text, "", "")
@@ -134,7 +145,8 @@ class TunnelRules:
         # One scan of every header not bound here; only on a hit is each one scanned, to
         # say where (the usual request is clean, and this is its cost).
         unbound = b"\r\n".join(n + b": " + v for n, v in headers if n.lower() not in self.bound)
-        clean = not scan_once(self.scan_patterns, unbound)
+        joined_hits = scan_once(self.scan_patterns, unbound)
+        clean = not joined_hits
         for name, value in headers:
             low = name.lower()
             if low == b"content-encoding" and value.strip().lower() not in (b"", b"identity"):
@@ -160,6 +172,9 @@ class TunnelRules:
             if not clean or secret is not None:
                 self._check(name + b": " + value, _where_header(name))
             out.append((name, value))
+        if joined_hits:
+            # No header alone holds it: it was split between headers.
+            raise SecretLeak(joined_hits[0], self.host, "headers (split between them)")
         out.append((b"accept-encoding", b"identity"))
         return out, uses
 
@@ -167,12 +182,12 @@ class TunnelRules:
         """A plain-http head: nothing is swapped there, so any hit is a leak."""
         self._check(target, "URL")
         self._check(method, "method")
-        for name, value in headers:
-            self._check(name + b": " + value, _where_header(name))
+        self._check_all([(name + b": " + value, _where_header(name)) for name, value in headers],
+                        "headers (split between them)")
 
     def trailers(self, headers: Headers) -> None:
-        for name, value in headers:
-            self._check(name + b": " + value, "trailer " + _where_header(name))
+        self._check_all([(name + b": " + value, "trailer " + _where_header(name))
+                         for name, value in headers], "trailers (split between them)")
 
     def redact_headers(self, headers: Headers) -> tuple[Headers, int]:
         """Response headers with every value form replaced, in names and values; and how

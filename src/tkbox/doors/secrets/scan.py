@@ -26,7 +26,10 @@ base64 is found by one rule, not a list of cases. The scanner keeps the last
 `span` bytes it saw (36 times the longest form: an escape spends at most
 six bytes on one, per level), so any occurrence ending in a chunk is inside that chunk's
 window: the set of hits does not depend on how the bytes were split, and
-memory is bounded by `span` plus one chunk.
+memory is bounded by `span` plus one chunk. Each feed looks at the tail again,
+so a streaming caller feeds at least `span` new bytes at a time (or what is
+left at the message's end): the work stays linear in the bytes however they
+were split (a body sent as one-byte chunks costs what one chunk does).
 
 **Redaction** (responses: the guest must never read a value). Leftmost,
 longest match of any form, replaced by as many `*` (so lengths, and so
@@ -167,18 +170,28 @@ class LeakScanner:
         self._tail = b""
         self.hits: list[Hit] = []
         self._seen: set[tuple[str, str, str]] = set()
+        self.feeds = 0  # calls that looked at bytes
+        self.scanned = 0  # bytes looked at (held tail included): the work done
 
     @property
     def hold(self) -> int:
         """Bytes a caller must hold back so a leak found later has not left yet."""
         return self.span
 
+    # Each feed looks at the held tail (`span` bytes) again, so feeding many small
+    # pieces costs span bytes of work each: a streaming caller gathers at least
+    # `span` new bytes (or the message's end) before feeding, which keeps the work
+    # within twice the bytes.
+
     def feed(self, data: bytes) -> list[Hit]:
         """New hits in `data` (given what came before). Never raises on any bytes."""
         if not self.patterns or not data:
             return []
-        window = (self._tail + data).lower()
-        self._tail = (self._tail + data)[-self.span:]
+        joined = self._tail + data
+        window = joined.lower()
+        self._tail = joined[-self.span:]
+        self.feeds += 1
+        self.scanned += len(window)
         new: list[Hit] = []
         views = [(window, False)] + [(v, True) for v in decoded_views(window)]
         for view, dec in views:
