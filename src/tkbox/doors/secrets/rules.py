@@ -144,7 +144,10 @@ class TunnelRules:
         uses: list[Use] = []
         # One scan of every header not bound here; only on a hit is each one scanned, to
         # say where (the usual request is clean, and this is its cost).
-        unbound = b"\r\n".join(n + b": " + v for n, v in headers if n.lower() not in self.bound)
+        # (Accept-Encoding and Expect are dropped, not sent: not scanned.)
+        unbound = b"\r\n".join(n + b": " + v for n, v in headers
+                                if n.lower() not in self.bound
+                                and n.lower() not in (b"accept-encoding", b"expect"))
         joined_hits = scan_once(self.scan_patterns, unbound)
         clean = not joined_hits
         for name, value in headers:
