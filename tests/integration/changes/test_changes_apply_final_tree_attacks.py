@@ -11,56 +11,21 @@ parsing that would stall the daemon's event loop.
 from __future__ import annotations
 
 import asyncio
-import io
-import subprocess
 import sys
 import time
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
-from changes_trees import Tree, build_upper, file, link, make_tree, read_tree  # noqa: E402
+from changes_apply_kit import RUN, apply, git, setup, statuses  # noqa: E402
+from changes_trees import Tree, file, link, read_tree  # noqa: E402
 
-from tkbox.doors.changes import ApplyReport, Limits, PatchRefused, apply_patch  # noqa: E402
+from tkbox.doors.changes import Limits, PatchRefused, apply_patch  # noqa: E402
 from tkbox.doors.changes.patch import git_blob_sha1  # noqa: E402
-from tkbox.guest.diff import write_patch  # noqa: E402
 from tkbox.record.testing import FakeSigner  # noqa: E402
 
 pytestmark = pytest.mark.integration
-RUN = "run-1"
-
-
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
-                   check=True, capture_output=True)
-
-
-def setup(tmp: Path, lower: Tree, final: Tree, config: list[tuple[str, str]] = ()
-          ) -> tuple[Path, bytes]:
-    co = tmp / "co"
-    make_tree(co, lower)
-    git(co, "init", "-q")
-    for key, value in config:
-        git(co, "config", key, value)
-    make_tree(tmp / "lower", lower)
-    build_upper(tmp / "upper", lower, final)
-    out = io.BytesIO()
-    write_patch(tmp / "lower", tmp / "upper", out, max_bytes=1 << 24)
-    return co, out.getvalue()
-
-
-def apply(patch: bytes, co: Path, **kw: Any) -> ApplyReport:
-    async def go() -> ApplyReport:
-        s = FakeSigner()
-        await s.open_run(RUN, {})
-        return await apply_patch(patch, co, s, RUN, **kw)
-    return asyncio.run(go())
-
-
-def statuses(report: ApplyReport) -> dict[str, str]:
-    return {f.path: f.status for f in report.files}
 
 
 def test_sensitive_name_as_a_symlink_to_an_ordinary_directory_is_held_back(tmp_path: Path

@@ -11,57 +11,22 @@ guest patches from the guest's own diff writer, the fake signer.
 
 from __future__ import annotations
 
-import asyncio
-import io
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
-from changes_trees import Tree, build_upper, file, make_tree, read_tree  # noqa: E402
-
-from tkbox.doors.changes import ApplyReport, apply_patch  # noqa: E402
-from tkbox.guest.diff import write_patch  # noqa: E402
-from tkbox.record.testing import FakeSigner  # noqa: E402
+from changes_apply_kit import apply, setup, statuses  # noqa: E402
+from changes_trees import Tree, file, read_tree  # noqa: E402
 
 pytestmark = pytest.mark.integration
-RUN = "run-1"
 REASON = "inside a directory git would take for a repository (its config can run commands)"
 CONFIG = b'[core]\n\tbare = false\n\tworktree = ..\n\tfsmonitor = "touch PWNED; false"\n'
 PIECES: Tree = {"evil/HEAD": file(b"ref: refs/heads/main\n"), "evil/objects/keep": file(b""),
                 "evil/refs/keep": file(b"")}
 PLANTED: Tree = {**PIECES, "evil/config": file(CONFIG)}
-
-
-def git(cwd: Path, *args: str) -> None:
-    subprocess.run(["git", "-c", "user.name=t", "-c", "user.email=t@t", *args], cwd=cwd,
-                   check=True, capture_output=True)
-
-
-def setup(tmp: Path, lower: Tree, final: Tree) -> tuple[Path, bytes]:
-    co = tmp / "co"
-    make_tree(co, lower)
-    git(co, "init", "-q")
-    make_tree(tmp / "lower", lower)
-    build_upper(tmp / "upper", lower, final)
-    out = io.BytesIO()
-    write_patch(tmp / "lower", tmp / "upper", out, max_bytes=1 << 24)
-    return co, out.getvalue()
-
-
-def apply(patch: bytes, co: Path, **kw: Any) -> ApplyReport:
-    async def go() -> ApplyReport:
-        s = FakeSigner()
-        await s.open_run(RUN, {})
-        return await apply_patch(patch, co, s, RUN, **kw)
-    return asyncio.run(go())
-
-
-def statuses(report: ApplyReport) -> dict[str, str]:
-    return {f.path: f.status for f in report.files}
 
 
 def git_status_in(d: Path) -> None:

@@ -132,9 +132,9 @@ class _Server(http.server.ThreadingHTTPServer):
 class Origin:
     """A recording HTTPS origin on 127.0.0.1 (a thread)."""
 
-    def __init__(self, cert: Path, key: Path) -> None:
+    def __init__(self, cert: Path, key: Path, handler_base: type = _Handler) -> None:
         self.log: list[dict[str, Any]] = []
-        handler = type("H", (_Handler,), {"log": self.log})
+        handler = type("H", (handler_base,), {"log": self.log})
         self.server = _Server(("127.0.0.1", 0), handler)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)

@@ -11,13 +11,12 @@ from __future__ import annotations
 import json
 import socket
 import ssl
-import threading
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from secretsdoor_rig import NAMES, Origin, Rig, _Handler, _Server, make_ca
+from secretsdoor_rig import NAMES, Origin, Rig, _Handler, make_ca
 
 from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
@@ -71,24 +70,11 @@ class _Hostile(_Handler):
     do_POST = _serve
 
 
-class _HostileOrigin(Origin):
-    def __init__(self, cert: Any, key: Any) -> None:
-        self.log: list[dict[str, Any]] = []
-        handler = type("H", (_Hostile,), {"log": self.log})
-        self.server = _Server(("127.0.0.1", 0), handler)
-        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-        ctx.load_cert_chain(cert, key)
-        self.server.socket = ctx.wrap_socket(self.server.socket, server_side=True)
-        self.port = self.server.server_address[1]
-        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
-        self.thread.start()
-
-
 @pytest.fixture(scope="module")
 def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("reflections")
     ca, cert, key = make_ca(d)
-    origin = _HostileOrigin(cert, key)
+    origin = Origin(cert, key, _Hostile)
     hosts = d / "hosts"
     hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
     op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
@@ -200,17 +186,23 @@ def test_content_length_with_transfer_encoding_is_refused_not_forwarded(
     _nowhere(w, got)
 
 
-def test_model_field_echoing_the_value_is_not_recorded(w: dict[str, Any]) -> None:
-    before = len(w["rig"].records("tkbox.model.call"))
-    got = _get(w, "/v1/model")
-    assert got.startswith(b"HTTP/1.1 200 ")
-    assert b'"model": "' + b"*" * len(VALUE) + b'"' in got
+def _model_call(w: dict[str, Any], before: int) -> dict[str, Any]:
+    """The one `tkbox.model.call` recorded after `before` (recorded as the answer ends)."""
     for _ in range(100):
         calls = w["rig"].records("tkbox.model.call")[before:]
         if calls:
             break
         time.sleep(0.05)
     (call,) = calls
+    return dict(call)
+
+
+def test_model_field_echoing_the_value_is_not_recorded(w: dict[str, Any]) -> None:
+    before = len(w["rig"].records("tkbox.model.call"))
+    got = _get(w, "/v1/model")
+    assert got.startswith(b"HTTP/1.1 200 ")
+    assert b'"model": "' + b"*" * len(VALUE) + b'"' in got
+    call = _model_call(w, before)
     assert call["body"]["path"] == "/v1/model"
     assert call["body"]["model"] == "*" * len(VALUE)
     assert call["body"]["usage"] == {"input_tokens": 1}
@@ -221,12 +213,7 @@ def test_model_name_holding_the_value_in_another_form_is_withheld(w: dict[str, A
     before = len(w["rig"].records("tkbox.model.call"))
     got = _get(w, "/v1/model-dashed")
     assert got.startswith(b"HTTP/1.1 200 ")
-    for _ in range(100):
-        calls = w["rig"].records("tkbox.model.call")[before:]
-        if calls:
-            break
-        time.sleep(0.05)
-    (call,) = calls
+    call = _model_call(w, before)
     assert call["body"]["model"] == "(withheld)"
     assert "-".join(VALUE.decode()) not in json.dumps(w["rig"].records())
     _nowhere(w, got)
