@@ -74,6 +74,55 @@ def test_file_reached_through_a_hooks_link_is_held_back(tmp_path: Path) -> None:
     assert statuses(apply(patch, co)) == {"scripts/pc.sh": "held back"}
 
 
+@pytest.mark.parametrize("links", [
+    {".vscode": b"../co/tools"},  # out of the checkout and back in
+    {".vscode": b"tools/..//../co/./tools"},  # through `..`, `.` and repeated slashes
+    {".vscode": b"{co}/../co/tools"},  # absolute, into the checkout through `..`
+    {".vscode": b"up/co/tools", "up": b".."},  # a chain of two links
+])
+def test_file_reached_through_a_link_out_and_back_into_the_checkout_is_held_back(
+        tmp_path: Path, links: dict[str, bytes]) -> None:
+    """Stops `.vscode -> ../co/tools` (a link that leaves the checkout and comes back)
+    passing for a link out, so that tools/tasks.json is written unchecked."""
+    co_path = str(tmp_path / "co").encode()
+    lower: Tree = {p: link(t.replace(b"{co}", co_path)) for p, t in links.items()}
+    lower |= {"tools/build.sh": file(b"make\n"), "x": file(b"x\n")}
+    final = {**lower, "tools/tasks.json": file(b"{}\n"), "x": file(b"y\n")}
+    co, patch = setup(tmp_path, lower, final)
+    report = apply(patch, co)
+    assert statuses(report) == {"tools/tasks.json": "held back", "x": "applied"}
+    assert "reached as '.vscode/tasks.json'" in next(
+        f.reason for f in report.files if f.path == "tools/tasks.json")
+    assert not (co / "tools/tasks.json").exists()
+
+
+def test_file_reached_through_a_link_to_the_checkouts_given_path_is_held_back(
+        tmp_path: Path) -> None:
+    """Stops an absolute `.vscode -> /via/co/tools` passing for a link out when the
+    checkout was given as /via/co and /via is a symlink (its real path differs)."""
+    (tmp_path / "via").symlink_to("real")
+    given = tmp_path / "via" / "co"
+    lower = {".vscode": link(str(given / "tools").encode()), "tools/build.sh": file(b"make\n")}
+    final = {**lower, "tools/tasks.json": file(b"{}\n")}
+    _, patch = setup(tmp_path / "real", lower, final)
+    report = apply(patch, given)
+    assert statuses(report) == {"tools/tasks.json": "held back"}
+    assert "reached as '.vscode/tasks.json'" in report.files[0].reason
+
+
+def test_a_link_that_truly_leaves_the_checkout_is_still_outside(tmp_path: Path) -> None:
+    """Stops a sibling `co2` being taken for the checkout `co`: its tools are not the
+    checkout's, and a new link through the checkout's link to it leads outside."""
+    (tmp_path / "co2" / "tools").mkdir(parents=True)
+    lower = {".vscode": link(b"../co2/tools"), "tools/build.sh": file(b"make\n")}
+    final = {**lower, "tools/tasks.json": file(b"{}\n")}
+    co, patch = setup(tmp_path, lower, final)
+    assert statuses(apply(patch, co)) == {"tools/tasks.json": "applied"}
+    _, patch = setup(tmp_path / "again", lower, {**lower, "t": link(b".vscode/tasks.json")})
+    with pytest.raises(PatchRefused, match="outside the checkout"):
+        apply(patch, tmp_path / "again" / "co")
+
+
 def test_link_escaping_through_a_link_the_patch_creates_is_refused(tmp_path: Path) -> None:
     """Stops `l -> .` and `a -> l/../secret`: lexically inside, really the checkout's parent."""
     (tmp_path / "secret").write_text("host file\n")

@@ -8,10 +8,11 @@ configuration runs or includes (`gitnamed`).
 
 from __future__ import annotations
 
+import errno
 from pathlib import Path
 
 import pytest
-from hypothesis import given
+from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from tkbox.doors.changes.gitnamed import Named, named_paths
@@ -84,6 +85,99 @@ def test_a_link_into_the_root_under_a_sensitive_name_makes_everything_sensitive(
     """Stops `.vscode -> .` making the root's tasks.json read as .vscode/tasks.json."""
     names = FinalTree({".vscode": b"."}).aliases("tasks.json").names
     assert ".vscode/tasks.json" in names
+
+
+def _held_back_through(tree: FinalTree, path: str, name: str) -> bool:
+    """`name` is one of `path`'s names, and a sensitive one (the door holds `path` back)."""
+    names = tree.aliases(path).names
+    return name in names and sensitive_reason(name) is not None
+
+
+@pytest.mark.parametrize(("links", "spellings"), [
+    ({".vscode": b"../repo/tools"}, []),  # out of the checkout and back in
+    ({".vscode": b"..//repo/./tools/"}, []),  # the same, with `.` and repeated slashes
+    ({".vscode": b"//home//u/./repo/tools"}, []),  # absolute, spelled another way
+    ({".vscode": b"/home/u/x/../repo/sub/../tools"}, []),  # absolute, through `..`
+    ({".vscode": b"/link/repo/tools"}, ["/link/repo"]),  # the checkout's given path
+    ({".vscode": b"/link/repo/../repo/tools"}, ["/link/repo"]),  # `..` from the real path
+    ({".vscode": b"tools/../../../u/repo/tools"}, []),  # down, out, back in
+    ({".vscode": b"up/repo/tools", "up": b".."}, []),  # a chain: the second link leaves
+    ({".vscode": b"a", "a": b"../repo/b", "b": b"/home/u/repo/tools"}, []),  # three links
+])
+def test_a_link_that_leaves_the_checkout_and_comes_back_gives_its_sensitive_name(
+        links: dict[str, bytes], spellings: list[str]) -> None:
+    """Stops `.vscode -> ../<checkout>/tools` (or any target that reaches the checkout
+    from outside it) passing for a link out, so that tools/tasks.json is written
+    unchecked while VS Code reads it as .vscode/tasks.json."""
+    tree = FinalTree(links, ROOT, spellings) if spellings else FinalTree(links, ROOT)
+    assert tree.resolve(".vscode") == "tools"
+    assert tree.resolve(".vscode/tasks.json") == "tools/tasks.json"
+    assert _held_back_through(tree, "tools/tasks.json", ".vscode/tasks.json")
+
+
+@pytest.mark.parametrize("target", [
+    b"../repo2/tools",  # a sibling whose name starts with the checkout's
+    b"/home/u/repo-evil/tools",
+    b"/home/u/repo/../repo2/tools",
+    b"../../../../../repo/tools",  # `/..` is `/`: this is /repo/tools
+    b"../repo/../../u/x/tools",
+    b"/link/repo/tools",  # a spelling of the checkout tkbox was not given
+])
+def test_a_link_that_truly_leaves_the_checkout_stays_outside(target: bytes) -> None:
+    """Stops a target that only looks like the checkout's path (a sibling `repo2`, a
+    path that comes in and leaves again) being taken for a path inside it."""
+    tree = FinalTree({".vscode": target, "t": b".vscode/tasks.json"}, ROOT)
+    assert tree.resolve(".vscode") == OUTSIDE and tree.resolve("t") == OUTSIDE
+    assert not _held_back_through(tree, "tools/tasks.json", ".vscode/tasks.json")
+
+
+_kernel_comp = st.sampled_from(["a", "b", "d", "x", "repo", "..", ".", ""])
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.dictionaries(st.sampled_from(["a", "b", "x", "d/a", "d/b"]),
+                       st.tuples(st.sampled_from(["", "{root}", "{parent}"]),
+                                 st.lists(_kernel_comp, min_size=1, max_size=5)),
+                       min_size=1, max_size=4))
+def test_resolution_is_the_kernels(links: dict[str, tuple[str, list[str]]]) -> None:
+    """Stops resolution parting from what the kernel does with the same links, in a
+    real checkout: out of it and back in, absolute, through `..`, and in chains."""
+    import os
+    import tempfile
+
+    with tempfile.TemporaryDirectory() as tmp:
+        parent = os.path.join(os.path.realpath(tmp), "p")
+        root = os.path.join(parent, "repo")
+        os.makedirs(os.path.join(root, "d"))
+        os.makedirs(os.path.join(parent, "x"))
+        targets: dict[str, bytes] = {}
+        for key, (base, parts) in links.items():
+            start = base.format(root=root, parent=parent)
+            target = "/".join([start, *parts] if start else parts) or "."
+            os.symlink(target, os.path.join(root, key))
+            targets[key] = target.encode()
+        tree = FinalTree(targets, root)
+        for path in ["a", "b", "x", "d/a", "d/b", "a/x", "d/a/b", "b/../a"]:
+            mine = tree.resolve(path)
+            if mine == LOOP:
+                continue  # realpath does not say so; the door lets a loop be
+            try:
+                os.stat(os.path.join(root, path))
+            except OSError as e:
+                if e.errno == errno.ELOOP:
+                    continue
+            # as the kernel resolves it; a missing component is taken as a directory
+            real = os.path.realpath(os.path.join(root, path))
+            if real == root or real.startswith(root + "/"):
+                assert mine == os.path.relpath(real, root).removeprefix("."), (path, targets)
+            else:
+                assert mine == OUTSIDE, (path, targets)
+
+
+def test_without_a_root_a_link_that_climbs_out_cannot_come_back() -> None:
+    """Stops an unknown root being matched by a name: nothing comes back in."""
+    assert FinalTree({".vscode": b"../repo/tools"}).resolve(".vscode") == OUTSIDE
+    assert FinalTree({".vscode": b"/tools"}).resolve(".vscode") == OUTSIDE
 
 
 _comp = st.sampled_from(["a", "b", "c", "..", "."])
@@ -176,7 +270,21 @@ def test_aliases_are_exactly_the_names_that_reach_the_path(links: dict[str, byte
     resolves where `path` resolves (through a link on its way) must be among
     `aliases(path)`, and every alias must resolve there.
     """
-    tree = FinalTree(links)
+    _aliases_are_exact(FinalTree(links), path)
+
+
+@given(st.dictionaries(st.sampled_from(["a", "b", "c", "a/b", "b/c", "c/a"]),
+                       st.sampled_from([b"..", b"a", b"../repo/a", b"../repo", b"/home/u/repo/b",
+                                        b"../repo2/c", b"b/../../repo/c", b"/home/u/../u/repo"]),
+                       max_size=3),
+       st.sampled_from(["a", "b", "c", "a/b", "b/c", "c/a", "a/a", "c/c/c"]))
+def test_aliases_are_exactly_the_names_that_reach_the_path_from_outside(
+        links: dict[str, bytes], path: str) -> None:
+    """The same, with targets that leave the checkout and come back in, or do not."""
+    _aliases_are_exact(FinalTree(links, ROOT), path)
+
+
+def _aliases_are_exact(tree: FinalTree, path: str) -> None:
     real = tree.resolve(path)
     if real in (OUTSIDE, LOOP) or real != path:
         return  # the door asks for aliases of paths it writes: no link on their way
@@ -290,3 +398,15 @@ def test_names_made_through_links_are_bounded_in_total_length() -> None:
     assert all(tree.resolve(n) == deep for n in al.names[:50])
     short = tree.aliases("a/b")  # an ordinary path still gets its 4,096 names
     assert short.truncated and len(short.names) == 4096
+
+
+def test_resolving_deep_targets_costs_one_step_a_component() -> None:
+    """Stops a patch of many links to deep paths (2,000 components each, well within
+    the target limit) costing a join of the whole path at every step: seconds a link."""
+    import time
+
+    deep = "/".join(["d"] * 2000)
+    tree = FinalTree({f"l{i}": f"{deep}/../x{i}".encode() for i in range(1000)}, ROOT)
+    t0 = time.monotonic()
+    assert all(tree.resolve(f"l{i}") == f"{deep[:-2]}/x{i}" for i in range(1000))
+    assert time.monotonic() - t0 < 8

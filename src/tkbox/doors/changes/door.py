@@ -99,7 +99,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             raise
         with co:
             plan_task = asyncio.ensure_future(
-                asyncio.to_thread(_plan, co, parsed, limits, root))  # (1), (4) ours
+                asyncio.to_thread(_plan, co, parsed, limits, root, checkout))  # (1), (4) ours
             try:
                 await _git_reads_same(git, parsed, await reading)  # (3)
                 repo = await repo_task
@@ -148,13 +148,21 @@ async def _settle(git_runs: list[asyncio.Future[Any]], threads: list[asyncio.Fut
     await asyncio.gather(*git_runs, *threads, return_exceptions=True)
 
 
-def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path) -> Plan:
+def _spellings(checkout: Path, root: Path) -> list[str]:
+    """The checkout's absolute path as it was given, if it names `root` another way
+    (through a symlinked directory): a link's absolute target may spell it so."""
+    given = os.path.abspath(checkout)
+    return [given] if given != str(root) and os.path.realpath(given) == str(root) else []
+
+
+def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path, checkout: Path) -> Plan:
     """States, the checkout's symlinks, and the plan on the final tree (blocking)."""
     states = _states(co, parsed, limits)
     markers: dict[str, set[str]] = {}
     links = checkout_links(co.fd, markers=markers)
     plan = build(parsed, states, max_file_bytes=limits.max_file_bytes, links=links,
-                 root=str(root), max_total_bytes=limits.max_total_bytes)
+                 root=str(root), root_spellings=_spellings(checkout, root),
+                 max_total_bytes=limits.max_total_bytes)
     _refuse_below_checkout_symlinks(plan, states)
     plan.git_dirs = gitdirs.final_git_dirs(
         markers, [(f.path, f.old.kind != "absent" and f.old.blocked_by is None,

@@ -10,9 +10,21 @@ patch removes or replaces, plus those it creates (`FinalTree`).
 - `resolve(path)` follows every symlink on the way, the last component
   included, as the kernel would (`..` after a symlink goes up from where the
   link led, not lexically), through links the patch itself creates, at most
-  `MAX_FOLLOW` of them (Linux's `MAXSYMLINKS` is 40). The result is a path
-  inside the checkout, `OUTSIDE` (an absolute target elsewhere, or `..` above
-  the root) or `LOOP`.
+  `MAX_FOLLOW` of them (Linux's `MAXSYMLINKS` is 40). It walks an absolute
+  path, starting at the checkout's real path (`root`, where the kernel
+  starts too): a relative target is taken from the link's directory, an
+  absolute one from `/`, `.` and empty components are dropped, `..` goes up
+  one component (`/..` is `/`), even above the root, and only then is the
+  place compared, component by component, with the root: a link is looked
+  up only inside it, and a target may leave the checkout and come back in
+  (`.vscode -> ../<checkout>/tools` is `tools`). An absolute path that spells
+  the checkout another way (`root_spellings`: the path it was given by,
+  through a symlinked directory) is the root too. Outside the checkout the
+  components are taken as spelled: tkbox does not know the links there. The
+  result is a path inside the checkout, `OUTSIDE` or `LOOP`. Without a
+  `root`, the checkout is somewhere no path names: whatever climbs above it
+  or is absolute is `OUTSIDE`. Each step costs one component, whatever the
+  depth: the links' own paths are a tree walked along with the path.
 - `aliases(path)` is every other name under which the final tree reaches
   `path`: for each link whose resolution is `path` or one of its ancestors,
   the link's own path followed by the rest, repeatedly (a link reached
@@ -30,7 +42,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
 MAX_FOLLOW = 40
@@ -38,12 +50,24 @@ MAX_ALIASES = 4096
 MAX_ALIAS_CHARS = 1 << 20  # characters of all the names of one path together
 OUTSIDE = "\x00outside"
 LOOP = "\x00loop"
+_NOWHERE = "\x00checkout"  # the root when none is given: no path's component is it
 
 
 @dataclass(frozen=True)
 class Aliases:
     names: tuple[str, ...]  # `path` first, then every other name of it
     truncated: bool
+
+
+def _components(absolute: str) -> list[str]:
+    """An absolute path's components, without empty or `.` ones (`/a//./b/` is [a, b])."""
+    return [c for c in absolute.split("/") if c not in ("", ".")]
+
+
+def _apart(a: list[str], b: list[str]) -> bool:
+    """Neither path is the other or below it (a spelling below the root is a link's business)."""
+    n = min(len(a), len(b))
+    return a[:n] != b[:n]
 
 
 def _join(a: str, b: str) -> str:
@@ -53,41 +77,52 @@ def _join(a: str, b: str) -> str:
 class FinalTree:
     """The symlinks of the final tree: {checkout-relative path: target bytes}.
 
-    `root` is the checkout's absolute path, so that an absolute target that
-    points inside the checkout is followed like a relative one.
+    `root` is the checkout's real absolute path (no symlink on it), so that a
+    target reaching the checkout from outside (absolute, or climbing above it)
+    is followed like a relative one; `root_spellings` are other absolute
+    paths that name the same directory.
     """
 
-    def __init__(self, links: Mapping[str, bytes], root: str = "") -> None:
+    def __init__(self, links: Mapping[str, bytes], root: str = "",
+                 root_spellings: Iterable[str] = ()) -> None:
         self.links = dict(links)
         self.root = root.rstrip("/")
+        self._top = _components(self.root) if self.root else [_NOWHERE]
+        self._spellings = [c for c in map(_components, root_spellings) if _apart(c, self._top)]
+        self._paths = _LinkPaths()
+        for link, target in self.links.items():
+            node = self._paths
+            for c in link.split("/"):
+                node = node.below.setdefault(c, _LinkPaths())
+            node.target = target
         self._resolved: dict[str, str] = {}
         self._by_target: dict[str, list[str]] | None = None
         self._targets: _Targets | None = None
 
     @classmethod
     def after(cls, checkout_links: Mapping[str, bytes], changed: Mapping[str, bytes | None],
-              root: str = "") -> FinalTree:
+              root: str = "", root_spellings: Iterable[str] = ()) -> FinalTree:
         """The checkout's links with the patch's changes: path -> new target, None if not a link."""
         links = {p: t for p, t in checkout_links.items() if p not in changed}
         links.update({p: t for p, t in changed.items() if t is not None})
-        return cls(links, root)
-
-    def _target_parts(self, target: bytes) -> list[str] | None:
-        text = os.fsdecode(target)
-        if text.startswith("/"):
-            if not self.root or not (text == self.root or text.startswith(self.root + "/")):
-                return None
-            text = text[len(self.root) :].lstrip("/")
-            return text.split("/") if text else []
-        return text.split("/")
+        return cls(links, root, root_spellings)
 
     def resolve(self, path: str) -> str:
         """Where `path` leads in the final tree: a relative path, OUTSIDE or LOOP."""
         cached = self._resolved.get(path)
-        if cached is not None:
-            return cached
-        stack: list[str] = []
-        pending = [p for p in path.split("/")]
+        if cached is None:
+            cached = self._resolved[path] = self._walk(path)
+        return cached
+
+    def _walk(self, path: str) -> str:
+        """`resolve`, one component a step. Inside the checkout, `nodes` holds the
+        node of the links' paths at each component below the root (None where no
+        link goes deeper), so no step joins or hashes the whole path; outside the
+        checkout it is empty."""
+        top = self._top
+        at = list(top)  # where the walk is, as absolute components
+        nodes: list[_LinkPaths | None] = [self._paths]
+        pending = path.split("/")
         pending.reverse()
         follows = 0
         while pending:
@@ -95,29 +130,32 @@ class FinalTree:
             if c in ("", "."):
                 continue
             if c == "..":
-                if not stack:
-                    return self._keep(path, OUTSIDE)
-                stack.pop()
+                if at:
+                    at.pop()  # `/..` is `/`
+                if nodes:
+                    nodes.pop()  # `..` from the root leaves the checkout
                 continue
-            stack.append(c)
-            target = self.links.get("/".join(stack))
-            if target is None:
+            at.append(c)
+            if nodes:
+                node = nodes[-1]
+                nodes.append(node.below.get(c) if node is not None else None)
+            elif at == top or at in self._spellings:
+                at, nodes = list(top), [self._paths]  # back into the checkout
+                continue
+            here = nodes[-1] if nodes else None
+            if here is None or here.target is None:
                 continue
             follows += 1
             if follows > MAX_FOLLOW:
-                return self._keep(path, LOOP)
-            stack.pop()
-            parts = self._target_parts(target)
-            if parts is None:
-                return self._keep(path, OUTSIDE)
-            if target.startswith(b"/"):
-                stack.clear()
-            pending.extend(reversed(parts))
-        return self._keep(path, "/".join(stack))
-
-    def _keep(self, path: str, result: str) -> str:
-        self._resolved[path] = result
-        return result
+                return LOOP
+            at.pop()
+            nodes.pop()
+            text = os.fsdecode(here.target)
+            if text.startswith("/"):
+                at.clear()
+                nodes.clear()
+            pending.extend(reversed(text.split("/")))
+        return "/".join(at[len(top) :]) if nodes else OUTSIDE
 
     def by_target(self) -> dict[str, list[str]]:
         """{resolved target: the links leading there}, for links that stay inside."""
@@ -186,3 +224,11 @@ class _Targets:
     def __init__(self) -> None:
         self.below: dict[str, _Targets] = {}
         self.links: list[str] = []
+
+
+class _LinkPaths:
+    __slots__ = ("below", "target")
+
+    def __init__(self) -> None:
+        self.below: dict[str, _LinkPaths] = {}
+        self.target: bytes | None = None

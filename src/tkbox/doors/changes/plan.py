@@ -20,7 +20,7 @@ enforces the rules that need both the patch and the checkout:
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Literal
@@ -135,12 +135,13 @@ def _kind(old: State, new: State) -> Kind:
 
 def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int,
           links: Mapping[str, bytes] | None = None, root: str = "",
-          max_total_bytes: int | None = None) -> Plan:
+          root_spellings: Sequence[str] = (), max_total_bytes: int | None = None) -> Plan:
     """Compute every final state exactly; refuse what the rules above forbid.
 
     `states` holds the checkout's state of every path the patch names and of
     each of their ancestors; `links` every symlink of the checkout (path ->
-    target) and `root` its absolute path, for the final tree.
+    target), `root` its real absolute path and `root_spellings` other absolute
+    paths of it, for the final tree.
     `max_total_bytes` bounds the sum of all final contents held at once.
     """
     plan = Plan(patch)
@@ -181,7 +182,7 @@ def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int,
 
     plan.tree = FinalTree.after(
         links or {}, {p: (st.content if st.kind == "link" else None) for p, st in finals.items()},
-        root)
+        root, root_spellings)
     for f in plan.files:
         if f.new.kind == "link":
             _check_final_target(plan.tree, f)
