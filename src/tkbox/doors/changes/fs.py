@@ -45,6 +45,7 @@ from pathlib import Path
 from tkbox.doors.changes.errors import ApplyFailed, PatchRefused
 from tkbox.doors.changes.paths import fold_ntfs, folded_parts
 from tkbox.doors.changes.plan import ABSENT, State
+from tkbox.doors.changes.trie import Trie
 from tkbox.errors import HostError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -420,19 +421,6 @@ def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> Placed:
     return Placed(txn)
 
 
-_Tree = dict[str, "_Tree"]
-
-
-def _in_tree(tree: _Tree, dirs: Iterable[str]) -> bool:
-    """True if the folded `dirs` are a path from the root of `tree`."""
-    node: _Tree | None = tree
-    for d in dirs:
-        node = node.get(fold_ntfs(d)) if node is not None else None
-        if node is None:
-            return False
-    return True
-
-
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
     co = txn.co
     paths = [w.path for w in writes]  # each named by the patch: listed below, as planned
@@ -461,13 +449,11 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
     # but not one a write below needs: removed, it would come back as a new 0755
     # directory, and a 0700 one would lose its permission bits
     puts = sorted((w for w in writes if w.new.kind != "absent"), key=lambda w: w.path.split("/"))
-    needed: _Tree = {}  # every put's directories, folded as a filesystem may compare them
+    needed: Trie[None] = Trie()  # every put's directories, folded as a filesystem may compare
     for w in puts:
-        node = needed
-        for part in folded_parts(w.path)[:-1]:
-            node = node.setdefault(part, {})
+        needed.add(folded_parts(w.path)[:-1])
     for dirs_t in sorted(emptied, key=lambda d: (len(d), d), reverse=True):
-        if _in_tree(needed, dirs_t):
+        if needed.find(fold_ntfs(d) for d in dirs_t) is not None:
             continue
         dirs = list(dirs_t)
         fd = txn.dir_fd(dirs[:-1], create=False)

@@ -33,6 +33,7 @@ import re
 from collections.abc import Iterable
 
 from tkbox.doors.changes.paths import fold_ntfs, folded_parts
+from tkbox.doors.changes.trie import Trie
 from tkbox.gitconfig import Entry
 
 # variable names that name a program or a file (the last component of the key)
@@ -102,14 +103,6 @@ def named_paths(entries: Iterable[Entry], root: str, home: str) -> dict[str, str
     return named
 
 
-class _Node:
-    __slots__ = ("below", "why")
-
-    def __init__(self) -> None:
-        self.below: dict[str, _Node] = {}
-        self.why: str | None = None
-
-
 class Named:
     """Look-ups of `named_paths` on folded components.
 
@@ -120,24 +113,15 @@ class Named:
     """
 
     def __init__(self, named: dict[str, str]) -> None:
-        self.root = _Node()
+        self.root: Trie[str] = Trie()
         for p, why in sorted(named.items()):
-            node = self.root
-            for part in folded_parts(p):
-                node = node.below.setdefault(part, _Node())
-            if node.why is None:
-                node.why = why
+            node = self.root.add(folded_parts(p))
+            if node.value is None:
+                node.value = why
 
     def reason(self, path: str) -> str | None:
         """Why `path` is named: it is a named path or below a named directory."""
-        node = self.root
-        for part in path.split("/"):
-            if not node.below:
-                return None
-            nxt = node.below.get(fold_ntfs(part))
-            if nxt is None:
-                return None
-            if nxt.why is not None:
-                return nxt.why
-            node = nxt
+        for node in self.root.walk(fold_ntfs(part) for part in path.split("/")):
+            if node.value is not None:
+                return node.value
         return None

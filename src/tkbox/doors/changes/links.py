@@ -45,6 +45,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from tkbox.doors.changes.trie import Trie
+
 MAX_FOLLOW = 40
 MAX_ALIASES = 4096
 MAX_ALIAS_CHARS = 1 << 20  # characters of all the names of one path together
@@ -89,15 +91,12 @@ class FinalTree:
         self.root = root.rstrip("/")
         self._top = _components(self.root) if self.root else [_NOWHERE]
         self._spellings = [c for c in map(_components, root_spellings) if _apart(c, self._top)]
-        self._paths = _LinkPaths()
+        self._paths: Trie[bytes] = Trie()  # the links' own paths, their targets as values
         for link, target in self.links.items():
-            node = self._paths
-            for c in link.split("/"):
-                node = node.below.setdefault(c, _LinkPaths())
-            node.target = target
+            self._paths.add(link.split("/")).value = target
         self._resolved: dict[str, str] = {}
         self._by_target: dict[str, list[str]] | None = None
-        self._targets: _Targets | None = None
+        self._targets: Trie[list[str]] | None = None
 
     @classmethod
     def after(cls, checkout_links: Mapping[str, bytes], changed: Mapping[str, bytes | None],
@@ -121,7 +120,7 @@ class FinalTree:
         checkout it is empty."""
         top = self._top
         at = list(top)  # where the walk is, as absolute components
-        nodes: list[_LinkPaths | None] = [self._paths]
+        nodes: list[Trie[bytes] | None] = [self._paths]
         pending = path.split("/")
         pending.reverse()
         follows = 0
@@ -143,14 +142,14 @@ class FinalTree:
                 at, nodes = list(top), [self._paths]  # back into the checkout
                 continue
             here = nodes[-1] if nodes else None
-            if here is None or here.target is None:
+            if here is None or here.value is None:
                 continue
             follows += 1
             if follows > MAX_FOLLOW:
                 return LOOP
             at.pop()
             nodes.pop()
-            text = os.fsdecode(here.target)
+            text = os.fsdecode(here.value)
             if text.startswith("/"):
                 at.clear()
                 nodes.clear()
@@ -168,15 +167,12 @@ class FinalTree:
             self._by_target = index
         return self._by_target
 
-    def _target_tree(self) -> _Targets:
-        """`by_target` as a tree of components: {component: subtree}, links leading here."""
+    def _target_tree(self) -> Trie[list[str]]:
+        """`by_target` as a tree of components, the links leading there as values."""
         if self._targets is None:
-            root = _Targets()
+            root: Trie[list[str]] = Trie()
             for target, links in self.by_target().items():
-                node = root
-                for c in target.split("/") if target else ():
-                    node = node.below.setdefault(c, _Targets())
-                node.links = links
+                root.add(target.split("/") if target else ()).value = links
             self._targets = root
         return self._targets
 
@@ -192,15 +188,8 @@ class FinalTree:
             name, used = queue.popleft()
             parts = name.split("/")
             # (how many leading components, the links leading to them)
-            found = [(0, targets.links)] if targets.links else []
-            node = targets
-            for i, c in enumerate(parts):
-                nxt = node.below.get(c)
-                if nxt is None:
-                    break
-                node = nxt
-                if node.links:
-                    found.append((i + 1, node.links))
+            found = [(i, node.value) for i, node in enumerate(targets.walk(parts))
+                     if node.value]
             for i, links in reversed(found):
                 rest = "/".join(parts[i:])
                 for link in links:
@@ -216,19 +205,3 @@ class FinalTree:
                     chars += len(alias)
                     queue.append((alias, {**used, link: used.get(link, 0) + 1}))
         return Aliases(tuple(out), False)
-
-
-class _Targets:
-    __slots__ = ("below", "links")
-
-    def __init__(self) -> None:
-        self.below: dict[str, _Targets] = {}
-        self.links: list[str] = []
-
-
-class _LinkPaths:
-    __slots__ = ("below", "target")
-
-    def __init__(self) -> None:
-        self.below: dict[str, _LinkPaths] = {}
-        self.target: bytes | None = None

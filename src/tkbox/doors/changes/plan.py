@@ -23,12 +23,14 @@ import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
+from itertools import islice
 from typing import Literal
 
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.links import LOOP, OUTSIDE, FinalTree
 from tkbox.doors.changes.patch import MODE_EXEC, MODE_FILE, MODE_LINK, Patch, Section, apply_section
 from tkbox.doors.changes.paths import check_symlink_target, folded_parts, is_dotgit
+from tkbox.doors.changes.trie import Trie
 
 Kind = Literal["added", "modified", "deleted", "mode", "symlink"]
 Status = Literal["apply", "held back", "refused", "set apart"]
@@ -266,36 +268,46 @@ def classify(plan: Plan, *, ignored: set[str], sensitive: Callable[[str], str | 
             f.status, f.reason = "held back", f"goes with {g.path!r} ({g.status})"
 
 
-class _Stopped:
-    """Folded paths of the stopped files as a tree: at each node, the first (lowest
-    index) stopped file that is this path (`here`) and that is it or below (`sub`)."""
+class _First:
+    """The first (lowest index) stopped file that is this path (`here`), and that is
+    it or below it (`sub`)."""
 
-    __slots__ = ("below", "here", "none", "sub")
+    __slots__ = ("here", "sub")
 
     def __init__(self, none: int) -> None:
-        self.none = none  # an index no file has
-        self.below: dict[str, _Stopped] = {}
         self.here = none
         self.sub = none
 
+
+class _Stopped:
+    """Folded paths of the stopped files as a tree, with `_First` at each node."""
+
+    __slots__ = ("none", "tree")
+
+    def __init__(self, none: int) -> None:
+        self.none = none  # an index no file has
+        self.tree: Trie[_First] = Trie()
+
+    def _first(self, node: Trie[_First]) -> _First:
+        if node.value is None:
+            node.value = _First(self.none)
+        return node.value
+
     def add(self, parts: tuple[str, ...], index: int) -> None:
-        node = self
-        for c in parts:
-            nxt = node.below.get(c)
-            if nxt is None:
-                nxt = node.below[c] = _Stopped(self.none)
-            node = nxt
-            node.sub = min(node.sub, index)
-        node.here = min(node.here, index)
+        end = self.tree.add(parts)
+        for node in islice(self.tree.walk(parts), 1, None):  # the root is no file's path
+            first = self._first(node)
+            first.sub = min(first.sub, index)
+        first = self._first(end)
+        first.here = min(first.here, index)
 
     def first_related(self, parts: tuple[str, ...]) -> int:
         """The first stopped file that is `parts`, an ancestor of it, or below it."""
         best = self.none
-        node = self
-        for c in parts:
-            nxt = node.below.get(c)
-            if nxt is None:
-                return best
-            node = nxt
-            best = min(best, node.here)
-        return min(best, node.sub)
+        depth, node = 0, self.tree
+        for depth, node in enumerate(self.tree.walk(parts)):
+            if depth > 0:
+                best = min(best, self._first(node).here)
+        if depth == len(parts):
+            best = min(best, self._first(node).sub)
+        return best
