@@ -1,15 +1,26 @@
-"""Host addresses, hosts files, operator config."""
+"""Host addresses, hosts files, operator config; the name the system resolver is asked."""
 
 from __future__ import annotations
 
+import asyncio
 import ipaddress
+import socket
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
 
 from tkbox.doors.network.clock import FakeClock
 from tkbox.doors.network.config import OperatorConfig
-from tkbox.doors.network.resolver import HostAddresses, parse_hosts, read_own_addresses
+from tkbox.doors.network.names import HostNameError, fully_qualified
+from tkbox.doors.network.resolver import (
+    AddrInfo,
+    HostAddresses,
+    ResolveError,
+    SystemResolver,
+    parse_hosts,
+    read_own_addresses,
+)
 from tkbox.errors import UserError
 
 FIB_TRIE = """Main:
@@ -84,3 +95,60 @@ def test_operator_config_from_flags_and_its_record(tmp_path: Path) -> None:
     }
     with pytest.raises(UserError, match="--egress-hosts"):
         OperatorConfig.from_flags(hosts_file=tmp_path / "missing")
+
+
+class RecordingLookup:
+    """The system resolver's boundary (`Lookup`), answering from a table and noting
+    exactly what it was asked."""
+
+    def __init__(self, answers: dict[bytes, list[str]]) -> None:
+        self.answers = answers
+        self.asked: list[tuple[bytes, int]] = []
+
+    async def __call__(self, query: bytes, port: int) -> Sequence[AddrInfo]:
+        self.asked.append((query, port))
+        if query not in self.answers:
+            raise socket.gaierror(socket.EAI_NONAME, "Name or service not known")
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (a, port))
+                for a in self.answers[query]]
+
+
+@pytest.mark.parametrize(("written", "asked"), [
+    ("intranet", b"intranet."),
+    ("Intranet", b"intranet."),
+    ("intranet.", b"intranet."),
+    ("INTRANET.", b"intranet."),
+    ("Db.Corp.Example", b"db.corp.example."),
+    ("db.corp.example.", b"db.corp.example."),
+    ("B\u00fccher.Example.", b"xn--bcher-kva.example."),
+    ("xn--bcher-kva.example", b"xn--bcher-kva.example."),
+])
+def test_system_resolver_asks_only_the_absolute_name(written: str, asked: bytes) -> None:
+    """Stops the host's `search` domains completing a box's name: `intranet` must
+    never come back as `intranet.corp.example`, so exactly one lookup is made, of
+    the normalised name with its trailing dot, however the name was written."""
+    lookup = RecordingLookup({asked: ["8.8.4.4"]})
+    got = asyncio.run(SystemResolver(lookup=lookup).resolve(written, 443))
+    assert got == [ipaddress.ip_address("8.8.4.4")]
+    assert lookup.asked == [(asked, 443)]
+    assert fully_qualified(written) == asked.decode("ascii")
+
+
+@pytest.mark.parametrize("bad", ["127.1", "0x7f000001", "[::1]", "::1", "1.2.3.4.", "a..b",
+                                 "user@intranet", "", ".", "bad name", "a" * 64 + ".example"])
+def test_what_is_no_name_is_never_looked_up(bad: str) -> None:
+    """An address in any spelling, or no valid name, never reaches the system resolver
+    (`1.2.3.4.` would go out to DNS as a name)."""
+    lookup = RecordingLookup({})
+    with pytest.raises(ResolveError):
+        asyncio.run(SystemResolver(lookup=lookup).resolve(bad, 443))
+    assert lookup.asked == []
+    with pytest.raises(HostNameError):
+        fully_qualified(bad)
+
+
+def test_a_name_that_does_not_resolve_is_a_resolve_error() -> None:
+    lookup = RecordingLookup({})
+    with pytest.raises(ResolveError, match="does not resolve"):
+        asyncio.run(SystemResolver(lookup=lookup).resolve("missing.example", 80))
+    assert lookup.asked == [(b"missing.example.", 80)]

@@ -13,6 +13,11 @@ name, so two spellings of one host compare equal and nothing else does:
   (see `addresses.parse_literal`), written back in its canonical form;
 - userinfo (`user@host`) is refused, never stripped: it has no business in a
   proxy target and is a classic way to make two parsers disagree.
+
+Names compare without their trailing dot, but a name is *asked* of the
+host's resolver with it (`fully_qualified`): `intranet` goes out as
+`intranet.`, which no `search` domain of the host's resolver configuration
+ever completes into `intranet.corp.example`.
 """
 
 from __future__ import annotations
@@ -102,6 +107,23 @@ def parse_host(text: str) -> Host:
     if lit is not None:
         return Host(str(lit.address), lit)
     return Host(name)
+
+
+def fully_qualified(text: str) -> str:
+    """The absolute form of a host name for a DNS lookup: normalised, one trailing dot.
+
+    A resolver appends its `search` domains only to a name without a trailing dot
+    (resolv.conf(5): when the name has fewer dots than `ndots`, or does not exist as
+    written), so `intranet` could come back as `intranet.corp.example` and pass the
+    address checks with that name's address. The absolute form is only ever looked
+    up as written. However the name is spelled (case, a trailing dot or not, Unicode),
+    the same bytes come out. An IP address in any spelling is no name to look up:
+    `HostNameError`, like any invalid name.
+    """
+    host = parse_host(text)
+    if host.literal is not None:
+        raise HostNameError(f"refused: {host} is an IP address, not a name to look up")
+    return host.name + "."
 
 
 def parse_port(text: str) -> int:

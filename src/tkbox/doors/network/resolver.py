@@ -4,7 +4,11 @@
   `SystemResolver` (the host's `getaddrinfo` through the event loop) and
   `FakeResolver` for tests (a fixed table, or a sequence of answers per name
   to play DNS rebinding). The door resolves a name once per connection and
-  dials exactly the addresses it checked.
+  dials exactly the addresses it checked. `SystemResolver` asks for the
+  name's absolute form (`names.fully_qualified`, `intranet.`), whatever form
+  it is given, so the host's `search` domains never complete a box's name
+  into another one; its `lookup` (the `Lookup` boundary, `getaddrinfo` by
+  default) receives exactly those bytes.
 - `HostAddresses`: this host's own addresses, re-read at most every five
   seconds. Linux only: IPv4 from `/proc/net/fib_trie` (the `LOCAL` routes),
   IPv6 from `/proc/net/if_inet6`. Hand-written: the standard library has no
@@ -20,13 +24,13 @@ import asyncio
 import ipaddress
 import socket
 from abc import ABC, abstractmethod
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from tkbox.doors.network.addresses import IPAddress
 from tkbox.doors.network.clock import Clock
-from tkbox.doors.network.names import HostNameError, normalize_name
+from tkbox.doors.network.names import HostNameError, fully_qualified, normalize_name
 from tkbox.errors import RemoteError, UserError
 
 RESOLVE_TIMEOUT = 10.0
@@ -52,19 +56,38 @@ def _sockaddr_ip(text: str) -> IPAddress | None:
         return None
 
 
-class SystemResolver(Resolver):
-    """The host's resolver (`getaddrinfo`), bounded in time and answers."""
+#: `getaddrinfo`'s answer: (family, type, proto, canonname, sockaddr) tuples
+AddrInfo = tuple[Any, Any, Any, Any, tuple[Any, ...]]
+#: the system resolver's boundary: an absolute name's ASCII bytes and a port → answers
+Lookup = Callable[[bytes, int], Awaitable[Sequence[AddrInfo]]]
 
-    def __init__(self, timeout: float = RESOLVE_TIMEOUT) -> None:
+
+async def getaddrinfo(query: bytes, port: int) -> Sequence[AddrInfo]:
+    """The host's `getaddrinfo` through the event loop, for TCP. The name goes as
+    bytes, so Python's own IDNA 2003 codec never re-encodes what `names` made."""
+    loop = asyncio.get_running_loop()
+    return await loop.getaddrinfo(query, port, type=socket.SOCK_STREAM,
+                                  proto=socket.IPPROTO_TCP)
+
+
+class SystemResolver(Resolver):
+    """The host's resolver (`getaddrinfo`), bounded in time and answers.
+
+    Every name is asked in its absolute form (`fully_qualified`: normalised, one
+    trailing dot), so the host's `search` domains never apply."""
+
+    def __init__(self, timeout: float = RESOLVE_TIMEOUT, lookup: Lookup = getaddrinfo) -> None:
         self.timeout = timeout
+        self.lookup = lookup
 
     async def resolve(self, name: str, port: int) -> list[IPAddress]:
-        loop = asyncio.get_running_loop()
+        try:
+            query = fully_qualified(name).encode("ascii")
+        except HostNameError as exc:
+            raise ResolveError(exc.message.removeprefix("refused: ")) from None
         try:
             async with asyncio.timeout(self.timeout):
-                infos = await loop.getaddrinfo(
-                    name, port, type=socket.SOCK_STREAM, proto=socket.IPPROTO_TCP
-                )
+                infos = await self.lookup(query, port)
         except TimeoutError:
             raise ResolveError(f"{name} did not resolve within {self.timeout:g} s") from None
         except (OSError, UnicodeError) as exc:
