@@ -4,6 +4,8 @@
   `cryptography`, written as PEM files.
 - `HTTPSOrigin`: a threaded HTTPS static-file server on 127.0.0.1 with that
   leaf (serves a directory; `git` dumb HTTP and a pip "simple" index work).
+- `RecordingHTTPOrigin`: a plain HTTP server on 127.0.0.1 that notes each
+  request's target and `Host` headers exactly as they arrived.
 - `DoorThread`: an `EgressDoor` behind a loopback TCP listener, on its own
   event loop in a thread, so blocking clients (curl, git, pip) can use it as
   their proxy while the test answers approvals.
@@ -35,6 +37,7 @@ from tkbox.doors.network import (
     SystemResolver,
     serve_tcp,
 )
+from tkbox.doors.network.door import Dialer, open_tcp
 from tkbox.record.testing import FakeSigner
 
 T = TypeVar("T")
@@ -120,6 +123,36 @@ class HTTPSOrigin:
         self.server.server_close()
 
 
+class RecordingHTTPOrigin:
+    """A plain HTTP server on 127.0.0.1 (a thread). `seen` holds, per request, its
+    target and every `Host` header value, as the server read them."""
+
+    def __init__(self) -> None:
+        self.seen: list[tuple[str, list[str]]] = []
+        seen = self.seen
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def do_GET(self) -> None:  # noqa: N802
+                seen.append((self.path, self.headers.get_all("Host") or []))
+                body = b"recorded\n"
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, format: str, *args: Any) -> None:  # noqa: A002
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.port = self.server.server_address[1]
+        self.thread = threading.Thread(target=self.server.serve_forever, daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 class DoorThread:
     """A door on its own loop in a thread, behind a loopback listener."""
 
@@ -130,6 +163,7 @@ class DoorThread:
         *,
         wait_seconds: float = 30.0,
         box: str = "demo",
+        dial: Dialer = open_tcp,
     ) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
@@ -151,6 +185,7 @@ class DoorThread:
                 self.board,
                 clock,
                 box=box,
+                dial=dial,
             )
             server = await serve_tcp(door)
             return door, server

@@ -82,6 +82,30 @@ def test_host_header_that_differs_from_the_absolute_url_is_refused() -> None:
     parse(b"GET http://allowed.example:80/ HTTP/1.1\r\nHost: ALLOWED.example\r\n\r\n")
 
 
+@pytest.mark.parametrize(("target", "host", "canonical"), [
+    (b"http://example.org/", b"example.org", b"example.org"),
+    (b"http://EXAMPLE.Org/", b"Example.ORG", b"example.org"),
+    (b"http://example.org./", b"EXAMPLE.org.", b"example.org"),
+    (b"http://example.org:80/", b"example.org:80", b"example.org"),
+    (b"http://example.org/", b"example.org.:80", b"example.org"),
+    (b"http://example.org/", b" \t Example.Org.:80 \t ", b"example.org"),
+    (b"http://Example.Org.:8080/", b"EXAMPLE.ORG:8080", b"example.org:8080"),
+    (b"http://XN--BCHER-KVA.example/", b"xn--bcher-kva.EXAMPLE.", b"xn--bcher-kva.example"),
+    (b"http://134744072/", b"8.8.8.8:80", b"8.8.8.8"),
+    (b"http://[2001:4860:0:0::8888]:8080/", b"[2001:4860::8888]:8080", b"[2001:4860::8888]:8080"),
+])
+def test_relayed_host_is_the_canonical_authority_never_the_guests_bytes(
+    target: bytes, host: bytes, canonical: bytes
+) -> None:
+    """Stops a server that matches names exactly from routing the guest's spelling
+    (`EXAMPLE.org.:80`, checked as `example.org`) to another site: the request carries
+    exactly one Host, first, written from the host and port the door decided on."""
+    req = parse(b"GET " + target + b" HTTP/1.1\r\nHost:" + host + b"\r\nAccept: */*\r\n\r\n")
+    assert req.headers[0] == (b"host", canonical)
+    assert [v for n, v in req.headers if n == b"host"] == [canonical]
+    assert req.path == "/"
+
+
 def test_missing_or_duplicate_host_is_refused() -> None:
     refused(b"GET http://a.example/ HTTP/1.1\r\n\r\n")
     refused(b"GET http://a.example/ HTTP/1.0\r\n\r\n")

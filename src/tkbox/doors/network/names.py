@@ -165,6 +165,12 @@ def split_authority(text: str) -> tuple[str, str | None]:
     return host, (port if sep else None)
 
 
+def format_authority(host: Host, port: int, default_port: int) -> str:
+    """The canonical `host[:port]` (a `Host` header's value): the host as normalised
+    (`[v6]` bracketed), the port only when it is not the scheme's default."""
+    return str(host) if port == default_port else f"{host}:{port}"
+
+
 def parse_authority(text: str, default_port: int | None) -> tuple[Host, int]:
     """Parse `host[:port]`; without a port, `default_port` (None: required)."""
     host_text, port_text = split_authority(text)

@@ -8,6 +8,12 @@ blank line that ends a request head, checks the raw bytes itself, then lets
 - an absolute-form `http://host[:port]/path` request whose `Host` header
   names the same host and port as the URL.
 
+A plain request is relayed in origin form (`/path`) with one `Host` header,
+written by the door from the host and port it decided on
+(`names.format_authority`: lower case, no trailing dot, IDNA A-labels, the
+port only if not 80), never the guest's bytes: an origin that matches names
+exactly sees the name that was allowed, not `EXAMPLE.org.:80`.
+
 The raw pre-check exists because `h11` is lenient where a proxy must not be
 (verified against h11 0.16): it merges duplicate identical `Content-Length`
 headers, accepts `Content-Length` together with `Transfer-Encoding`, bare LF
@@ -27,7 +33,7 @@ from typing import Literal
 
 import h11
 
-from tkbox.doors.network.names import Host, HostNameError, parse_authority
+from tkbox.doors.network.names import Host, HostNameError, format_authority, parse_authority
 from tkbox.doors.network.records import excerpt
 from tkbox.errors import GuestError
 
@@ -257,7 +263,7 @@ class RequestHeadParser:
         if host_header is None:
             raise BadRequest(400, "refused: no Host header")
         self._same_host(host_header, host, port, 80)
-        forwarded = _end_to_end(headers)
+        forwarded = _end_to_end(headers, format_authority(host, port, 80))
         return ProxyRequest(method, "http", host, port, path, tuple(forwarded), version)
 
     @staticmethod
@@ -273,14 +279,17 @@ class RequestHeadParser:
             )
 
 
-def _end_to_end(headers: list[tuple[bytes, bytes]]) -> list[tuple[bytes, bytes]]:
-    """Drop hop-by-hop headers (RFC 9110 §7.6.1) and those named in Connection."""
+def _end_to_end(headers: list[tuple[bytes, bytes]], authority: str) -> list[tuple[bytes, bytes]]:
+    """The headers to relay: `Host: authority` first (RFC 9110 §7.2: a user agent sends it
+    first) in place of the guest's; hop-by-hop headers (RFC 9110 §7.6.1) and those
+    named in Connection dropped."""
     named: set[bytes] = set()
     for n, v in headers:
         if n in (b"connection", b"proxy-connection"):
             named.update(t.strip().lower() for t in v.split(b","))
-    named -= {b"host", b"content-length"}  # framing is never the guest's to drop
-    out = [(n, v) for n, v in headers if n not in HOP_BY_HOP and n not in named]
+    named -= {b"content-length"}  # framing is never the guest's to drop
+    out = [(b"host", authority.encode("ascii"))]
+    out += [(n, v) for n, v in headers if n != b"host" and n not in HOP_BY_HOP and n not in named]
     if any(n == b"transfer-encoding" for n, _ in headers):
         out.append((b"transfer-encoding", b"chunked"))
     out.append((b"connection", b"close"))
