@@ -110,7 +110,7 @@ async def serve_door(origin_ca: str, hosts: str, port: int, box_ca_out: str) -> 
 
     signer = FakeSigner()
     await signer.open_run("bench", {})
-    sec = Secret(SecretSpec("GH", "env", "GH", (HOST,)), VALUE, PH)
+    sec = Secret(SecretSpec("GH", "env", "GH", (HOST,), ports=((HOST, port),)), VALUE, PH)
 
     async def record(kind: str, body: dict[str, object]) -> None:
         return None  # the signer's cost is the signer benchmark's business

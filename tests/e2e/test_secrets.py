@@ -239,9 +239,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     name = fresh_name("sec")
     r = s.tk("run", "--name", name, "--workspace", str(ws),
              "--allow", f"origin.test:{port}", "--allow", f"api.anthropic.com:{port}",
-             "--secret", "GH=env:GH_TOKEN@origin.test",
+             "--secret", f"GH=env:GH_TOKEN@origin.test:{port}",
              "--secret",
-             "ANTHROPIC_API_KEY=env:AK@api.anthropic.com;header=x-api-key,authorization")
+             f"ANTHROPIC_API_KEY=env:AK@api.anthropic.com:{port};header=x-api-key,"
+             "authorization")
     ALL_OUTPUT.extend([r.stdout, r.stderr])
     w = {"stack": s, "box": name, "port": port, "tmp": tmp, "log": log, "ws": ws,
          "wheels": wheels}

@@ -153,7 +153,9 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
         if port and port != "443":
             env.setdefault("ANTHROPIC_BASE_URL", f"https://{spec.model_host}")
         if not any(s.startswith(spec.key_env + "=") for s in secrets):
-            secrets.append(f"{spec.key_env}=env:{spec.key_env}@{host};header=x-api-key")
+            # bound on the model host's port: a value is swapped on its bound port only
+            secrets.append(f"{spec.key_env}=env:{spec.key_env}@{spec.model_host};"
+                           "header=x-api-key")
         # Claude Code's own setting: no telemetry, error reports or update checks.
         env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
         env.setdefault("DISABLE_AUTOUPDATER", "1")

@@ -129,7 +129,7 @@ def run(
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
     disk: Annotated[int, typer.Option(help="MiB the box may write to /workspace")] = 4096,
     secret: Annotated[list[str], typer.Option(
-        help="NAME=env:VAR@host[,host][;header=H] or NAME=file:PATH@host: the box gets a "
+        help="NAME=env:VAR@host[:port][,host][;header=H] or NAME=file:PATH@host: the box gets a "
              "placeholder in $NAME; the door swaps the value in for those hosts only")] = [],  # noqa: B006
     inspect: Annotated[str, typer.Option(
         help="'all': read every allowed host's TLS, not only bound ones "
@@ -580,7 +580,7 @@ def agent(
     allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for the box")] = [],  # noqa: B006
     secret: Annotated[list[str], typer.Option(
-        help="NAME=env:VAR@host[,host][;header=H]")] = [],  # noqa: B006
+        help="NAME=env:VAR@host[:port][,host][;header=H]")] = [],  # noqa: B006
     name: Annotated[str | None, typer.Option(help="the box's name")] = None,
     memory: Annotated[int, typer.Option(help="MiB")] = 2048,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,

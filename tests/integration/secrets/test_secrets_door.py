@@ -42,7 +42,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
     op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
     port = origin.port
-    sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",)), VALUE, PH)
+    sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",),
+                            ports=(("api.bound.test", port),)), VALUE, PH)
     rig = Rig([f"{n}:{port}" for n in NAMES], op, [sec], [ca.read_text()],
               model_hosts=["api.anthropic.com"], inspect=["other.test"])
     box_ca = d / "box-ca.pem"

@@ -78,7 +78,8 @@ def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     hosts = d / "hosts"
     hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
     op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
-    sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",)), VALUE, PH)
+    sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",),
+                            ports=(("api.bound.test", origin.port),)), VALUE, PH)
     rig = Rig([f"{n}:{origin.port}" for n in NAMES], op, [sec], [ca.read_text()],
               model_hosts=["api.bound.test"])
     assert rig.mitm.ca_pem is not None

@@ -300,7 +300,7 @@ class SecretsDoor:
             if hits:
                 with contextlib.suppress(Exception):
                     await origin.aclose()
-                raise SecretLeak(hits[0], rules.host, "body")
+                raise rules.leak(hits[0], "body")
             held.extend(pending)
             del pending[:]
 

@@ -1,7 +1,8 @@
 """Which hosts a box's secrets door reads, from its flags. Pure.
 
-- bound hosts: every host a `--secret` names; binding allows the host on 443
-  (added to the allowlist as `host:443`; docs/secrets.md says why);
+- bound hosts: every host a `--secret` names; binding allows the host on its
+  bound port, 443 unless the spec names another (added to the allowlist as
+  `host:443`; docs/secrets.md says why);
 - model hosts: the hosts of the `anthropic`, `openai` and `claude-code`
   presets that the box may reach (its allowlist, expanded, or bound), and the
   hosts the user marks (`--model-host`), which must be allowed or bound;
@@ -37,7 +38,8 @@ def read_hosts(allow: Sequence[str], secrets: Sequence[Secret], inspect: str,
                expand: Callable[[str], tuple[str, ...] | None] = presets.preset_entries
                ) -> ReadHosts:
     bound = sorted({h for s in secrets for h in s.spec.hosts})
-    full = list(allow) + [f"{h}:443" for h in bound]
+    full = list(allow) + [f"{h}:{p}" for h, p in sorted({b for s in secrets
+                                                         for b in s.spec.binds})]
     names = {e.host.name for e in Allowlist(full, expand).entries if e.host.literal is None}
     model_names = {h for p in presets.MODEL_PRESETS for h in (expand(p) or ())}
     for text in marked:

@@ -10,9 +10,12 @@ request head (method, target, headers) it:
    identity), since a compressed body hides anything from the scanner, and
    one framed both by `Content-Length` and `Transfer-Encoding` (RFC 9112
    §6.1: a server honouring the length would smuggle the rest);
-3. for each header bound to a secret of this host, swaps the placeholder
-   (`swap.swap`) and notes a use; the original header value may hold nothing
-   else of any secret;
+3. for each header bound to a secret of this host *and port* (443 unless the
+   spec names another), swaps the placeholder (`swap.swap`) and notes a use;
+   the original header value may hold nothing else of any secret. On any
+   other port of a bound host nothing is swapped: the placeholder there is a
+   leak like the placeholder sent to a host it is not bound to, and the
+   refusal says which ports the secret is bound to;
 4. scans the target and every other header (name and value) for any secret's
    value or placeholder, in every form (`scan`): a hit is a `SecretLeak`;
 5. asks for an unencoded response (`Accept-Encoding: identity`) so the
@@ -29,7 +32,7 @@ from dataclasses import dataclass
 
 from tkbox.doors.network.names import HostNameError, normalize_name
 from tkbox.doors.secrets.scan import Hit, LeakScanner, Pattern, Redactor, patterns, scan_once
-from tkbox.doors.secrets.spec import Secret
+from tkbox.doors.secrets.spec import Secret, show_bind
 from tkbox.doors.secrets.swap import swap
 from tkbox.errors import GuestError, Refused
 
@@ -40,10 +43,11 @@ MAX_WHERE = 80
 class SecretLeak(Refused):
     """A request carried a secret's value or placeholder where it may not go."""
 
-    def __init__(self, hit: Hit, host: str, where: str) -> None:
+    def __init__(self, hit: Hit, host: str, where: str, hint: str = "") -> None:
         self.hit, self.host, self.where = hit, host, where[:MAX_WHERE]
-        what = ("it may go only in the bound header to its bound hosts"
+        what = ("it may go only in the bound header to its bound hosts and ports"
                 if hit.kind == "placeholder" else "the value may never leave the box")
+        what += hint
         super().__init__(
             f"refused: the {hit.kind} of secret {hit.name} was found in the {self.where} "
             f"of a request to {host} ({hit.form}{', escaped' if hit.decoded else ''}); {what}"
@@ -75,8 +79,12 @@ class TunnelRules:
     def __init__(self, host: str, port: int, secrets: Sequence[Secret]) -> None:
         self.host, self.port = host, port
         self.secrets = list(secrets)
-        self.bound = {h.encode(): s for s in self.secrets if host in s.spec.hosts
+        self.bound = {h.encode(): s for s in self.secrets if s.spec.bound_to(host, port)
                       for h in s.spec.headers}
+        # Secrets bound to this host on other ports only: their refusal says where they go.
+        self._elsewhere = {s.name: [show_bind(h, p) for h, p in s.spec.binds if h == host]
+                           for s in self.secrets
+                           if host in s.spec.hosts and not s.spec.bound_to(host, port)}
         self.scan_patterns: list[Pattern] = patterns(
             [(s.name, "value", s.value) for s in self.secrets]
             + [(s.name, "placeholder", s.placeholder) for s in self.secrets])
@@ -90,11 +98,20 @@ class TunnelRules:
     def redactor(self) -> Redactor:
         return Redactor(self.redact_patterns)
 
+    def leak(self, hit: Hit, where: str) -> SecretLeak:
+        """The refusal of `hit` found in `where` of a request on this tunnel."""
+        hint = ""
+        if hit.kind == "placeholder" and hit.name in self._elsewhere:
+            binds = ", ".join(self._elsewhere[hit.name])
+            hint = (f" (it is swapped only at {binds}, not on port {self.port}; to swap it "
+                    f"here, bind it as @{self.host}:{self.port})")
+        return SecretLeak(hit, self.host, where, hint)
+
     def _check(self, data: bytes, where: str, allowed: frozenset[tuple[str, str]] = frozenset()
                ) -> None:
         for hit in scan_once(self.scan_patterns, data):
             if (hit.name, hit.kind) not in allowed:
-                raise SecretLeak(hit, self.host, where)
+                raise self.leak(hit, where)
 
     def _check_all(self, items: Sequence[tuple[bytes, str]], where: str) -> None:
         """Each (bytes, where) item checked as `_check` does, with one scan of them all
@@ -105,7 +122,7 @@ class TunnelRules:
             return
         for data, item_where in items:
             self._check(data, item_where)
-        raise SecretLeak(hits[0], self.host, where)
+        raise self.leak(hits[0], where)
 
     def _host_ok(self, value: bytes) -> bool:
         text = value.decode("ascii", "replace").strip()
@@ -177,7 +194,7 @@ class TunnelRules:
             out.append((name, value))
         if joined_hits:
             # No header alone holds it: it was split between headers.
-            raise SecretLeak(joined_hits[0], self.host, "headers (split between them)")
+            raise self.leak(joined_hits[0], "headers (split between them)")
         out.append((b"accept-encoding", b"identity"))
         return out, uses
 

@@ -2,10 +2,15 @@
 
 Grammar (one flag, repeatable; the same strings in the API's create body)::
 
-    NAME=SOURCE@HOST[,HOST...][;header=HEADER[,HEADER...]]
+    NAME=SOURCE@HOST[:PORT][,HOST[:PORT]...][;header=HEADER[,HEADER...]]
     NAME    an environment name: [A-Za-z_][A-Za-z0-9_]{0,63}
     SOURCE  env:VAR | file:PATH   (PATH may not contain '@' or ';')
     HOST    a DNS name (never an IP address: the box CA excludes every IP range)
+    PORT    the port the value is swapped on, canonical decimal; default 443.
+            The value goes to a bound host on its bound ports only: a request
+            to any other port of the host is read like any other, and the
+            placeholder in it is a leak (`rules`). To swap on two ports of
+            one host, name it twice (`@api.example,api.example:8443`)
     HEADER  an HTTP header name (token); default Authorization. Several may be
             named (`x-api-key,authorization`): clients differ in where they
             put one credential, and each named header gets the swap
@@ -34,7 +39,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from tkbox.doors.network.names import HostNameError, parse_host
+from tkbox.doors.network.names import HostNameError, parse_host, parse_port, split_authority
 from tkbox.errors import UserError
 
 MIN_VALUE = 8
@@ -42,6 +47,7 @@ MAX_VALUE = 4096
 MAX_SPEC = 2048
 MAX_SECRETS = 32
 MAX_HOSTS = 32
+DEFAULT_PORT = 443  # HTTPS: the only port a value is swapped on unless the spec names one
 NAME_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,63}")
 VAR_RE = re.compile(r"[A-Za-z_][A-Za-z0-9_]{0,127}")
 TOKEN_RE = re.compile(r"[!#$%&'*+.^_`|~0-9A-Za-z-]{1,64}")
@@ -51,7 +57,7 @@ FORBIDDEN_HEADERS = frozenset({
     "host", "content-length", "transfer-encoding", "connection", "upgrade", "te",
     "trailer", "keep-alive", "proxy-connection", "expect",
 })
-_HINT = "use NAME=env:VAR@host[,host...][;header=H] or NAME=file:PATH@host"
+_HINT = "use NAME=env:VAR@host[:port][,host...][;header=H] or NAME=file:PATH@host"
 
 
 @dataclass(frozen=True)
@@ -61,17 +67,32 @@ class SecretSpec:
     name: str
     source: str  # "env" or "file"
     ref: str  # the variable name or the path
-    hosts: tuple[str, ...]
+    hosts: tuple[str, ...]  # the bound names (each once)
     header: str = "authorization"  # lower case; several joined by ","
+    # (host, port) pairs the value is swapped on; empty means each host on 443
+    ports: tuple[tuple[str, int], ...] = ()
 
     @property
     def headers(self) -> tuple[str, ...]:
         return tuple(self.header.split(","))
 
+    @property
+    def binds(self) -> tuple[tuple[str, int], ...]:
+        """Where the value may go: (host, port) pairs."""
+        return self.ports or tuple((h, DEFAULT_PORT) for h in self.hosts)
+
+    def bound_to(self, host: str, port: int) -> bool:
+        return (host, port) in self.binds
+
     def describe(self) -> dict[str, object]:
-        """What may be stored and recorded: never the value."""
+        """What may be stored and recorded: never the value. A host bound on a port
+        other than 443 is written `host:port` (a spec without ports reads as before)."""
         return {"name": self.name, "source": f"{self.source}:{self.ref}",
-                "hosts": list(self.hosts), "header": self.header}
+                "hosts": [show_bind(h, p) for h, p in self.binds], "header": self.header}
+
+
+def show_bind(host: str, port: int) -> str:
+    return host if port == DEFAULT_PORT else f"{host}:{port}"
 
 
 @dataclass(frozen=True)
@@ -116,11 +137,9 @@ def parse_spec(text: str) -> SecretSpec:
         raise UserError(f"--secret {name}: {_clip(ref)!r} is not an environment variable name")
     if kind == "file" and (not ref or "@" in ref):
         raise UserError(f"--secret {name}: file:PATH needs a path without '@'")
-    hosts: list[str] = []
-    for h in hosts_text.split(","):
-        hosts.append(_host(name, h.strip()))
-    if len(hosts) > MAX_HOSTS:
-        raise UserError(f"--secret {name}: {len(hosts)} hosts (at most {MAX_HOSTS})")
+    binds = list(dict.fromkeys(_bind(name, h.strip()) for h in hosts_text.split(",")))
+    if len(binds) > MAX_HOSTS:
+        raise UserError(f"--secret {name}: {len(binds)} hosts (at most {MAX_HOSTS})")
     header = "authorization"
     if semi:
         key, eq2, val = opts.partition("=")
@@ -141,7 +160,21 @@ def parse_spec(text: str) -> SecretSpec:
         if len(names) > 8:
             raise UserError(f"--secret {name}: more than 8 headers")
         header = ",".join(dict.fromkeys(names))
-    return SecretSpec(name, kind, ref, tuple(dict.fromkeys(hosts)), header)
+    # only 443 (what every spec meant before ports): no ports, as such a spec always was
+    ports = tuple(binds) if any(p != DEFAULT_PORT for _, p in binds) else ()
+    return SecretSpec(name, kind, ref, tuple(dict.fromkeys(h for h, _ in binds)), header,
+                      ports)
+
+
+def _bind(name: str, text: str) -> tuple[str, int]:
+    """`host` or `host:port` to (host, port); the port defaults to 443."""
+    try:
+        host_text, port_text = split_authority(text)
+        port = DEFAULT_PORT if port_text is None else parse_port(port_text)
+    except HostNameError:
+        raise UserError(f"--secret {name}: {_clip(text)!r} is not HOST or HOST:PORT (a DNS "
+                        "name, and a port from 1 to 65535)") from None
+    return _host(name, host_text), port
 
 
 def _host(name: str, text: str) -> str:
@@ -227,11 +260,12 @@ def load(specs: Iterable[str], environ: Mapping[str, str] | None = None) -> list
 def check_distinct(spec: SecretSpec, value: bytes, others: Sequence[Secret]) -> None:
     """No two secrets overlap, nor share a header on a host (which one would go?)."""
     for other in others:
-        shared = set(spec.hosts) & set(other.spec.hosts)
+        shared = set(spec.binds) & set(other.spec.binds)
         both = set(spec.headers) & set(other.spec.headers)
         if shared and both:
+            where = show_bind(*sorted(shared)[0])
             raise UserError(f"--secret {spec.name} and --secret {other.name} are both bound "
-                            f"to header {sorted(both)[0]} of {sorted(shared)[0]}; bind one")
+                            f"to header {sorted(both)[0]} of {where}; bind one")
         if overlap(value, other.value):
             raise UserError(f"--secret {spec.name} and --secret {other.name} have values "
                             f"that overlap (one holds {MIN_VALUE} or more bytes of the "

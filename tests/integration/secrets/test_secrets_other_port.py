@@ -1,0 +1,93 @@
+"""Attack: the guest sends the placeholder to another port of the bound host.
+
+The secret is bound to `api.bound.test` (443, the default); the network door
+also allows `api.bound.test` on the origin's loopback port. A request there
+must not get the value: it is refused as a placeholder leak (403, recorded),
+and the origin never sees the value or the placeholder.
+"""
+
+from __future__ import annotations
+
+import json
+import socket
+import ssl
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from secretsdoor_rig import NAMES, Origin, Rig, make_ca
+
+from tkbox.doors.network import OperatorConfig
+from tkbox.doors.secrets import Secret, SecretSpec
+
+pytestmark = pytest.mark.integration
+
+VALUE = b"ghp_RealTokenValue0123456789"
+PH = b"tkbox_GH_5f1d3c2b1a0998877665544332211000"
+
+
+@pytest.fixture(scope="module")
+def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    d = tmp_path_factory.mktemp("other-port")
+    ca, cert, key = make_ca(d)
+    origin = Origin(cert, key)
+    hosts = d / "hosts"
+    hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
+    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
+    sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",)), VALUE, PH)  # 443 only
+    rig = Rig([f"api.bound.test:{origin.port}"], op, [sec], [ca.read_text()])
+    assert rig.mitm.ca_pem is not None
+    box_ca = d / "box-ca.pem"
+    box_ca.write_text(rig.mitm.ca_pem)
+    yield {"rig": rig, "origin": origin, "port": origin.port, "box_ca": box_ca}
+    rig.close()
+    origin.close()
+
+
+def _exchange(w: dict[str, Any], data: bytes) -> bytes:
+    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
+    raw.sendall(f"CONNECT api.bound.test:{w['port']} HTTP/1.1\r\n"
+                "Host: api.bound.test\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += raw.recv(4096)
+    assert b" 200 " in head
+    s = ssl.create_default_context(cafile=str(w["box_ca"])).wrap_socket(
+        raw, server_hostname="api.bound.test")
+    s.sendall(data)
+    out = b""
+    while True:
+        try:
+            c = s.recv(65536)
+        except (ssl.SSLError, OSError):
+            break
+        if not c:
+            break
+        out += c
+    s.close()
+    return out
+
+
+def test_placeholder_to_an_unbound_port_of_the_bound_host_is_refused_not_swapped(
+        w: dict[str, Any]) -> None:
+    leaks = len(w["rig"].records("tkbox.secret.leak"))
+    got = _exchange(w, f"GET /echo HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n".encode()
+                    + b"Authorization: Bearer " + PH + b"\r\nConnection: close\r\n\r\n")
+    assert got.startswith(b"HTTP/1.1 403 ")
+    assert b"placeholder of secret GH was found in the header Authorization" in got
+    assert f"not on port {w['port']}".encode() in got
+    (leak,) = w["rig"].records("tkbox.secret.leak")[leaks:]
+    assert leak["body"]["host"] == "api.bound.test"
+    assert w["rig"].records("tkbox.secret.use") == []
+    time.sleep(0.2)
+    assert all(VALUE not in json.dumps(e).encode() and PH not in json.dumps(e).encode()
+               for e in w["origin"].log)
+    assert VALUE.lower() not in got.lower()
+    assert VALUE.decode() not in json.dumps(w["rig"].records())
+
+
+def test_the_same_port_without_the_placeholder_still_works(w: dict[str, Any]) -> None:
+    got = _exchange(w, f"GET /x HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
+                    "Connection: close\r\n\r\n".encode())
+    assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"ok\n")
