@@ -21,7 +21,7 @@ from secretsdoor_rig import NAMES, Origin, Rig, _Handler, make_ca
 from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
 from tkbox.doors.secrets.rules import TunnelRules
-from tkbox.doors.secrets.scan import LeakScanner
+from tkbox.doors.secrets.scan import LeakScanner, Redactor
 
 pytestmark = pytest.mark.integration
 
@@ -51,6 +51,14 @@ class _Hostile(_Handler):
             self._body()
             self.wfile.write(b"HTTP/1.1 401 No\r\nWWW-Authenticate-Debug " + auth.encode()
                              + b"\r\ncontent-length: 0\r\n\r\n")
+            return
+        if self.path == "/tiny-chunks":  # the value among 64 KiB, every byte its own chunk
+            self._body()
+            body = b"a" * 32768 + auth.split()[-1].encode() + b"z" * 32768
+            self.send_response(200)
+            self.send_header("transfer-encoding", "chunked")
+            self.end_headers()
+            self.wfile.write(b"".join(b"1\r\n%c\r\n" % c for c in body) + b"0\r\n\r\n")
             return
         if self.path.startswith("/v1/model"):  # an OpenAI-compatible host echoing a field
             self._body()
@@ -270,4 +278,47 @@ def test_a_placeholder_split_over_one_byte_chunks_is_still_caught(
     assert all(PH not in e["body"] for e in w["origin"].log[before:])
     (sc,) = scanners
     assert sc.feeds <= 5100 // sc.hold + 2
+    _nowhere(w, got)
+
+
+@pytest.fixture
+def redactors(monkeypatch: pytest.MonkeyPatch) -> list[Redactor]:
+    """Every response redactor the door makes while the test runs."""
+    made: list[Redactor] = []
+    real = TunnelRules.redactor
+
+    def spy(self: TunnelRules) -> Redactor:
+        made.append(real(self))
+        return made[-1]
+
+    monkeypatch.setattr(TunnelRules, "redactor", spy)
+    return made
+
+
+def _dechunk(got: bytes) -> bytes:
+    head, _, rest = got.partition(b"\r\n\r\n")
+    assert b"transfer-encoding: chunked" in head.lower()
+    out = b""
+    while True:
+        size, _, rest = rest.partition(b"\r\n")
+        n = int(size, 16)
+        if n == 0:
+            return out
+        out, rest = out + rest[:n], rest[n + 2:]
+
+
+def test_an_origins_one_byte_chunks_are_redacted_per_read_not_per_chunk(
+        w: dict[str, Any], redactors: list[Redactor]) -> None:
+    """Attack: answer in 1-byte chunks, so the door's loop (every box's) does a chunk's
+    work (a redaction, a TLS write) per byte; and reflect the value across 28 of them."""
+    got = _get(w, "/tiny-chunks")
+    assert got.startswith(b"HTTP/1.1 200 ")
+    body = _dechunk(got)
+    assert body == b"a" * 32768 + b"*" * len(VALUE) + b"z" * 32768
+    (r,) = redactors
+    assert r.count == 1
+    # One feed per read of the origin (16 KiB TLS records, ~2700 chunks each), not one
+    # per chunk (65564 before).
+    n = len(body)
+    assert r.feeds < n // 100
     _nowhere(w, got)

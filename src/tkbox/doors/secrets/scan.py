@@ -232,11 +232,13 @@ class Redactor:
         self.longest = len(self.needles[0]) if self.needles else 0
         self._buf = b""
         self.count = 0
+        self.feeds = 0  # calls that looked at bytes: each looks at the held bytes again
 
     def feed(self, data: bytes, final: bool = False) -> bytes:
         """Redacted bytes that are decided; the rest is held until more comes or `final`."""
         if not self.needles:
             return data
+        self.feeds += 1
         buf = self._buf + data
         low = buf.lower()
         out: list[bytes] = []
