@@ -8,6 +8,7 @@ any record.
 
 from __future__ import annotations
 
+import base64
 import json
 import socket
 import ssl
@@ -52,6 +53,20 @@ class _Hostile(_Handler):
             self.wfile.write(b"HTTP/1.1 401 No\r\nWWW-Authenticate-Debug " + auth.encode()
                              + b"\r\ncontent-length: 0\r\n\r\n")
             return
+        if self.path == "/reflect-forms":  # forms the redactor once passed on
+            self._body()
+            v = auth.split()[-1].encode()
+            out = b"\n".join([
+                b"".join(b"\\u%04x" % c if i % 3 == 0 else bytes([c]) for i, c in enumerate(v)),
+                b"".join(b"&#%d;" % c if i % 2 else bytes([c]) for i, c in enumerate(v)),
+                v.replace(b"_", b"&lowbar;"),
+                b"-".join(bytes([c]) for c in v),
+                base64.encodebytes(v * 3)])
+            self.send_response(200)
+            self.send_header("content-length", str(len(out)))
+            self.end_headers()
+            self.wfile.write(out)
+            return
         if self.path == "/tiny-chunks":  # the value among 64 KiB, every byte its own chunk
             self._body()
             body = b"a" * 32768 + auth.split()[-1].encode() + b"z" * 32768
@@ -63,7 +78,7 @@ class _Hostile(_Handler):
         if self.path.startswith("/v1/model"):  # an OpenAI-compatible host echoing a field
             self._body()
             echoed = auth.split()[-1]
-            if self.path.endswith("-dashed"):  # a form the redactor does not replace
+            if self.path.endswith("-dashed"):  # separators between the characters
                 echoed = "-".join(echoed)
             out = json.dumps({"model": echoed,
                               "usage": {"input_tokens": 1}}).encode()
@@ -218,12 +233,13 @@ def test_model_field_echoing_the_value_is_not_recorded(w: dict[str, Any]) -> Non
     _nowhere(w, got)
 
 
-def test_model_name_holding_the_value_in_another_form_is_withheld(w: dict[str, Any]) -> None:
+def test_model_name_holding_the_value_with_separators_is_redacted(w: dict[str, Any]) -> None:
     before = len(w["rig"].records("tkbox.model.call"))
     got = _get(w, "/v1/model-dashed")
     assert got.startswith(b"HTTP/1.1 200 ")
+    assert b'"model": "' + b"*" * (2 * len(VALUE) - 1) + b'"' in got
     call = _model_call(w, before)
-    assert call["body"]["model"] == "(withheld)"
+    assert call["body"]["model"] == "*" * (2 * len(VALUE) - 1)
     assert "-".join(VALUE.decode()) not in json.dumps(w["rig"].records())
     _nowhere(w, got)
 
@@ -321,4 +337,17 @@ def test_an_origins_one_byte_chunks_are_redacted_per_read_not_per_chunk(
     # per chunk (65564 before).
     n = len(body)
     assert r.feeds < n // 100
+    _nowhere(w, got)
+
+
+def test_value_reflected_escaped_in_part_or_with_separators_is_redacted(
+        w: dict[str, Any]) -> None:
+    """Attack: a bound origin reflects the value with some characters JSON-escaped, as
+    HTML entities, with separators, or wrapped base64, hoping the guest reads it there."""
+    got = _get(w, "/reflect-forms")
+    assert got.startswith(b"HTTP/1.1 200 ")
+    body = got.partition(b"\r\n\r\n")[2]
+    rules = TunnelRules("api.bound.test", w["port"], w["rig"].mitm.secrets)
+    assert LeakScanner(rules.scan_patterns).feed(body) == []
+    assert body.count(b"*") >= 4 * len(VALUE)
     _nowhere(w, got)

@@ -90,7 +90,6 @@ class TunnelRules:
             + [(s.name, "placeholder", s.placeholder) for s in self.secrets])
         self.redact_patterns: list[Pattern] = patterns(
             [(s.name, "value", s.value) for s in self.secrets], for_redaction=True)
-        self._redact_needles = [p.needle for p in self.redact_patterns]
 
     def body_scanner(self) -> LeakScanner:
         return LeakScanner(self.scan_patterns)
@@ -217,11 +216,10 @@ class TunnelRules:
         for name, value in headers:
             pair = []
             for part in (name, value):
-                low = part.lower()
-                if any(n in low for n in self._redact_needles):
-                    r = self.redactor()
-                    part = r.feed(part, final=True)
-                    count += r.count
+                # every header: a form may be escaped, so no quick look for the needles
+                r = Redactor(self.redact_patterns)
+                part = r.feed(part, final=True)
+                count += r.count
                 pair.append(part)
             out.append((pair[0], pair[1]))
         return out, count

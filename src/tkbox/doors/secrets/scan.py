@@ -15,33 +15,36 @@
 
 **Scanning** (requests: is any value or placeholder leaving?). Each window is
 searched twice: as sent (case-folded), and *decoded*: every `%XX`, `\\xXX`,
-`\\u00XX`, `&#xXX;`, `&#DDD;` and `\\/` replaced by its byte, and that again
-(two levels: `%2541` is `A`); and each of those views again *squeezed*, every
-byte but ASCII letters and digits dropped, searched for the forms squeezed the
-same way (when 8 or more characters remain), so separators, spaces or line
-breaks put between the characters (MIME-wrapped base64 too) hide nothing.
+`\\u00XX`, `&#xXX;`, `&#DDD;`, named HTML entity (`&sol;`) and `\\/` replaced by
+its byte, and that again (two levels: `%2541` is `A`); and each of those views
+again *squeezed*, every byte but ASCII letters and digits dropped, searched for
+the forms squeezed the same way (when 8 or more characters remain), so
+separators, spaces or line breaks put between the characters (MIME-wrapped
+base64 too) hide nothing.
 So a value that is percent-encoded, JSON-escaped, HTML-escaped,
 doubly encoded, or partly encoded (any subset of its bytes) and *then* hex or
 base64 is found by one rule, not a list of cases. The scanner keeps the last
-`span` bytes it saw (36 times the longest form: an escape spends at most
-six bytes on one, per level), so any occurrence ending in a chunk is inside that chunk's
+`span` bytes it saw (64 times the longest form: an escape spends at most
+eight bytes on one, per level), so any occurrence ending in a chunk is inside that chunk's
 window: the set of hits does not depend on how the bytes were split, and
 memory is bounded by `span` plus one chunk. Each feed looks at the tail again,
 so a streaming caller feeds at least `span` new bytes at a time (or what is
 left at the message's end): the work stays linear in the bytes however they
 were split (a body sent as one-byte chunks costs what one chunk does).
 
-**Redaction** (responses: the guest must never read a value). Leftmost,
-longest match of any form, replaced by as many `*` (so lengths, and so
-`Content-Length`, do not change). A position is decided only once the
-longest form could be complete there (`hold` = longest form - 1 bytes are
-held back) or at the end of the stream, so the output is the same however the
-input was split.
+**Redaction** (responses: the guest must never read a value). Every match of
+any form in any view the scanner searches (as sent, decoded, squeezed) covers
+a range of the response's bytes; each range is replaced by as many `*` (so
+lengths, and so `Content-Length`, do not change). Bytes are held back only
+while they could begin a match not yet complete, at most `hold` (64 times
+the longest form), so the output is the same however the input was split.
+See `Redactor`.
 """
 
 from __future__ import annotations
 
 import base64
+import bisect
 import json
 import re
 import urllib.parse
@@ -50,9 +53,20 @@ from dataclasses import dataclass
 
 ESCAPES = re.compile(
     rb"%([0-9a-f]{2})|\\u00([0-9a-f]{2})|\\x([0-9a-f]{2})|&#x0*([0-9a-f]{1,2});"
-    rb"|&#0*([0-9]{1,3});|\\(/)"
+    rb"|&#0*([0-9]{1,3});|\\(/)|&([a-z]{2,6});"
 )
-MAX_ESCAPE = 6  # "\u00XX" and "&#DDD;" carry one byte in six
+# HTML named character references (WHATWG HTML, "Named character references") of
+# the visible ASCII characters a value may hold, names of at most six letters
+# (case-folded: the views are); an unknown name is left as it is.
+NAMED = {b"excl": b"!", b"quot": b'"', b"num": b"#", b"dollar": b"$", b"percnt": b"%",
+         b"amp": b"&", b"apos": b"'", b"lpar": b"(", b"rpar": b")", b"ast": b"*",
+         b"midast": b"*", b"plus": b"+", b"comma": b",", b"period": b".", b"sol": b"/",
+         b"colon": b":", b"semi": b";", b"lt": b"<", b"equals": b"=", b"gt": b">",
+         b"quest": b"?", b"commat": b"@", b"lsqb": b"[", b"lbrack": b"[", b"bsol": b"\\",
+         b"rsqb": b"]", b"rbrack": b"]", b"hat": b"^", b"lowbar": b"_", b"grave": b"`",
+         b"lcub": b"{", b"lbrace": b"{", b"verbar": b"|", b"vert": b"|", b"rcub": b"}",
+         b"rbrace": b"}"}
+MAX_ESCAPE = 8  # "&percnt;" carries one byte in eight
 DECODE_LEVELS = 2
 # Bytes the squeezed views drop: everything but ASCII letters and digits.
 NOT_ALNUM = bytes(b for b in range(256) if not (48 <= b <= 57 or 97 <= b <= 122 or 65 <= b <= 90))
@@ -139,6 +153,8 @@ def _decode_one(m: re.Match[bytes]) -> bytes:
     if m.group(5) is not None:
         n = int(m.group(5))
         return bytes([n]) if n < 256 else m.group(0)
+    if m.group(7) is not None:
+        return NAMED.get(m.group(7), m.group(0))
     return b"/"
 
 
@@ -147,7 +163,7 @@ def decoded_views(low: bytes) -> list[bytes]:
     views: list[bytes] = []
     cur = low
     for _ in range(DECODE_LEVELS):
-        if b"%" not in cur and b"\\" not in cur and b"&#" not in cur:
+        if b"%" not in cur and b"\\" not in cur and b"&" not in cur:
             break
         nxt = ESCAPES.sub(_decode_one, cur).lower()
         if nxt == cur:
@@ -222,17 +238,133 @@ def scan_once(pats: Sequence[Pattern], data: bytes) -> list[Hit]:
 
 
 REDACT_BYTE = b"*"
+ALNUM_RUN = re.compile(rb"[a-z0-9]")
+ESCAPE_START = re.compile(rb"[%%\\&][^%%\\&]{0,%d}\Z" % (MAX_ESCAPE - 1))
+Span = tuple[int, int]
+
+
+def _decode_mapped(text: bytes) -> tuple[bytes, list[tuple[int, int, int, int]]]:
+    """One level of `decoded_views`' decoding, with its segments (decoded start, source
+    start, decoded length, source length), so a decoded range maps back to the source."""
+    out: list[bytes] = []
+    segs: list[tuple[int, int, int, int]] = []
+    d = s = 0
+    for m in ESCAPES.finditer(text):
+        a, b = m.span()
+        if a > s:
+            out.append(text[s:a])
+            segs.append((d, s, a - s, a - s))
+            d += a - s
+        rep = _decode_one(m)
+        out.append(rep)
+        segs.append((d, a, len(rep), b - a) if len(rep) == 1 else (d, a, b - a, b - a))
+        d += len(rep)
+        s = b
+    if s < len(text):
+        out.append(text[s:])
+        segs.append((d, s, len(text) - s, len(text) - s))
+    return b"".join(out).lower(), segs
+
+
+def _map_through(segs: list[tuple[int, int, int, int]], span: Span) -> Span:
+    starts = [g[0] for g in segs]
+
+    def src(i: int, end: bool) -> int:
+        g = segs[max(bisect.bisect_right(starts, i) - 1, 0)]
+        if g[2] == g[3]:  # literal bytes
+            return g[1] + (i - g[0]) + (1 if end else 0)
+        return g[1] + (g[3] if end else 0)  # one escape: all of it
+
+    return src(span[0], False), src(span[1] - 1, True)
+
+
+class _View:
+    """A view of the window (as sent, or decoded) that maps its ranges to the window's."""
+
+    def __init__(self, text: bytes, outer: _View | None = None,
+                 segs: list[tuple[int, int, int, int]] | None = None) -> None:
+        self.text, self.outer, self.segs = text, outer, segs
+
+    def source(self, span: Span) -> Span:
+        if self.segs is not None:
+            span = _map_through(self.segs, span)
+        return self.outer.source(span) if self.outer is not None else span
+
+
+class _Squeezed:
+    """A view with every byte but letters and digits dropped (separators hide nothing)."""
+
+    def __init__(self, inner: _View) -> None:
+        self.inner = inner
+        self.text = inner.text.translate(None, NOT_ALNUM)
+        self._pos: list[int] | None = None
+
+    def source(self, span: Span) -> Span:
+        if self._pos is None:
+            self._pos = [m.start() for m in ALNUM_RUN.finditer(self.inner.text)]
+        return self.inner.source((self._pos[span[0]], self._pos[span[1] - 1] + 1))
+
+
+def _views(low: bytes) -> list[_View | _Squeezed]:
+    plain = _View(low)
+    views: list[_View] = [plain]
+    cur = plain
+    for _ in range(DECODE_LEVELS):
+        if b"%" not in cur.text and b"\\" not in cur.text and b"&" not in cur.text:
+            break
+        text, segs = _decode_mapped(cur.text)
+        if text == cur.text:
+            break
+        cur = _View(text, cur, segs)
+        views.append(cur)
+    return [*views, *(_Squeezed(v) for v in views)]
 
 
 class Redactor:
-    """Streaming, split-invariant replacement of every form. See the module docstring."""
+    """Streaming replacement of every form, as sent or decoded. See the module docstring.
+
+    The window (held bytes and new ones) is searched in the views the scanner
+    searches: as sent, after one and two levels of escape decoding (`ESCAPES`: so a
+    value with any subset of its characters escaped, mixed with literal ones), and
+    each of those squeezed (separators between the characters dropped). A match in
+    a view covers a range of the window's bytes (all of each escape it uses, and
+    the separators between its characters); every such range is replaced by as many
+    `*`. Bytes are held back only while they could begin a match not yet complete
+    (a suffix of some view is a prefix of a form, or an escape is unfinished), and
+    never more than `hold` bytes: a form spread wider than that (separators longer
+    than about 60 bytes between its characters) is passed on (docs/secrets.md).
+    """
 
     def __init__(self, pats: Sequence[Pattern]) -> None:
         self.needles = sorted({p.needle for p in pats}, key=len, reverse=True)
-        self.longest = len(self.needles[0]) if self.needles else 0
+        self.squeezed = sorted({sq for nd in self.needles
+                                if len(sq := nd.translate(None, NOT_ALNUM)) >= MIN_SQUEEZED},
+                               key=len, reverse=True)
+        longest = len(self.needles[0]) if self.needles else 0
+        # an escape spends at most MAX_ESCAPE bytes on one, per level
+        self.hold = longest * MAX_ESCAPE ** DECODE_LEVELS
+        self.longest = self.hold  # memory bound of what is held
         self._buf = b""
         self.count = 0
         self.feeds = 0  # calls that looked at bytes: each looks at the held bytes again
+
+    def _partial(self, view: _View | _Squeezed, needles: list[bytes]) -> int | None:
+        """The window position where a match still incomplete at its end could begin."""
+        text = view.text
+        best: int | None = None
+        if isinstance(view, _View) and (m := ESCAPE_START.search(text)):
+            text = text[:m.start()]  # an unfinished escape: held, and looked before
+            best = view.source((m.start(), m.start() + 1))[0]
+        for nd in needles:
+            lo = max(len(text) - len(nd) + 1, 0)
+            j = text.find(nd[:1], lo)
+            while j != -1:
+                if nd.startswith(text[j:]):
+                    at = view.source((j, j + 1))[0]
+                    best = at if best is None else min(best, at)
+                    break
+                j = text.find(nd[:1], j + 1)
+        return best
 
     def feed(self, data: bytes, final: bool = False) -> bytes:
         """Redacted bytes that are decided; the rest is held until more comes or `final`."""
@@ -240,26 +372,35 @@ class Redactor:
             return data
         self.feeds += 1
         buf = self._buf + data
-        low = buf.lower()
-        out: list[bytes] = []
-        i = 0
         n = len(buf)
-        limit = n if final else n - self.longest + 1  # positions < limit are decidable
-        while i < limit:
-            p, length = -1, 0
-            for nd in self.needles:
-                j = low.find(nd, i)
-                if j != -1 and (p == -1 or j < p or (j == p and len(nd) > length)):
-                    p, length = j, len(nd)
-            if p == -1 or p >= limit:
-                out.append(buf[i:limit])
-                i = limit
+        views = _views(buf.lower())
+        spans: list[Span] = []
+        decided = n
+        for view in views:
+            needles = self.needles if isinstance(view, _View) else self.squeezed
+            for nd in needles:
+                j = view.text.find(nd)
+                while j != -1:
+                    spans.append(view.source((j, j + len(nd))))
+                    j = view.text.find(nd, j + 1)
+            if not final:
+                at = self._partial(view, needles)
+                if at is not None:
+                    decided = min(decided, at)
+        decided = max(decided, n - self.hold, 0)
+        spans.sort()
+        out = bytearray(buf)
+        merged: list[Span] = []
+        for a, b in spans:
+            if merged and a <= merged[-1][1]:
+                merged[-1] = (merged[-1][0], max(merged[-1][1], b))
+            else:
+                merged.append((a, b))
+        for a, b in merged:
+            if a >= decided:
                 break
-            out.append(buf[i:p])
-            out.append(REDACT_BYTE * length)
+            decided = max(decided, b)  # a match begun is sent whole, redacted
+            out[a:b] = REDACT_BYTE * (b - a)
             self.count += 1
-            i = p + length
-        self._buf = buf[max(i, 0):] if not final else b""
-        if final and i < n:
-            out.append(buf[i:])
-        return b"".join(out)
+        self._buf = buf[decided:]
+        return bytes(out[:decided])
