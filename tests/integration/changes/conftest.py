@@ -48,3 +48,9 @@ class Placing:
 @pytest.fixture(params=["renameat2", "moved-aside"])
 def placing(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> Placing:
     return Placing(request.param, monkeypatch)
+
+
+@pytest.fixture(autouse=True)
+def _home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test's own TKBOX_HOME: the apply's journals are kept there."""
+    monkeypatch.setenv("TKBOX_HOME", str(tmp_path_factory.mktemp("home")))

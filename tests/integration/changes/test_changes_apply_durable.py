@@ -44,8 +44,10 @@ def _apply(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch,
     real_fsync, real_syncfs = os.fsync, fs_mod._SYNCFS
     assert real_syncfs is not None, "this libc has syncfs"
 
-    def fsync(fd: int) -> None:
-        events.append("fsync")
+    def fsync(fd: int) -> None:  # the journal's, a directory's, or a new file's
+        target = os.readlink(f"/proc/self/fd/{fd}")
+        events.append("fsync-journal" if target.startswith(os.environ["TKBOX_HOME"])
+                      else "fsync-dir" if os.path.isdir(target) else "fsync")
         real_fsync(fd)
 
     def syncfs(fd: int) -> None:
@@ -75,15 +77,26 @@ def test_a_few_files_are_each_fsynced_before_any_takes_its_name(
     written = n + n // 4
     assert events.count("fsync") == written and "syncfs" not in events
     assert events.count("place") == written
-    assert events.index("place") > max(i for i, e in enumerate(events) if e == "fsync")
+    assert events.index("place") > _last(events, "fsync")
+    # then the renames: the root and each directory written in (d0..d6, new), and
+    # only then the journal says the files are placed
+    assert events.count("fsync-dir") == 9 and events.index("fsync-dir") > _last(events, "place")
+    assert events[0] == "fsync-journal" and _last(events, "fsync-journal") > _last(
+        events, "fsync-dir")
+
+
+def _last(events: list[str], what: str) -> int:
+    return max(i for i, e in enumerate(events) if e == what)
 
 
 def test_many_files_are_flushed_by_one_syncfs_before_any_takes_its_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placing: Any) -> None:
     events, co, final = _apply(tmp_path, fs_mod.SYNCFS_FROM * 2, monkeypatch, placing)
     assert read_tree(co) == final
-    assert events.count("syncfs") == 1 and "fsync" not in events  # one filesystem here
+    # one filesystem here: one syncfs for the files' bytes, one for the renames
+    assert events.count("syncfs") == 2 and "fsync" not in events and "fsync-dir" not in events
     assert events.index("syncfs") < events.index("place")
+    assert _last(events, "syncfs") > _last(events, "place")
 
 
 def test_many_files_failing_half_way_leave_the_checkout_as_it_was(

@@ -29,8 +29,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tkbox import paths
 from tkbox._threads import through
-from tkbox.doors.changes import gitdirs, sensitive
+from tkbox.doors.changes import gitdirs, recover, sensitive
 from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd, write_fd
 from tkbox.doors.changes.git import Git, Result
@@ -55,18 +56,25 @@ _CREATE_SCRATCH = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CL
 
 async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id: str, *,
                       allow_sensitive: bool = False, dry_run: bool = False,
-                      limits: Limits | None = None) -> ApplyReport:
+                      limits: Limits | None = None,
+                      journals: Path | None = None) -> ApplyReport:
     """Apply the guest's `patch` to `checkout`, writing only what the signer allows.
 
     Parsing, reading the checkout and planning are CPU- and memory-bound on
     hostile input: they run in a worker thread (`asyncio.to_thread`), never
     on the daemon's event loop, within `Limits`.
+
+    `journals`: where the writes' journal is kept (default
+    `<TKBOX_HOME>/applies`); an apply into this checkout that died half-way is
+    put right from it first (`recover`), and a dry run refuses until then.
     """
     limits = limits or Limits()
     root = Path(os.path.realpath(checkout))
     if not root.is_dir():
         raise UserError(f"the checkout {str(checkout)!r} is not a directory")
-    notes: list[str] = []
+    where = await asyncio.to_thread(
+        paths.private_dir, journals if journals is not None else paths.home() / "applies")
+    notes: list[str] = await asyncio.to_thread(_put_right, where, root, dry_run)
     try:
         git: Git | None = Git()
     except HostError:
@@ -83,7 +91,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
         parsed = await asyncio.to_thread(parse_patch, patch, limits)  # (1)
         if not parsed.sections:
             return ApplyReport(str(root), parsed.sha256, dry_run, allow_sensitive,
-                               notes=("the patch is empty",))
+                               notes=(*notes, "the patch is empty"))
         if git is None or reading is None:  # no git; parse_patch refuses an oversized patch
             git = Git()
             reading = asyncio.ensure_future(_git_reading(git, patch))
@@ -114,7 +122,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
                 return _report(root, plan, dry_run, allow_sensitive, notes, "would apply")
             verdicts = await _decide(signer, run_id, plan)  # (5)
             writing = asyncio.ensure_future(asyncio.to_thread(
-                place_all, co, _writes(plan), limits.max_file_bytes))  # (6)
+                place_all, co, _writes(plan), limits.max_file_bytes, where))  # (6)
             cancelled = await through(writing)
             if (exc := writing.exception()) is not None:
                 await _complete(signer, run_id, verdicts, {"written": False,
@@ -146,6 +154,25 @@ async def _settle(git_runs: list[asyncio.Future[Any]], threads: list[asyncio.Fut
     for t in git_runs:
         t.cancel()
     await asyncio.gather(*git_runs, *threads, return_exceptions=True)
+
+
+def _put_right(where: Path, root: Path, dry_run: bool) -> list[str]:
+    """An earlier apply into `root` that died half-way: undone (or finished), a note
+    each; a dry run, which changes nothing, refuses instead."""
+    try:
+        fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return []  # the checkout's own walk refuses it, in its turn
+    try:
+        if dry_run:
+            if recover.pending(where, root):
+                raise UserError("an earlier apply into this checkout was cut short and is "
+                                "not put right yet; run tkbox apply without --dry-run: it "
+                                "undoes that first")
+            return []
+        return recover.recover(where, root, fd)
+    finally:
+        os.close(fd)
 
 
 def _spellings(checkout: Path, root: Path) -> list[str]:

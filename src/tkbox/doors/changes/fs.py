@@ -18,9 +18,11 @@ file linked into place (`link` fails if something appeared), as before them.
 step undoes the journal in reverse, leaving the checkout as it was. Replaced
 files stay beside their new versions under the temporary names, deleted ones
 (and replaced ones where the flags are missing) in a private staging directory
-at the checkout root; once all are placed, `Placed.remove_originals` removes
-both. (If the process dies mid-way, they are there: `.tkbox-*.tmp` names and
-`.tkbox-apply-*`.)
+at the checkout root; once all are placed, and the renames durable (the
+directories fsync'd), `Placed.remove_originals` removes both. For a process
+that dies mid-way, every name is chosen before the first step and written to
+a journal outside the checkout (`journal`), from which the next apply undoes
+or finishes it (`recover`).
 
 Why one module (about 650 lines): the descriptor-relative walk, the durable
 writes and the journalled transaction are one guarantee (nothing followed,
@@ -33,15 +35,18 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import errno
+import hashlib
 import os
 import secrets
 import stat
 import threading
+import time
 from collections.abc import Callable, Container, Generator, Iterable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tkbox.doors.changes import journal as jn
 from tkbox.doors.changes.errors import ApplyFailed, PatchRefused
 from tkbox.doors.changes.paths import fold_ntfs, folded_parts
 from tkbox.doors.changes.plan import ABSENT, State
@@ -320,12 +325,10 @@ class _Txn:
     replaced: list[tuple[list[str], str]] = field(default_factory=list)  # originals, by tmp
     renameat2: Callable[[int, str, str, int], None] | None = field(
         default_factory=lambda: _RENAMEAT2)  # None once a filesystem lacks its flags
-    counter: int = 0
+    # every name used, chosen before the first step (the journal holds them):
+    tmps: dict[str, str] = field(default_factory=dict)  # path -> its new file's temporary name
+    backups: dict[str, str] = field(default_factory=dict)  # path -> its original's, in stage
     current: str = ""  # the checkout path being written, for errors
-
-    def backup_name(self) -> str:
-        self.counter += 1
-        return f"{self.counter}"
 
     def dir_fd(self, path_dirs: list[str], create: bool) -> int:
         fd = os.dup(self.co.fd)
@@ -375,40 +378,72 @@ def _split(path: str) -> tuple[list[str], str]:
 class Placed:
     """Every write in place, durable; the originals they replaced still kept for undo."""
 
-    def __init__(self, txn: _Txn) -> None:
+    def __init__(self, txn: _Txn, journal: jn.Journal | None) -> None:
         self._txn = txn
+        self._journal = journal
 
     def remove_originals(self) -> None:
         """Remove the originals and the staging directory (once; blocking). HostError
-        if they cannot all be: the patch stays applied, and the message says what to
-        remove by hand."""
+        if they cannot all be: the patch stays applied, the journal stays (the next
+        apply into the checkout removes them), and the message says what is left."""
         try:
             _cleanup(self._txn)
         except OSError as e:
+            if self._journal is not None:
+                self._journal.keep()
             raise HostError(f"the patch was applied, but the originals it replaced could not "
-                            f"all be removed ({e.strerror}): remove the .tkbox-*.tmp files "
-                            f"and {self._txn.stage!r} in the checkout by hand") from None
+                            f"all be removed ({e.strerror}): the next tkbox apply into this "
+                            f"checkout removes them, or remove the .tkbox-*.tmp files and "
+                            f"{self._txn.stage!r} in the checkout by hand") from None
+        if self._journal is not None:
+            self._journal.done()
 
 
-def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> Placed:
+def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int,
+              journals: Path | None = None) -> Placed:
     """Put every write in place and make it durable, or none (PatchRefused if the
     checkout moved, ApplyFailed if a write failed: each undone, the checkout as it
     was). The originals are kept until `Placed.remove_originals`: so the caller may
-    record that the files are written while they are removed."""
+    record that the files are written while they are removed.
+
+    `journals`: where the journal is kept (`journal`), written before the first
+    step; None for none (a process that dies mid-way then leaves the checkout
+    half-written)."""
     writes = list(writes)
     txn = _Txn(co)
     txn.stage = f".tkbox-apply-{secrets.token_hex(8)}"
+    for w in writes:
+        if w.new.kind != "absent":
+            txn.tmps[w.path] = f".tkbox-{secrets.token_hex(8)}.tmp"
+        if _present(w.old):
+            txn.backups[w.path] = str(len(txn.backups) + 1)
+    journal = jn.Journal.begin(journals, _journal_plan(txn, writes)) if journals else None
     try:
-        os.mkdir(txn.stage, 0o700, dir_fd=co.fd)
-    except OSError as e:
-        raise HostError(f"cannot create the staging directory in the checkout: {e.strerror}") \
-            from None
-    txn.stage_fd = os.open(txn.stage, _DIR, dir_fd=co.fd)
+        try:
+            os.mkdir(txn.stage, 0o700, dir_fd=co.fd)
+        except OSError as e:
+            raise HostError(f"cannot create the staging directory in the checkout: "
+                            f"{e.strerror}") from None
+        txn.stage_fd = os.open(txn.stage, _DIR, dir_fd=co.fd)
+    except BaseException:
+        if journal is not None:
+            journal.done()
+        raise
     try:
         try:
             _run(txn, writes, max_bytes)
+            _sync_dirs(co, writes)
+            if journal is not None:
+                journal.placed()
         except BaseException as exc:
-            _rollback(txn, exc)
+            try:
+                _rollback(txn, exc)
+            except BaseException:
+                if journal is not None:
+                    journal.keep()  # the next apply tries again
+                raise
+            if journal is not None:
+                journal.done()
             if isinstance(exc, OSError):
                 where = f"writing {txn.current!r}" if txn.current else "writing the checkout"
                 raise ApplyFailed(
@@ -418,7 +453,83 @@ def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int) -> Placed:
             raise
     finally:
         os.close(txn.stage_fd)
-    return Placed(txn)
+    return Placed(txn, journal)
+
+
+def _present(old: State) -> bool:
+    """Whether the path holds a file or link that the write replaces or deletes."""
+    return old.kind in ("file", "link") and old.blocked_by is None
+
+
+def _journal_plan(txn: _Txn, writes: list[Write]) -> jn.Plan:
+    """The journal's account of `writes` (`journal.Plan`): the names chosen, what each
+    path holds and will hold, the directories the puts make and the deletions may
+    empty (read from the checkout now)."""
+    entries = tuple(jn.Entry(
+        w.path, txn.tmps.get(w.path), txn.backups.get(w.path), _present(w.old),
+        w.old.ident[1:] if _present(w.old) else (), w.new.kind,
+        len(w.new.content), hashlib.sha256(w.new.content).hexdigest()) for w in writes)
+    made: list[str] = []
+    kept: list[tuple[str, int]] = []
+    below_missing: set[tuple[str, ...]] = set()
+    put_dirs = {tuple(_split(w.path)[0][:i + 1]) for w in writes if w.new.kind != "absent"
+                for i in range(w.path.count("/"))}
+    gone_dirs = {tuple(_split(w.path)[0][:i + 1]) for w in writes
+                 if w.new.kind == "absent" and _present(w.old) for i in range(w.path.count("/"))}
+    for d in sorted(put_dirs | gone_dirs, key=lambda d: (len(d), d)):
+        st = None if d[:-1] in below_missing else _dir_stat(txn.co, d)
+        if st is None:
+            below_missing.add(d)
+            if d in put_dirs:
+                made.append("/".join(d))
+        elif d in gone_dirs:
+            kept.append(("/".join(d), stat.S_IMODE(st.st_mode)))
+    return jn.Plan(str(txn.co.root), txn.stage, time.time(), entries, tuple(made), tuple(kept))
+
+
+def _dir_stat(co: Checkout, dirs: tuple[str, ...]) -> os.stat_result | None:
+    """The directory at `dirs`, or None if there is none (missing, or not a directory)."""
+    try:
+        fd = _walk(co, list(dirs))
+    except OSError:
+        return None
+    try:
+        return os.fstat(fd)
+    finally:
+        os.close(fd)
+
+
+def _sync_dirs(co: Checkout, writes: list[Write]) -> None:
+    """Make the renames durable: every directory above a write (the checkout root,
+    where the staging directory is, among them) fsync'd; from `SYNCFS_FROM` writes,
+    as for their bytes, one syncfs per filesystem instead."""
+    dirs = sorted({tuple(w.path.split("/")[:i]) for w in writes
+                   for i in range(w.path.count("/") + 1)})
+    if len(writes) >= SYNCFS_FROM and _SYNCFS is not None:
+        devices: dict[int, int] = {}
+        try:
+            for d in dirs:
+                try:
+                    fd = _walk(co, list(d))
+                except (FileNotFoundError, NotADirectoryError):
+                    continue
+                if devices.setdefault(os.fstat(fd).st_dev, fd) != fd:
+                    os.close(fd)
+            for fd in devices.values():
+                _SYNCFS(fd)
+        finally:
+            for fd in devices.values():
+                os.close(fd)
+        return
+    for d in dirs:
+        try:
+            fd = _walk(co, list(d))
+        except (FileNotFoundError, NotADirectoryError):
+            continue  # emptied and removed: its parent, listed too, holds that
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
@@ -431,8 +542,7 @@ def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
                                    "nothing was written, run tkbox apply again")
             if w.new.kind != "absent" and not w.verify(w.new.content):
                 raise PatchRefused(f"{w.path}: the content is no longer what was decided")
-    deletions = sorted((w for w in writes if w.new.kind == "absent" and w.old.kind != "absent"
-                        and w.old.blocked_by is None and w.old.kind != "dir"),
+    deletions = sorted((w for w in writes if w.new.kind == "absent" and _present(w.old)),
                        key=lambda w: w.path.split("/"), reverse=True)
     emptied: set[tuple[str, ...]] = set()
     for w in deletions:
@@ -520,7 +630,7 @@ def _check_ident(fd: int, name: str, old: State, path: str) -> None:
 def _move_aside(txn: _Txn, fd: int, dirs: list[str], name: str, old: State) -> None:
     path = "/".join([*dirs, name])
     _check_ident(fd, name, old, path)
-    backup = txn.backup_name()
+    backup = txn.backups[path]
     os.rename(name, backup, src_dir_fd=fd, dst_dir_fd=txn.stage_fd)
     txn.undo.append((f"restore {path}", _restore(txn, dirs, name, backup)))
 
@@ -565,7 +675,7 @@ def _unlink(txn: _Txn, dirs: list[str], name: str) -> Callable[[], None]:
 def _put_temporary(txn: _Txn, fd: int, dirs: list[str], w: Write, flusher: _Flusher) -> str:
     """Write `w`'s new file (or symlink) under a temporary name in its directory; the
     file is handed to `flusher` to be made durable."""
-    tmp = f".tkbox-{secrets.token_hex(8)}.tmp"
+    tmp = txn.tmps[w.path]
     if w.new.kind == "link":
         os.symlink(w.new.content, tmp, dir_fd=fd)
         txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
@@ -591,7 +701,7 @@ def _put(txn: _Txn, fd: int, dirs: list[str], name: str, tmp: str, w: Write) -> 
     """Give the temporary file its real name: in one step where the filesystem has
     renameat2's flags, else with the original moved aside first."""
     path = "/".join([*dirs, name])
-    present = w.old.kind != "absent" and w.old.blocked_by is None and w.old.kind != "dir"
+    present = _present(w.old)
     if (rename := txn.renameat2) is not None:
         try:
             rename(fd, tmp, name, RENAME_EXCHANGE if present else RENAME_NOREPLACE)

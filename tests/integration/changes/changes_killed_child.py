@@ -1,0 +1,164 @@
+"""Kill `tkbox apply` at every step of its writes, put it right, check the checkout.
+
+Run by test_changes_apply_killed.py: `python changes_killed_child.py DIR WAY`
+(or with `--after-first-put`: one apply into DIR/co, killed once its first file
+has its name, and nothing put right).
+DIR holds `co` (a checkout, the template) and `patch`; WAY is `renameat2` or
+`moved-aside` (the filesystem without renameat2's flags). Imports once, then for
+k = 1, 2, ... forks a process that applies the patch to a fresh copy of the
+checkout and SIGKILLs itself just before the k-th call that changes a file
+system (a rename, link, unlink, mkdir, rmdir, symlink, chmod, fsync or syncfs),
+from the moment the writes begin to the end of their last step (the originals
+removed). This process then runs the next apply (an
+empty patch: only the recovery), snapshots the checkout, applies the patch
+again, and prints one JSON line per k. It stops at the first k the apply
+outlives.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Any
+
+from tkbox.doors.changes import apply_patch, door, fs
+from tkbox.errors import TkboxError
+from tkbox.record.testing import FakeSigner
+
+RUN = "run-1"
+_STEPS = ("rename", "link", "unlink", "mkdir", "rmdir", "symlink", "fchmod", "fsync")
+
+
+def snapshot(root: Path) -> dict[str, Any]:
+    """Every entry below `root` but .git: kind, bits, content or target."""
+    out: dict[str, Any] = {}
+    for here, dirs, files in os.walk(root):
+        rel = Path(here).relative_to(root)
+        if rel.parts[:1] == (".git",):
+            continue
+        for d in dirs:
+            p = Path(here, d)
+            if p.is_symlink():
+                out[str(rel / d)] = ["link", os.readlink(p)]
+            elif rel.parts or d != ".git":
+                out[str(rel / d)] = ["dir", oct(p.lstat().st_mode & 0o7777)]
+        for f in files:
+            p = Path(here, f)
+            if p.is_symlink():
+                out[str(rel / f)] = ["link", os.readlink(p)]
+            else:
+                out[str(rel / f)] = ["file", oct(p.lstat().st_mode & 0o7777),
+                                     p.read_bytes().decode("latin-1")]
+    return out
+
+
+def run(patch: bytes, co: Path, journals: Path) -> Any:
+    async def go() -> Any:
+        s = FakeSigner()
+        await s.open_run(RUN, {})
+        return await apply_patch(patch, co, s, RUN, journals=journals)
+    return asyncio.run(go())
+
+
+def killed_at(k: int, way: str) -> None:
+    """In the forked child: SIGKILL before the k-th changing call once the writes begin."""
+    calls = [0]
+    armed = [False]
+
+    def step() -> None:
+        if armed[0]:
+            calls[0] += 1
+            if calls[0] == k:
+                os.kill(os.getpid(), signal.SIGKILL)
+
+    def wrap(fn: Any) -> Any:
+        def inner(*a: Any, **kw: Any) -> Any:
+            step()
+            return fn(*a, **kw)
+        return inner
+
+    for name in _STEPS:
+        setattr(os, name, wrap(getattr(os, name)))
+    if way == "moved-aside":
+        fs._RENAMEAT2 = None
+    elif fs._RENAMEAT2 is not None:
+        fs._RENAMEAT2 = wrap(fs._RENAMEAT2)
+    if fs._SYNCFS is not None:
+        fs._SYNCFS = wrap(fs._SYNCFS)
+    real, real_remove = door.place_all, fs.Placed.remove_originals
+
+    def place_all(*a: Any, **kw: Any) -> Any:
+        armed[0] = True
+        return real(*a, **kw)
+
+    def remove_originals(self: fs.Placed) -> None:
+        real_remove(self)
+        armed[0] = False  # the writes' last step: what follows is the apply's own cleanup
+    door.place_all = place_all  # type: ignore[assignment]
+    fs.Placed.remove_originals = remove_originals  # type: ignore[method-assign]
+
+
+def killed_after_first_put() -> None:
+    """SIGKILL once the first file has its name (in path order: the first put)."""
+    real = fs._put
+
+    def put(*a: Any, **kw: Any) -> None:
+        real(*a, **kw)
+        os.kill(os.getpid(), signal.SIGKILL)
+    fs._put = put
+
+
+def main() -> None:
+    base, way = Path(sys.argv[1]), sys.argv[2]
+    patch = (base / "patch").read_bytes()
+    if sys.argv[3:] == ["--after-first-put"]:  # one apply, killed; nothing put right
+        if way == "moved-aside":
+            fs._RENAMEAT2 = None
+        killed_after_first_put()
+        run(patch, base / "co", base / "journals")
+        sys.exit("the apply was not killed")
+    for k in range(1, 1000):
+        trial = base / f"k{k}"
+        co, journals = trial / "co", trial / "journals"
+        shutil.copytree(base / "co", co, symlinks=True)
+        journals.mkdir(mode=0o700)
+        assert threading.active_count() == 1, "fork only from one thread"
+        pid = os.fork()
+        if pid == 0:  # pragma: no cover - the child
+            try:
+                killed_at(k, way)
+                run(patch, co, journals)
+            except BaseException:  # noqa: BLE001
+                os._exit(1)
+            os._exit(0)
+        _, status = os.waitpid(pid, 0)
+        killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
+        left_journals = sum(n.endswith(".journal") for n in os.listdir(journals))
+        try:
+            notes = list(run(b"", co, journals).notes)
+            error = None
+        except TkboxError as e:
+            notes, error = [], str(e)
+        after_recovery = snapshot(co)
+        try:
+            reapplied = run(patch, co, journals).count("applied")
+        except TkboxError as e:
+            reapplied = str(e)
+        print(json.dumps({"k": k, "killed": killed, "exit": status,
+                          "journals_left": left_journals, "notes": notes, "error": error,
+                          "recovered": after_recovery, "reapplied": reapplied,
+                          "final": snapshot(co), "journals_after": os.listdir(journals)}),
+              flush=True)
+        shutil.rmtree(trial)
+        if not killed:
+            return
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,165 @@
+"""An apply killed at any step of its writes is put right by the next one.
+
+`changes_killed_child.py` kills the apply (SIGKILL, nothing of ours runs after)
+before each call that changes the filesystem in turn, from the first step of
+its writes to the last, on a checkout where the patch modifies, adds, deletes,
+makes and empties directories, and turns a file into a directory. After each
+kill, the next `tkbox apply` (here of an empty patch) must leave the checkout
+exactly as it was before, or (once every file was placed and durable, and so
+possibly recorded as written) exactly as the patch makes it: never a mix, no
+`.tkbox` names, no journal left. Applying the patch again then gives the
+patch's result.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from changes_apply_kit import apply, setup  # noqa: E402
+from changes_killed_child import snapshot  # noqa: E402
+from changes_trees import file, link  # noqa: E402
+
+from tkbox.doors.changes.journal import Journal, Plan  # noqa: E402
+from tkbox.errors import HostError, UserError  # noqa: E402
+
+LOWER = {
+    "a.txt": file(b"a old\n"),
+    "b.sh": file(b"#!/bin/sh\necho b\n", exec=True),
+    "gone/only.txt": file(b"the only file here\n"),
+    "keep/x.txt": file(b"x\n"),
+    "keep/y.txt": file(b"y old\n"),
+    "was-file": file(b"becomes a directory\n"),
+    "ln": link(b"a.txt"),
+}
+FINAL = {
+    "a.txt": file(b"a new\n"),
+    "b.sh": file(b"#!/bin/sh\necho b2\n", exec=True),
+    "keep/x.txt": file(b"x\n"),
+    "new/deep/n.txt": file(b"new file\n"),
+    "was-file/inside.txt": file(b"now below it\n"),
+    "ln": link(b"b.sh"),
+}
+
+
+@pytest.mark.parametrize("way", ["renameat2", "moved-aside"])
+def test_an_apply_killed_at_any_step_is_undone_or_finished_by_the_next(
+        tmp_path: Path, way: str) -> None:
+    co, patch = setup(tmp_path, LOWER, FINAL)
+    (tmp_path / "patch").write_bytes(patch)
+    (co / "keep").chmod(0o750)  # its bits must come back if it is emptied and made again
+    before = snapshot(co)
+    child = subprocess.run([sys.executable, str(Path(__file__).with_name(
+        "changes_killed_child.py")), str(tmp_path), way], capture_output=True, timeout=600,
+        env={**os.environ, "TKBOX_HOME": str(tmp_path / "home")})
+    assert child.returncode == 0, child.stderr.decode()[-2000:]
+    trials: list[dict[str, Any]] = [json.loads(line) for line in child.stdout.splitlines()]
+    assert trials and not trials[-1]["killed"], "the last trial ran the apply to its end"
+    after = trials[-1]["recovered"]
+    assert after != before and after["keep"] == ["dir", "0o750"]
+    undone = finished = 0
+    for t in trials:
+        k = t["k"]
+        assert t["error"] is None, (k, t["error"])
+        assert t["recovered"] in (before, after), (k, _diff(before, after, t["recovered"]))
+        assert t["journals_after"] == [], k
+        assert t["final"] == after, k
+        if t["recovered"] == before:  # applied again, in full (+2: the deletions)
+            assert t["reapplied"] == len(FINAL) + 2, (k, t["reapplied"])
+        if not t["killed"]:
+            continue
+        if t["recovered"] == before:
+            undone += 1
+            if t["journals_left"]:
+                assert any("was undone" in n for n in t["notes"]), (k, t["notes"])
+        elif t["journals_left"]:  # killed once every file was placed, before the end
+            finished += 1
+            assert any("originals it kept were removed" in n for n in t["notes"]), k
+    # killed before its first write, mid-way, and after every file was placed
+    assert undone >= 10 and finished >= 2, (undone, finished)
+
+
+def _diff(before: dict[str, Any], after: dict[str, Any], got: dict[str, Any]) -> list[str]:
+    return [f"{p}: {got.get(p)} (before {before.get(p)}, after {after.get(p)})"
+            for p in sorted(set(before) | set(after) | set(got))
+            if got.get(p) not in (before.get(p), after.get(p))]
+
+
+def _killed_after_first_put(tmp: Path) -> tuple[Path, bytes, Path]:
+    """A checkout whose apply was killed once `a.txt` (the first file) had its new
+    content: (the checkout, the patch, the journals' directory)."""
+    co, patch = setup(tmp, LOWER, FINAL)
+    (tmp / "patch").write_bytes(patch)
+    journals = tmp / "journals"
+    journals.mkdir(mode=0o700)
+    child = subprocess.run([sys.executable, str(Path(__file__).with_name(
+        "changes_killed_child.py")), str(tmp), "renameat2", "--after-first-put"],
+        capture_output=True, timeout=120)
+    assert child.returncode == -9, child.stderr.decode()[-2000:]
+    assert (co / "a.txt").read_bytes() == b"a new\n"
+    assert [p.name for p in journals.iterdir()][0].endswith(".journal")
+    return co, patch, journals
+
+
+def test_a_dry_run_refuses_while_a_killed_apply_is_not_put_right(tmp_path: Path) -> None:
+    co, patch, journals = _killed_after_first_put(tmp_path)
+    with pytest.raises(UserError, match="cut short and is not put right yet; run tkbox "
+                                        "apply without --dry-run"):
+        apply(patch, co, dry_run=True, journals=journals)
+    assert (co / "a.txt").read_bytes() == b"a new\n"  # a dry run changes nothing
+    report = apply(patch, co, journals=journals)  # undone first, then applied in full
+    assert any("was cut short; it was undone" in n for n in report.notes)
+    assert report.count("applied") == len(FINAL) + 2
+    assert snapshot(co) == _final_snapshot(tmp_path)
+    assert list(journals.iterdir()) == []
+
+
+def test_a_file_changed_after_the_kill_is_left_and_named(tmp_path: Path) -> None:
+    """Someone edits the half-applied file before the next apply: their edit is not
+    thrown away with the new file; the next apply refuses, names it, keeps the
+    journal, and puts right everything else."""
+    co, patch, journals = _killed_after_first_put(tmp_path)
+    (co / "a.txt").write_bytes(b"edited by hand meanwhile\n")
+    with pytest.raises(HostError) as got:
+        apply(patch, co, journals=journals)
+    msg = str(got.value)
+    assert "a.txt: could not be put back (changed since; its original is .tkbox-" in msg
+    journal = next(journals.iterdir())
+    assert f"fix these by hand, then remove {str(journal)!r}" in msg
+    assert (co / "a.txt").read_bytes() == b"edited by hand meanwhile\n"
+    original = next(co.glob(".tkbox-*.tmp"))
+    assert original.read_bytes() == b"a old\n"
+    # the user puts it right as told; the next apply goes ahead
+    original.replace(co / "a.txt")
+    journal.unlink()
+    report = apply(patch, co, journals=journals)
+    assert report.count("applied") == len(FINAL) + 2
+
+
+def test_a_running_apply_s_journal_is_left_alone(tmp_path: Path) -> None:
+    """A journal whose apply still runs (its lock held) is not taken for a dead one."""
+    co, patch = setup(tmp_path, LOWER, FINAL)
+    journals = tmp_path / "journals"
+    journals.mkdir(mode=0o700)
+    running = Journal.begin(journals, Plan(str(co.resolve()), ".tkbox-apply-0", 0.0, (), (),
+                                           ()))
+    try:
+        report = apply(patch, co, journals=journals)
+        assert report.count("applied") == len(FINAL) + 2 and report.notes == ()
+        assert running.path.exists()
+    finally:
+        running.done()
+
+
+def _final_snapshot(tmp: Path) -> dict[str, Any]:
+    other = tmp / "other"
+    co, patch = setup(other, LOWER, FINAL)
+    apply(patch, co, journals=other / "j")
+    return snapshot(co)
