@@ -29,7 +29,7 @@ operator (they make the assurance `witnessed` rather than `local`).
 from __future__ import annotations
 
 import binascii
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from tkbox.formats import _strict, canonjson
@@ -72,9 +72,68 @@ def build(run: str, records: Sequence[tuple[int, bytes, Sequence[bytes]]],
 
 def parse(data: bytes) -> Bundle:
     """Parse a bundle's structure (verification is `tkbox.verify`'s)."""
+    lines, run, count = _head(data)
+    fast = _read_entries_fast(lines, count)
+    entries: list[Entry] = fast if fast is not None else []
+    entries += _entries(lines, count, len(entries))
+    return Bundle(run, tuple(entries), _tail(lines, count))
+
+
+def check(data: bytes) -> bytes:
+    """What `parse` checks, and its checkpoint, in memory bounded whatever the bundle
+    (nothing kept of an entry once it is read, no line longer than any a bundle may
+    hold copied out): the FormatError `parse` would raise, if any."""
+    lines, _, count = _head(data, cache=False)
+    for _ in _entries(lines, count):
+        pass
+    return _tail(lines, count)
+
+
+def entries_of(data: bytes) -> tuple[str, Iterator[Entry]]:
+    """The run of a bundle that `check` accepts, and its entries, read one at a time."""
+    lines, run, count = _head(data)
+    return run, _entries(lines, count)
+
+
+@dataclass(frozen=True)
+class Located:
+    """Where a bundle's parts lie (`locate`): its entries are `data[start:end + 1]`,
+    its checkpoint `data[end + 2:]`."""
+
+    run: str
+    count: int
+    start: int
+    end: int
+    checkpoint: bytes
+
+
+def locate(data: bytes) -> Located | None:
+    """The checkpoint, found without reading the entries: the bytes after the first
+    blank line that follows the three header lines (entries hold no blank line), if
+    those lines are as `parse` takes them and the checkpoint is within its size;
+    else None. For any bundle `parse` accepts, this is its checkpoint."""
+    try:
+        lines, run, count = _head(data)
+    except FormatError:
+        return None
+    start = lines.pos
+    end = data.find(b"\n\n", start - 1)
+    if end < start or not 0 < len(data) - end - 2 <= MAX_CHECKPOINT:
+        return None
+    return Located(run, count, start, end, data[end + 2 :])
+
+
+# A line longer than this is read as a `proof.LongLine` (its first bytes only): four
+# times the longest line a bundle holds, an extra line ("extra " and the base64 of
+# MAX_RECORD bytes), so that a long line's first bytes are longer than any line.
+_MAX_LINE = 512 * 1024
+
+
+def _head(data: bytes, cache: bool = True) -> tuple[Lines, str, int]:
+    """The header lines: the reader after them, the run id and the record count."""
     if len(data) > MAX_BUNDLE:
         raise FormatError("bundle.size", "bundle", f"{len(data)} bytes, more than {MAX_BUNDLE}")
-    lines = Lines(data, "bundle", "bundle.malformed")
+    lines = Lines(data, "bundle", "bundle.malformed", max_line=_MAX_LINE, cache=cache)
     magic = lines.next("the bundle header")
     if magic != MAGIC:
         raise lines.fail(f"not a tkbox bundle: expected {MAGIC!r}, found {_strict.show(magic)}",
@@ -86,9 +145,12 @@ def parse(data: bytes) -> Bundle:
                             lines.where(), maximum=MAX_RECORDS)
     if count == 0:
         raise lines.fail("a run has at least its open and close records")
-    fast = _read_entries_fast(lines, count)
-    entries: list[Entry] = fast if fast is not None else []
-    for j in range(len(entries), count):
+    return lines, run, count
+
+
+def _entries(lines: Lines, count: int, first: int = 0) -> Iterator[Entry]:
+    """Entries `first` to `count` - 1, read line by line, each yielded as it is read."""
+    for j in range(first, count):
         nxt = lines.peek()
         if nxt != PROOF_HEADER:
             if nxt is None:
@@ -97,24 +159,29 @@ def parse(data: bytes) -> Bundle:
             raise FormatError("bundle.count", lines.where(lines.line + 1),
                               f"the bundle says {count} records but holds {j}")
         try:
-            entries.append(read_entry(lines, max_extra=MAX_RECORD))
+            entry = read_entry(lines, max_extra=MAX_RECORD)
         except FormatError as exc:
             raise FormatError(exc.code, exc.where, f"record {j}: {exc.what}") from None
-        if entries[-1].extra is None:
+        if entry.extra is None:
             raise lines.fail(f"record {j} has no extra line (the record itself)")
+        yield entry
+
+
+def _tail(lines: Lines, count: int) -> bytes:
+    """After the last entry: the blank line, then the checkpoint (returned)."""
     nxt = lines.peek()
     if nxt == PROOF_HEADER:
         raise FormatError("bundle.count", lines.where(lines.line + 1),
                           f"the bundle says {count} records but holds more")
     if lines.next("the blank line before the checkpoint") != "":
         raise lines.fail("expected the blank line before the checkpoint")
-    checkpoint = lines.rest()
-    if not checkpoint:
+    size = len(lines.data) - lines.pos  # (measured before it is copied out)
+    if not size:
         raise FormatError("bundle.truncated", lines.where(lines.line + 1),
                           "the bundle ends where the checkpoint should be")
-    if len(checkpoint) > MAX_CHECKPOINT:
+    if size > MAX_CHECKPOINT:
         raise lines.fail(f"the checkpoint is larger than {MAX_CHECKPOINT} bytes")
-    return Bundle(run, tuple(entries), checkpoint)
+    return lines.rest()
 
 
 @dataclass(frozen=True)
@@ -137,7 +204,7 @@ class Scanned:
     data: bytes
 
 
-def scan(data: bytes) -> Scanned | None:
+def scan(data: bytes, *, keep: bool = True, at: Located | None = None) -> Scanned | None:
     """The bundle as `Scanned` if it is laid out exactly as `encode` writes it, else
     None (then `parse` reads it and says what is wrong). Whatever `scan` accepts,
     `parse` accepts with the same run, indexes, records and checkpoint, provided
@@ -146,29 +213,15 @@ def scan(data: bytes) -> Scanned | None:
 
     One pass along the bundle, entry after entry, copying out only each record
     (decoded from base64): the audit paths, three quarters of a bundle, stay
-    where they are."""
-    if len(data) > MAX_BUNDLE:
+    where they are. With `keep` False, not even the records are kept (the lists
+    of the `Scanned` are empty): only whether the bundle is laid out so. `at`
+    is `locate(data)`, when it is known."""
+    at = at or locate(data)
+    if at is None:
         return None
-    try:
-        lines = Lines(data, "bundle", "bundle.malformed")
-        if lines.next("the bundle header") != MAGIC:
-            return None
-        run = lines.keyword("run", "the run line")
-        count = _strict.decimal(lines.keyword("records", "the records line"),
-                                "bundle.malformed", "", maximum=MAX_RECORDS)
-    except FormatError:
-        return None
-    if not valid_run_id(run) or count == 0:
-        return None
-    start = lines.pos
-    end = data.find(b"\n\n", start - 1)
-    if end < start:
-        return None
-    checkpoint = data[end + 2 :]
+    run, count, start, end, checkpoint = at.run, at.count, at.start, at.end, at.checkpoint
     # (The entries need no check that they are ASCII: each part of one below is
     # compared with base64 or digits, and each path with canonical base64 lines.)
-    if not checkpoint or len(checkpoint) > MAX_CHECKPOINT:
-        return None
     head = PROOF_HEADER.encode() + b"\n"
     if not data.startswith(head, start):
         return None
@@ -180,32 +233,32 @@ def scan(data: bytes) -> Scanned | None:
     indexes: list[int] = []
     extras: list[bytes] = []
     paths: list[tuple[int, int]] = []
-    at = start + len(head)  # where the entry after its header starts
+    pos = start + len(head)  # where the entry after its header starts
     try:
         for k in range(count):
-            nxt = find(head, at)  # the next entry's header: none after the last entry
-            if (nxt < 0) != (k == count - 1) or at > end:
+            nxt = find(head, pos)  # the next entry's header: none after the last entry
+            if (nxt < 0) != (k == count - 1) or pos > end:
                 return None  # fewer or more headers than records, or one in the checkpoint
             stop = end + 1 if nxt < 0 else nxt  # the last entry ends at the blank line
-            e1 = find(b"\n", at, stop)
+            e1 = find(b"\n", pos, stop)
             e2 = find(b"\n", e1 + 1, stop) if e1 >= 0 else -1
-            if e2 < 0:
+            if e2 < 0 or not starts(b"extra ", pos) or not starts(b"index ", e1 + 1) or \
+                    e1 - pos - 6 > max_extra_text or stop - e2 - 1 > max_path_text or \
+                    e2 - e1 - 7 > 20:  # (each length checked before the part is copied)
                 return None
             digits = data[e1 + 7 : e2]
-            if not starts(b"extra ", at) or not starts(b"index ", e1 + 1) or \
-                    e1 - at - 6 > max_extra_text or stop - e2 - 1 > max_path_text or \
-                    not digits.isdigit() or len(digits) > 20 or \
-                    (digits[0] == 48 and len(digits) > 1):  # b"0": no leading zero
+            if not digits.isdigit() or (digits[0] == 48 and len(digits) > 1):  # b"0"
                 return None
-            extra = data[at + 6 : e1]
+            extra = data[pos + 6 : e1]
             raw = a2b(extra, strict_mode=True)
             i = int(digits)
             if b2a(raw, newline=False) != extra or i > _strict.UINT64_MAX:
                 return None  # not canonical base64, or beyond what `parse` takes
-            extras.append(raw)
-            indexes.append(i)
-            paths.append((e2 + 1, stop))
-            at = nxt + len(head)
+            if keep:
+                extras.append(raw)
+                indexes.append(i)
+                paths.append((e2 + 1, stop))
+            pos = nxt + len(head)
     except (ValueError, binascii.Error):
         return None
     return Scanned(run, indexes, extras, paths, checkpoint, data)

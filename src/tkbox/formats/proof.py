@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import codecs
 from dataclasses import dataclass
 
 from tkbox.formats import _strict
@@ -23,11 +24,29 @@ MAX_PATH = 63
 MAX_EXTRA = 1 << 20
 
 
-class Lines:
-    """Reads LF-terminated UTF-8 lines from bytes, counting them for errors."""
+class LongLine(str):
+    """A line longer than its reader's `max_line`: only its first `max_line` bytes
+    decoded (as text that is at least `max_line // 4` characters long), with where the
+    whole line lies in the data (`start`, `end`). Whatever compares, measures or shows
+    it finds it too long, as it would the whole line: set `max_line` to at least 4
+    times the longest line that may be read."""
 
-    def __init__(self, data: bytes, name: str, code: str) -> None:
+    start: int
+    end: int
+
+
+class Lines:
+    """Reads LF-terminated UTF-8 lines from bytes, counting them for errors.
+
+    With `max_line`, a longer line is never copied out or decoded whole: it is
+    checked for UTF-8 a chunk at a time and read as a `LongLine`. With `cache`
+    False, audit-path lines are decoded each time rather than kept."""
+
+    def __init__(self, data: bytes, name: str, code: str, *, max_line: int | None = None,
+                 cache: bool = True) -> None:
         self.data = data
+        self.max_line = max_line
+        self.cache = cache
         self.pos = 0
         self.line = 0  # number of the last line read
         self.name = name
@@ -43,11 +62,23 @@ class Lines:
         return FormatError(code or self.code, self.where(line), what)
 
     def _text(self, end: int) -> str:
+        if self.max_line is not None and end - self.pos > self.max_line:
+            return self._long(end)
         raw = self.data[self.pos : end]
         try:
             return raw.decode("utf-8")
         except UnicodeDecodeError:  # the error names the line; built only when needed
             return _strict.utf8(raw, self.code, self.where(self.line + 1))
+
+    def _long(self, end: int) -> LongLine:
+        assert self.max_line is not None
+        _strict.utf8_span(self.data, self.pos, end, self.code, self.where(self.line + 1))
+        with memoryview(self.data) as view:
+            head = codecs.utf_8_decode(view[self.pos : self.pos + self.max_line], "strict",
+                                       False)[0]
+        line = LongLine(head)
+        line.start, line.end = self.pos, end
+        return line
 
     def peek(self) -> str | None:
         """The next line without consuming it; None at the end of the data."""
@@ -124,10 +155,14 @@ def read_entry(lines: Lines, *, max_extra: int = MAX_EXTRA) -> Entry:
         if len(path) == MAX_PATH:
             raise lines.fail(f"an audit path has at most {MAX_PATH} hashes", lines.line + 1)
         line = lines.next("a hash")
+        if isinstance(line, LongLine):
+            raise _strict.b64_span(lines.data, line.start, line.end, line, lines.code,
+                                   lines.where(), length=HASH_SIZE)
         h = lines.hashes.get(line)
         if h is None:
-            h = lines.hashes[line] = _strict.b64(line, lines.code, lines.where(),
-                                                 length=HASH_SIZE)
+            h = _strict.b64(line, lines.code, lines.where(), length=HASH_SIZE)
+            if lines.cache:
+                lines.hashes[line] = h
         path.append(h)
     return Entry(index, tuple(path), extra)
 

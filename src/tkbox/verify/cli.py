@@ -8,6 +8,7 @@ status (4), or 2 when a file cannot be read.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 from typing import Annotated
 
@@ -29,10 +30,17 @@ ASSURANCE_TEXT = {
 
 def read_input(path: Path, what: str, limit: int) -> bytes:
     """A bundle or trust file, read up to its limit (a larger one is never held
-    whole). UserError with a one-line reason if it cannot be read or is too large."""
+    whole). UserError with a one-line reason if it cannot be read or is too large.
+
+    A buffer as large as the file says it is (not as the limit) is allocated: a
+    small file is read in little memory, and a file that grows while it is read is
+    read on to the limit."""
     try:
         with path.open("rb") as f:
-            data = f.read(limit + 1)
+            size = os.fstat(f.fileno()).st_size
+            data = f.read(min(size, limit) + 1)
+            if len(data) <= limit and len(data) > size:  # it grew (or is not a file)
+                data += f.read(limit + 1 - len(data))
     except OSError as exc:
         raise UserError(f"cannot read the {what} {path}: {exc.strerror or exc}") from None
     if len(data) > limit:

@@ -33,6 +33,15 @@ and looks only at decisions and completions one by one, and when anything
 differs it leaves the run to `_chain_one_by_one`. Records are read, and audit
 paths compared, 4,096 at a time, so that a large bundle is checked in little
 more memory than it takes.
+
+Memory, the bundle being hostile: its checkpoint is found without reading the
+entries (`bundle.locate`) and checked before them, so a bundle whose signatures
+fail is refused holding nothing of size beside it; its layout is then read only
+to name a fault of it first (steps 2 before 3), by `bundle.scan(keep=False)`
+and `bundle.check`, which keep nothing of an entry once read and copy out no
+over-long line. After the signatures, `bundle.scan` keeps the records (decoded)
+and the slow path reads one entry at a time (`bundle.entries_of`), never
+`bundle.parse` and its copies of the whole.
 """
 
 from __future__ import annotations
@@ -146,14 +155,67 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
     trust = bundle.parse_trust(trust_bytes)
     pol = trust.policy
     log = pol.logs[0]
-    fast = bundle.scan(bundle_bytes)
-    b: bundle.Bundle | None = None
-    if fast is None:  # not laid out as the signer writes it: the parser says what is wrong
-        b = bundle.parse(bundle_bytes)
-        run, signed = b.run, b.checkpoint
+    # 2. the bundle's structure, 3.-4. its checkpoint: the checkpoint first, found without
+    # reading the entries, so that a bundle whose signatures fail is refused in memory
+    # bounded whatever its size. Its layout is then read without keeping anything, only
+    # to name a fault of it first, as the steps' order says.
+    at = bundle.locate(bundle_bytes)
+    signed = bundle.check(bundle_bytes) if at is None else at.checkpoint  # (check raises)
+    try:
+        cp, cosigned = _check_checkpoint(signed, trust)
+    except FormatError:
+        if bundle.scan(bundle_bytes, keep=False, at=at) is None:
+            bundle.check(bundle_bytes)
+        raise
+    if not cosigned:
+        assurance = "dev"
+    elif pol.quorum != "none" and pol.satisfied(set(cosigned) & trust.independent):
+        assurance = "witnessed"
     else:
-        run, signed = fast.run, fast.checkpoint
+        assurance = "local"
 
+    # 5. the records: each in the signed log, then the run's chain. (The checkpoint
+    # signed says nothing of the entries yet: anyone may put a real checkpoint after
+    # entries of their own. So these too are read without copies of the bundle.)
+    fast = bundle.scan(bundle_bytes, at=at)
+    leaves = [] if fast is None else [merkle.leaf_hash(raw) for raw in fast.extras]
+    if fast is not None and _included(fast, leaves, cp.size, cp.root):
+        run, indexes, extras = fast.run, fast.indexes, fast.extras
+    else:
+        fast, leaves = None, []  # (its records are read again, an entry at a time)
+        bundle.check(bundle_bytes)  # names the fault, if it is in the layout
+        run, indexes, extras, leaves = _check_each_proof(bundle_bytes, cp.size, cp.root)
+    # Every record read (any record's fault comes before any fault of the chain), a
+    # slice at a time, keeping only what the checks below read (`record.Link`).
+    chain: list[record.Link] = []
+    for lo in range(0, len(extras), _RECORDS_AT_ONCE):
+        chain += record.read_links(extras[lo : lo + _RECORDS_AT_ONCE], first=lo)
+    tally = _chain_fast(run, chain, indexes, leaves) or _chain_one_by_one(run, chain, indexes,
+                                                                           leaves)
+    return Report(
+        run=run,
+        records=len(chain),
+        isolation=str(chain[0].fact),
+        assurance=assurance,
+        origin=cp.origin,
+        log_key=note.key_tag(log.name, log.key_id),
+        tree_size=cp.size,
+        root_hash=base64.b64encode(cp.root).decode(),
+        cosigned_by=tuple(cosigned),
+        kinds=dict(Counter(c.kind for c in chain)),
+        first_time=chain[0].time,
+        last_time=chain[-1].time,
+        refused=tally.refused,
+    )
+
+
+def _check_checkpoint(signed: bytes, trust: bundle.Trust) -> tuple[checkpoint.Checkpoint,
+                                                                   list[str]]:
+    """Steps 3 and 4: the checkpoint, signed by the trusted log, carrying no signature
+    the trust file cannot check, cosigned to the policy's quorum. Returns it and the
+    names of the witnesses that cosigned it."""
+    pol = trust.policy
+    log = pol.logs[0]
     # 3. the checkpoint and its signatures
     text, sigs = note.split(signed)
     cp = checkpoint.parse(text)
@@ -197,51 +259,12 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
             raise _fail("checkpoint.signature", "checkpoint",
                         f"the cosignature by {s.name} has timestamp 0")
 
-    # 4. the witness quorum
     if not pol.satisfied(cosigned):
         have = ", ".join(cosigned) or "no witness"
         raise _fail("checkpoint.quorum", "checkpoint",
                     f"cosigned by {have}; the trust file's policy needs quorum "
                     f"{_describe(pol, pol.quorum)}")
-    if not cosigned:
-        assurance = "dev"
-    elif pol.quorum != "none" and pol.satisfied(set(cosigned) & trust.independent):
-        assurance = "witnessed"
-    else:
-        assurance = "local"
-
-    # 5. the records: each in the signed log, then the run's chain
-    leaves = [] if fast is None else [merkle.leaf_hash(raw) for raw in fast.extras]
-    if fast is not None and _included(fast, leaves, cp.size, cp.root):
-        indexes, extras = fast.indexes, fast.extras
-    else:
-        b = b or bundle.parse(bundle_bytes)  # names the fault, if it is in the layout
-        indexes = [e.index for e in b.entries]
-        extras = [e.extra or b"" for e in b.entries]
-        leaves = [merkle.leaf_hash(raw) for raw in extras]
-        _check_each_proof(b, cp.size, cp.root, leaves)
-    # Every record read (any record's fault comes before any fault of the chain), a
-    # slice at a time, keeping only what the checks below read (`record.Link`).
-    chain: list[record.Link] = []
-    for lo in range(0, len(extras), _RECORDS_AT_ONCE):
-        chain += record.read_links(extras[lo : lo + _RECORDS_AT_ONCE], first=lo)
-    tally = _chain_fast(run, chain, indexes, leaves) or _chain_one_by_one(run, chain, indexes,
-                                                                           leaves)
-    return Report(
-        run=run,
-        records=len(chain),
-        isolation=str(chain[0].fact),
-        assurance=assurance,
-        origin=cp.origin,
-        log_key=note.key_tag(log.name, log.key_id),
-        tree_size=cp.size,
-        root_hash=base64.b64encode(cp.root).decode(),
-        cosigned_by=tuple(cosigned),
-        kinds=dict(Counter(c.kind for c in chain)),
-        first_time=chain[0].time,
-        last_time=chain[-1].time,
-        refused=tally.refused,
-    )
+    return cp, cosigned
 
 
 @dataclass
@@ -385,12 +408,21 @@ class _Differs(Exception):
     """The fast inclusion check met something it does not take; the slow one will say."""
 
 
-def _check_each_proof(b: bundle.Bundle, size: int, root: bytes, leaves: list[bytes]) -> None:
-    """Each record's proof on its own, in order: the first that fails is named."""
+def _check_each_proof(bundle_bytes: bytes, size: int, root: bytes
+                      ) -> tuple[str, list[int], list[bytes], list[bytes]]:
+    """Each record's proof on its own, in order, the entries read one at a time from a
+    bundle `bundle.check` accepts: the first that fails is named. Returns the run, and
+    each record's leaf index, bytes and leaf hash."""
     # One checker for all the proofs: the nodes they share are hashed once.
     inclusion = merkle.InclusionChecker(size, root)
-    for j, (entry, leaf) in enumerate(zip(b.entries, leaves, strict=True)):
+    run, entries = bundle.entries_of(bundle_bytes)
+    indexes: list[int] = []
+    extras: list[bytes] = []
+    leaves: list[bytes] = []
+    for j, entry in enumerate(entries):
         where = f"record {j}"
+        raw = entry.extra or b""
+        leaf = merkle.leaf_hash(raw)
         if entry.index >= size:
             raise _fail("record.inclusion", where,
                         f"leaf index {entry.index} is beyond the checkpoint's {size} leaves")
@@ -399,6 +431,10 @@ def _check_each_proof(b: bundle.Bundle, size: int, root: bytes, leaves: list[byt
         except FormatError as exc:
             raise _fail("record.inclusion", f"{where} (leaf {entry.index})",
                         f"not in the signed log: {exc.what}") from None
+        indexes.append(entry.index)
+        extras.append(raw)
+        leaves.append(leaf)
+    return run, indexes, extras, leaves
 
 
 def _describe(pol: Any, name: str, limit: int = 2000) -> str:

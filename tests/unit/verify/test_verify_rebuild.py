@@ -233,7 +233,7 @@ def test_a_path_line_not_ascii_is_refused_as_the_parser_refuses_it(
     bad = data[: cut - 1] + b"\xe9" + data[cut:]
     with pytest.raises(FormatError) as fast:
         verify_bundle(bad, k.trust())
-    monkeypatch.setattr(bundle, "scan", lambda d: None)
+    monkeypatch.setattr(bundle, "scan", lambda d, **_: None)
     with pytest.raises(FormatError) as slow:
         verify_bundle(bad, k.trust())
     assert (fast.value.code, fast.value.where) == (slow.value.code, slow.value.where)
@@ -311,7 +311,7 @@ def test_a_changed_byte_anywhere_gets_the_verdict_of_the_proof_by_proof_check(
             return f"{exc.code} @ {exc.where}"
 
     fast = [verdict(d) for d in cases]
-    monkeypatch.setattr(bundle, "scan", lambda d: None)
+    monkeypatch.setattr(bundle, "scan", lambda d, **_: None)
     slow = [verdict(d) for d in cases]
     assert fast[0] == "ok 120"
     assert fast == slow
@@ -362,9 +362,9 @@ def test_verifying_leaves_the_cycle_collector_as_it_found_it(
         seen: list[bool] = []
         real_scan = bundle.scan
 
-        def scan(b: bytes) -> bundle.Scanned | None:
+        def scan(b: bytes, **kw: Any) -> bundle.Scanned | None:
             seen.append(gc.isenabled())
-            return real_scan(b)
+            return real_scan(b, **kw)
 
         monkeypatch.setattr(bundle, "scan", scan)
         verify_bundle(data, trust)
