@@ -256,3 +256,20 @@ def test_client_hello_must_name_the_tunnels_host(world: dict[str, Any], sni: str
     with pytest.raises((ssl.SSLError, ConnectionError)):
         ctx.wrap_socket(raw, server_hostname=sni).sendall(b"GET / HTTP/1.1\r\n\r\n")
     raw.close()
+
+
+@pytest.mark.parametrize("spelled", ["API.Bound.Test", "api.bound.test.", "Api.BOUND.test.:{port}",
+                                     "api.bound.test", " api.bound.test:{port}\t"])
+def test_the_origin_gets_the_tunnels_canonical_host_not_the_guests_spelling(
+        world: dict[str, Any], spelled: str) -> None:
+    """Attack: a spelling of the bound name that an origin matching names exactly would
+    route to another site (its default one) on the same address."""
+    s = _raw_tunnel(world, "api.bound.test")
+    before = len(world["origin"].log)
+    host = spelled.format(port=world["port"])
+    s.sendall(f"GET /h HTTP/1.1\r\nHost:{host}\r\nConnection: close\r\n\r\n".encode())
+    got = _read_all(s)
+    s.close()
+    assert got.startswith(b"HTTP/1.1 200"), got[:200]
+    (req,) = world["origin"].log[before:]
+    assert [v for k, v in req["headers"] if k == "host"] == [f"api.bound.test:{world['port']}"]

@@ -5,7 +5,8 @@ request head (method, target, headers) it:
 
 1. refuses a `Host` that is not the tunnel's host, and a target that is not
    origin-form (an origin may route on either, so a request could otherwise
-   reach a host the door never checked);
+   reach a host the door never checked); the `Host` sent on is the tunnel's
+   canonical `host[:port]`, not the guest's spelling of it;
 2. refuses a request body it cannot read (`Content-Encoding` other than
    identity), since a compressed body hides anything from the scanner, and
    one framed both by `Content-Length` and `Transfer-Encoding` (RFC 9112
@@ -30,7 +31,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from tkbox.doors.network.names import HostNameError, normalize_name
+from tkbox.doors.network.names import Host, HostNameError, format_authority, normalize_name
 from tkbox.doors.secrets.scan import Hit, LeakScanner, Pattern, Redactor, patterns, scan_once
 from tkbox.doors.secrets.spec import Secret, show_bind
 from tkbox.doors.secrets.swap import swap
@@ -78,6 +79,9 @@ def _where_header(name: bytes) -> str:
 class TunnelRules:
     def __init__(self, host: str, port: int, secrets: Sequence[Secret]) -> None:
         self.host, self.port = host, port
+        # The Host the origin gets: the tunnel's own name and port, never the guest's
+        # spelling of them (an origin matching names exactly would serve another site).
+        self.authority = format_authority(Host(host), port, 443).encode("ascii")
         self.secrets = list(secrets)
         self.bound = {h.encode(): s for s in self.secrets if s.spec.bound_to(host, port)
                       for h in s.spec.headers}
@@ -190,6 +194,8 @@ class TunnelRules:
                     continue
             if not clean or secret is not None:
                 self._check(name + b": " + value, _where_header(name))
+            if low == b"host":  # checked above to name the tunnel's host: sent canonical
+                value = self.authority
             out.append((name, value))
         if joined_hits:
             # No header alone holds it: it was split between headers.
