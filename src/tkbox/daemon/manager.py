@@ -500,6 +500,7 @@ async def _refuse_http(stream: ByteStream, reason: str) -> None:
 
 #: files listed by name in a `tkbox.apply` record; beyond, only counted
 MAX_APPLY_LISTED = 200
+MAX_APPLY_NOTES = 16  # the door's notes in a `tkbox.apply` record
 
 
 def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
@@ -508,7 +509,9 @@ def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
     Written files are in the record already (one `Write` decision each); the ones
     held back never reached the signer, so this is where a reader learns of them.
     Paths come from the guest's patch: each is cut to 256 characters, and at most
-    `MAX_APPLY_LISTED` are named.
+    `MAX_APPLY_LISTED` are named. The notes are the door's own sentences (an
+    earlier apply into the checkout cut short and put right first, whose Write
+    decisions have no completion: this says why), a few, each cut to 300.
     """
     def listed(status: str) -> list[dict[str, str]]:
         return [{"path": str(f["path"])[:256], "reason": str(f.get("reason", ""))[:200]}
@@ -516,4 +519,5 @@ def _apply_record(result: dict[str, Any]) -> dict[str, Any]:
 
     return {"patch_sha256": result["patch_sha256"], "counts": dict(result["counts"]),
             "allow_sensitive": bool(result["allow_sensitive"]),
-            "held_back": listed("held back"), "refused": listed("refused")}
+            "held_back": listed("held back"), "refused": listed("refused"),
+            "notes": [str(n)[:300] for n in result.get("notes", ())][:MAX_APPLY_NOTES]}
