@@ -110,6 +110,22 @@ def test_file_reached_through_a_link_to_the_checkouts_given_path_is_held_back(
     assert "reached as '.vscode/tasks.json'" in report.files[0].reason
 
 
+def test_file_reached_through_a_symlinked_parent_is_held_back_given_the_real_path(
+        tmp_path: Path) -> None:
+    """Stops `.vscode -> /via/co/tools` passing for a link out when /via is a symlink
+    and the checkout is given by its real path (as the daemon gives a box's
+    workspace, resolved): the kernel follows /via, so must the door."""
+    (tmp_path / "via").symlink_to("real")
+    lower = {".vscode": link(str(tmp_path / "via" / "co" / "tools").encode()),
+             "v2": link(b"../../via/co/tools"), "tools/build.sh": file(b"make\n")}
+    final = {**lower, "tools/tasks.json": file(b"{}\n")}
+    co, patch = setup(tmp_path / "real", lower, final)
+    report = apply(patch, co.resolve())
+    assert statuses(report) == {"tools/tasks.json": "held back"}
+    assert "reached as '.vscode/tasks.json'" in report.files[0].reason
+    assert not (co / "tools/tasks.json").exists()
+
+
 def test_a_link_that_truly_leaves_the_checkout_is_still_outside(tmp_path: Path) -> None:
     """Stops a sibling `co2` being taken for the checkout `co`: its tools are not the
     checkout's, and a new link through the checkout's link to it leads outside."""

@@ -410,3 +410,60 @@ def test_resolving_deep_targets_costs_one_step_a_component() -> None:
     t0 = time.monotonic()
     assert all(tree.resolve(f"l{i}") == f"{deep[:-2]}/x{i}" for i in range(1000))
     assert time.monotonic() - t0 < 8
+
+
+@pytest.mark.parametrize("target", [
+    "{P}/home/u/repo/tools",  # `ln -s "$PWD/tools" .vscode` with a symlinked home
+    "../../../../home/u/repo/tools",  # up to a parent, then down the symlinked home
+    "{P}/elsewhere/../home/u/repo/tools",
+    "{P}/short/tools",  # a link outside straight to the checkout
+    "{P}/hop",  # a chain of two links outside
+])
+def test_a_link_back_in_through_a_symlink_outside_the_checkout_gives_its_name(
+        tmp_path: Path, target: str) -> None:
+    """Stops `.vscode -> /home/u/repo/tools` passing for a link out when /home is a
+    symlink to var/home (the checkout's real path /var/home/u/repo, as the daemon
+    has it): the kernel follows the host's links outside the checkout, and so must
+    resolution, or tools/tasks.json is written while VS Code reads .vscode/tasks.json."""
+    import os
+
+    from tkbox.doors.changes.links import host_link
+
+    base = os.path.realpath(tmp_path)
+    root = f"{base}/var/home/u/repo"
+    os.makedirs(f"{root}/tools")
+    os.makedirs(f"{base}/elsewhere")
+    os.symlink("var/home", f"{base}/home")
+    os.symlink("var/home/u/repo", f"{base}/short")
+    os.symlink("short/tools", f"{base}/hop")
+    os.symlink(target.format(P=base), f"{root}/.vscode")
+    tree = FinalTree({".vscode": os.fsencode(os.readlink(f"{root}/.vscode"))}, root,
+                     outside=host_link)
+    assert os.path.realpath(f"{root}/.vscode") == f"{root}/tools"  # the kernel's answer
+    assert tree.resolve(".vscode") == "tools"
+    assert _held_back_through(tree, "tools/tasks.json", ".vscode/tasks.json")
+
+
+def test_links_outside_the_checkout_are_followed_as_the_kernel_follows_them(
+        tmp_path: Path) -> None:
+    """Stops a new link being allowed because resolution took a host symlink outside
+    for a directory: `up -> ..` then `w/../repo2/x` with w -> a deeper place leads
+    where the kernel says, not where the spelling says."""
+    import os
+
+    from tkbox.doors.changes.links import host_link
+
+    base = os.path.realpath(tmp_path)
+    root = f"{base}/repo"
+    os.makedirs(f"{root}/x")
+    os.makedirs(f"{base}/deep/er")
+    os.symlink("deep/er", f"{base}/w")  # outside: w/.. is deep, not base
+    links = {"up": b"..", "a": b"up/w/../../repo/x"}
+    for name, target in links.items():
+        os.symlink(target, f"{root}/{name}")
+    tree = FinalTree(links, root, outside=host_link)
+    assert os.path.realpath(f"{root}/a") == f"{root}/x"
+    assert tree.resolve("a") == "x"
+    spelled = FinalTree(links, root)  # without the host's links: w/.. taken as spelled
+    assert spelled.resolve("a") == OUTSIDE
+

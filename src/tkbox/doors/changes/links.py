@@ -20,7 +20,11 @@ patch removes or replaces, plus those it creates (`FinalTree`).
   (`.vscode -> ../<checkout>/tools` is `tools`). An absolute path that spells
   the checkout another way (`root_spellings`: the path it was given by,
   through a symlinked directory) is the root too. Outside the checkout the
-  components are taken as spelled: tkbox does not know the links there. The
+  components are looked up on the host (`host_link`, given by the door), as
+  the kernel looks them up: a symlink there is followed like one inside, so
+  a link through the checkout's parent, a symlinked home or any other link
+  outside that leads back in is seen to (without `host_link`, as in pure
+  tests, they are taken as spelled). The
   result is a path inside the checkout, `OUTSIDE` or `LOOP`. Without a
   `root`, the checkout is somewhere no path names: whatever climbs above it
   or is absolute is `OUTSIDE`. Each step costs one component, whatever the
@@ -42,7 +46,7 @@ from __future__ import annotations
 
 import os
 from collections import deque
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tkbox.doors.changes.trie import Trie
@@ -72,6 +76,15 @@ def _apart(a: list[str], b: list[str]) -> bool:
     return a[:n] != b[:n]
 
 
+def host_link(path: str) -> bytes | None:
+    """The target of the host's symlink at the absolute `path`; None if it is no
+    symlink (or missing, or unreadable: the kernel would not follow it either)."""
+    try:
+        return os.readlink(os.fsencode(path))
+    except OSError:
+        return None
+
+
 def _join(a: str, b: str) -> str:
     return b if not a else (a if not b else f"{a}/{b}")
 
@@ -82,11 +95,13 @@ class FinalTree:
     `root` is the checkout's real absolute path (no symlink on it), so that a
     target reaching the checkout from outside (absolute, or climbing above it)
     is followed like a relative one; `root_spellings` are other absolute
-    paths that name the same directory.
+    paths that name the same directory; `outside` reads a symlink outside the
+    checkout (`host_link`), None to take the components there as spelled.
     """
 
     def __init__(self, links: Mapping[str, bytes], root: str = "",
-                 root_spellings: Iterable[str] = ()) -> None:
+                 root_spellings: Iterable[str] = (),
+                 outside: Callable[[str], bytes | None] | None = None) -> None:
         self.links = dict(links)
         self.root = root.rstrip("/")
         self._top = _components(self.root) if self.root else [_NOWHERE]
@@ -94,17 +109,20 @@ class FinalTree:
         self._paths: Trie[bytes] = Trie()  # the links' own paths, their targets as values
         for link, target in self.links.items():
             self._paths.add(link.split("/")).value = target
+        self._outside = outside
+        self._host: dict[str, bytes | None] = {}  # `outside`'s answers, by absolute path
         self._resolved: dict[str, str] = {}
         self._by_target: dict[str, list[str]] | None = None
         self._targets: Trie[list[str]] | None = None
 
     @classmethod
     def after(cls, checkout_links: Mapping[str, bytes], changed: Mapping[str, bytes | None],
-              root: str = "", root_spellings: Iterable[str] = ()) -> FinalTree:
+              root: str = "", root_spellings: Iterable[str] = (),
+              outside: Callable[[str], bytes | None] | None = None) -> FinalTree:
         """The checkout's links with the patch's changes: path -> new target, None if not a link."""
         links = {p: t for p, t in checkout_links.items() if p not in changed}
         links.update({p: t for p, t in changed.items() if t is not None})
-        return cls(links, root, root_spellings)
+        return cls(links, root, root_spellings, outside)
 
     def resolve(self, path: str) -> str:
         """Where `path` leads in the final tree: a relative path, OUTSIDE or LOOP."""
@@ -135,26 +153,40 @@ class FinalTree:
                     nodes.pop()  # `..` from the root leaves the checkout
                 continue
             at.append(c)
+            target: bytes | None
             if nodes:
                 node = nodes[-1]
-                nodes.append(node.below.get(c) if node is not None else None)
+                here = node.below.get(c) if node is not None else None
+                nodes.append(here)
+                target = None if here is None else here.value
             elif at == top or at in self._spellings:
                 at, nodes = list(top), [self._paths]  # back into the checkout
                 continue
-            here = nodes[-1] if nodes else None
-            if here is None or here.value is None:
+            else:
+                target = self._host_link(at)  # outside: as the host's filesystem has it
+            if target is None:
                 continue
             follows += 1
             if follows > MAX_FOLLOW:
                 return LOOP
             at.pop()
-            nodes.pop()
-            text = os.fsdecode(here.value)
+            if nodes:
+                nodes.pop()
+            text = os.fsdecode(target)
             if text.startswith("/"):
                 at.clear()
                 nodes.clear()
             pending.extend(reversed(text.split("/")))
         return "/".join(at[len(top) :]) if nodes else OUTSIDE
+
+    def _host_link(self, at: list[str]) -> bytes | None:
+        """The target of the symlink at absolute components `at`, outside the checkout."""
+        if self._outside is None:
+            return None
+        path = "/" + "/".join(at)
+        if path not in self._host:
+            self._host[path] = self._outside(path)
+        return self._host[path]
 
     def by_target(self) -> dict[str, list[str]]:
         """{resolved target: the links leading there}, for links that stay inside."""

@@ -137,13 +137,15 @@ def _kind(old: State, new: State) -> Kind:
 
 def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int,
           links: Mapping[str, bytes] | None = None, root: str = "",
-          root_spellings: Sequence[str] = (), max_total_bytes: int | None = None) -> Plan:
+          root_spellings: Sequence[str] = (), max_total_bytes: int | None = None,
+          outside: Callable[[str], bytes | None] | None = None) -> Plan:
     """Compute every final state exactly; refuse what the rules above forbid.
 
     `states` holds the checkout's state of every path the patch names and of
     each of their ancestors; `links` every symlink of the checkout (path ->
     target), `root` its real absolute path and `root_spellings` other absolute
-    paths of it, for the final tree.
+    paths of it, and `outside` what reads a symlink outside the checkout
+    (`links.host_link`), for the final tree.
     `max_total_bytes` bounds the sum of all final contents held at once.
     """
     plan = Plan(patch)
@@ -184,7 +186,7 @@ def build(patch: Patch, states: Mapping[str, State], *, max_file_bytes: int,
 
     plan.tree = FinalTree.after(
         links or {}, {p: (st.content if st.kind == "link" else None) for p, st in finals.items()},
-        root, root_spellings)
+        root, root_spellings, outside)
     for f in plan.files:
         if f.new.kind == "link":
             _check_final_target(plan.tree, f)
