@@ -467,3 +467,22 @@ def test_links_outside_the_checkout_are_followed_as_the_kernel_follows_them(
     spelled = FinalTree(links, root)  # without the host's links: w/.. taken as spelled
     assert spelled.resolve("a") == OUTSIDE
 
+
+def test_resolution_steps_are_bounded_over_the_whole_tree() -> None:
+    """Stops a patch of many links into one chain of 40 long targets (each `x/..`
+    800 times) costing the daemon hours: every link re-walked the whole chain,
+    64,000 steps each (8 ms), 100,000 sections over ten minutes. The steps of
+    every resolution are counted, and past the bound the patch is refused."""
+    from tkbox.doors.changes.errors import PatchRefused
+
+    pad = b"x/../" * 800
+    links = {f"L{i}": pad + f"L{i + 1}".encode() for i in range(39)}
+    links["L39"] = pad + b"d"
+    links |= {f"p{i}": b"L0" for i in range(100)}
+    tree = FinalTree(links, ROOT, max_steps=1_000_000)
+    with pytest.raises(PatchRefused, match="more than 1000000 steps"):
+        tree.by_target()
+    assert tree.steps < 1_010_000  # stopped at the bound (a target's `.` and `..` past it)
+    ordinary = {f"node_modules/.bin/t{i}": f"../p{i}/bin/t.js".encode() for i in range(10_000)}
+    tree = FinalTree(ordinary, ROOT, max_steps=1_000_000)
+    assert len(tree.by_target()) == 10_000 and tree.steps < 100_000

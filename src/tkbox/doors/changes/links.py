@@ -28,7 +28,11 @@ patch removes or replaces, plus those it creates (`FinalTree`).
   result is a path inside the checkout, `OUTSIDE` or `LOOP`. Without a
   `root`, the checkout is somewhere no path names: whatever climbs above it
   or is absolute is `OUTSIDE`. Each step costs one component, whatever the
-  depth: the links' own paths are a tree walked along with the path.
+  depth: the links' own paths are a tree walked along with the path. The
+  steps of all resolutions together are bounded (`MAX_STEPS`): a link's
+  target is walked again every time a path goes through it, so a few long
+  targets chained 40 deep, reached from many links, would otherwise cost
+  hours; past the bound the patch is refused.
 - `aliases(path)` is every other name under which the final tree reaches
   `path`: for each link whose resolution is `path` or one of its ancestors,
   the link's own path followed by the rest, repeatedly (a link reached
@@ -49,11 +53,15 @@ from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
+from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.trie import Trie
 
 MAX_FOLLOW = 40
 MAX_ALIASES = 4096
 MAX_ALIAS_CHARS = 1 << 20  # characters of all the names of one path together
+# components walked by all resolutions of one final tree together (~0.15 s a million);
+# a checkout of 2,000,000 entries, every one a link of a few components, stays below
+MAX_STEPS = 50_000_000
 OUTSIDE = "\x00outside"
 LOOP = "\x00loop"
 _NOWHERE = "\x00checkout"  # the root when none is given: no path's component is it
@@ -101,7 +109,8 @@ class FinalTree:
 
     def __init__(self, links: Mapping[str, bytes], root: str = "",
                  root_spellings: Iterable[str] = (),
-                 outside: Callable[[str], bytes | None] | None = None) -> None:
+                 outside: Callable[[str], bytes | None] | None = None,
+                 max_steps: int = MAX_STEPS) -> None:
         self.links = dict(links)
         self.root = root.rstrip("/")
         self._top = _components(self.root) if self.root else [_NOWHERE]
@@ -111,6 +120,8 @@ class FinalTree:
             self._paths.add(link.split("/")).value = target
         self._outside = outside
         self._host: dict[str, bytes | None] = {}  # `outside`'s answers, by absolute path
+        self.steps = 0  # components walked by every resolution so far
+        self.max_steps = max_steps
         self._resolved: dict[str, str] = {}
         self._by_target: dict[str, list[str]] | None = None
         self._targets: Trie[list[str]] | None = None
@@ -142,8 +153,10 @@ class FinalTree:
         pending = path.split("/")
         pending.reverse()
         follows = 0
+        steps = self.steps
         while pending:
             c = pending.pop()
+            steps += 1
             if c in ("", "."):
                 continue
             if c == "..":
@@ -152,6 +165,12 @@ class FinalTree:
                 if nodes:
                     nodes.pop()  # `..` from the root leaves the checkout
                 continue
+            if steps > self.max_steps:
+                self.steps = steps
+                raise PatchRefused(
+                    f"resolving the symlinks of the checkout and the patch takes more than "
+                    f"{self.max_steps} steps (long targets reached through chains of links); "
+                    "nothing was applied")
             at.append(c)
             target: bytes | None
             if nodes:
@@ -168,6 +187,7 @@ class FinalTree:
                 continue
             follows += 1
             if follows > MAX_FOLLOW:
+                self.steps = steps
                 return LOOP
             at.pop()
             if nodes:
@@ -177,6 +197,7 @@ class FinalTree:
                 at.clear()
                 nodes.clear()
             pending.extend(reversed(text.split("/")))
+        self.steps = steps
         return "/".join(at[len(top) :]) if nodes else OUTSIDE
 
     def _host_link(self, at: list[str]) -> bytes | None:
