@@ -486,3 +486,13 @@ def test_resolution_steps_are_bounded_over_the_whole_tree() -> None:
     ordinary = {f"node_modules/.bin/t{i}": f"../p{i}/bin/t.js".encode() for i in range(10_000)}
     tree = FinalTree(ordinary, ROOT, max_steps=1_000_000)
     assert len(tree.by_target()) == 10_000 and tree.steps < 100_000
+
+
+@pytest.mark.parametrize("path", ["TOOLS/tasks.json", "Tools/tasks.json", "tools./tasks.json"])
+def test_a_path_spelled_in_another_case_gets_the_names_of_links_to_it(path: str) -> None:
+    """Stops `TOOLS/tasks.json` passing unheld with the checkout's `.vscode -> tools` on
+    a case-insensitive filesystem (ext4 casefold, NTFS, FAT), where it is written into
+    tools/ and VS Code reads it as .vscode/tasks.json."""
+    tree = FinalTree({".vscode": b"tools"}, ROOT)
+    assert ".vscode/tasks.json" in tree.aliases(path).names
+    assert _held_back_through(tree, path, ".vscode/tasks.json")

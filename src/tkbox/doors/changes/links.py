@@ -54,6 +54,7 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 
 from tkbox.doors.changes.errors import PatchRefused
+from tkbox.doors.changes.paths import fold_ntfs, folded_parts
 from tkbox.doors.changes.trie import Trie
 
 MAX_FOLLOW = 40
@@ -221,11 +222,12 @@ class FinalTree:
         return self._by_target
 
     def _target_tree(self) -> Trie[list[str]]:
-        """`by_target` as a tree of components, the links leading there as values."""
+        """`by_target` as a tree of folded components, the links leading there as values."""
         if self._targets is None:
             root: Trie[list[str]] = Trie()
             for target, links in self.by_target().items():
-                root.add(target.split("/") if target else ()).value = links
+                node = root.add(folded_parts(target) if target else ())
+                node.value = [*(node.value or ()), *links]
             self._targets = root
         return self._targets
 
@@ -241,8 +243,10 @@ class FinalTree:
             name, used = queue.popleft()
             parts = name.split("/")
             # (how many leading components, the links leading to them)
-            found = [(i, node.value) for i, node in enumerate(targets.walk(parts))
-                     if node.value]
+            # folded: on a case-insensitive checkout `TOOLS/x` is `tools/x`, which a
+            # link `.vscode -> tools` reaches (elsewhere a name too many is harmless)
+            found = [(i, node.value) for i, node in
+                     enumerate(targets.walk(fold_ntfs(c) for c in parts)) if node.value]
             for i, links in reversed(found):
                 rest = "/".join(parts[i:])
                 for link in links:
