@@ -15,6 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.gitnamed import Named, named_paths
 from tkbox.doors.changes.links import LOOP, OUTSIDE, FinalTree
 from tkbox.doors.changes.sensitive import sensitive_reason
@@ -496,3 +497,51 @@ def test_a_path_spelled_in_another_case_gets_the_names_of_links_to_it(path: str)
     tree = FinalTree({".vscode": b"tools"}, ROOT)
     assert ".vscode/tasks.json" in tree.aliases(path).names
     assert _held_back_through(tree, path, ".vscode/tasks.json")
+
+
+def test_no_host_lookup_below_an_automount_point(tmp_path: Path) -> None:
+    """Stops a patch's link target (`/net/<name>/...`) making the host mount, and so
+    connect to and ask DNS for, a server the guest named: below an autofs mount
+    point nothing is looked up, even a real symlink."""
+    from tkbox.doors.changes.links import HostLinks
+
+    (tmp_path / "auto").mkdir()
+    (tmp_path / "auto" / "l").symlink_to("elsewhere")
+    assert HostLinks(automounts=())(str(tmp_path / "auto" / "l")) == b"elsewhere"
+    guarded = HostLinks(automounts=[str(tmp_path / "auto")])
+    assert guarded(str(tmp_path / "auto" / "l")) is None
+    assert guarded(str(tmp_path / "auto")) is None  # the point itself: a directory
+
+
+def test_the_automount_points_are_read_from_the_mount_table(tmp_path: Path) -> None:
+    from tkbox.doors.changes.links import _automounts
+
+    table = tmp_path / "mountinfo"
+    table.write_bytes(
+        b"22 1 0:21 / /proc rw,nosuid - proc proc rw\n"
+        b"40 1 0:35 / /net rw,relatime shared:20 - autofs -hosts rw,fd=7\n"
+        b"41 1 0:36 / /mnt/my\\040disks rw - autofs systemd-1 rw\n"
+        b"42 1 8:1 / /data rw - ext4 /dev/sda1 rw\n")
+    assert _automounts(str(table)) == ["/net", "/mnt/my disks"]
+    assert _automounts(str(tmp_path / "missing")) == []
+
+
+def test_lookups_outside_the_checkout_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Stops a patch of links to many distinct places outside costing a readlink each
+    without end: past the bound the patch is refused (not resolved as spelled, which
+    a padded patch could use to slip one link past the lookups)."""
+    from tkbox.doors.changes import links as links_mod
+
+    monkeypatch.setattr(links_mod, "MAX_HOST_LOOKUPS", 50)
+    asked: list[str] = []
+
+    def outside(path: str) -> bytes | None:
+        asked.append(path)
+        return None
+
+    tree = FinalTree({f"l{i}": f"/elsewhere{i}".encode() for i in range(100)}, ROOT,
+                     outside=outside)
+    with pytest.raises(PatchRefused, match="more than 50 places outside the checkout"):
+        for i in range(100):
+            tree.resolve(f"l{i}")
+    assert len(asked) == 50

@@ -36,7 +36,7 @@ from tkbox.doors.changes.errors import PatchRefused
 from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd, write_fd
 from tkbox.doors.changes.git import Git, Result
 from tkbox.doors.changes.gitnamed import Named, named_paths
-from tkbox.doors.changes.links import Aliases, host_link
+from tkbox.doors.changes.links import Aliases, HostLinks
 from tkbox.doors.changes.patch import Limits, Patch, git_reading, parse_patch
 from tkbox.doors.changes.paths import folded_parts, under
 from tkbox.doors.changes.plan import FilePlan, Plan, State, build, classify
@@ -189,7 +189,7 @@ def _plan(co: Checkout, parsed: Patch, limits: Limits, root: Path, checkout: Pat
     links = checkout_links(co.fd, markers=markers)
     plan = build(parsed, states, max_file_bytes=limits.max_file_bytes, links=links,
                  root=str(root), root_spellings=_spellings(checkout, root),
-                 max_total_bytes=limits.max_total_bytes, outside=host_link)
+                 max_total_bytes=limits.max_total_bytes, outside=HostLinks())
     _refuse_below_checkout_symlinks(plan, states)
     plan.git_dirs = gitdirs.final_git_dirs(
         markers, [(f.path, f.old.kind != "absent" and f.old.blocked_by is None,

@@ -20,11 +20,12 @@ patch removes or replaces, plus those it creates (`FinalTree`).
   (`.vscode -> ../<checkout>/tools` is `tools`). An absolute path that spells
   the checkout another way (`root_spellings`: the path it was given by,
   through a symlinked directory) is the root too. Outside the checkout the
-  components are looked up on the host (`host_link`, given by the door), as
+  components are looked up on the host (`HostLinks`, given by the door), as
   the kernel looks them up: a symlink there is followed like one inside, so
   a link through the checkout's parent, a symlinked home or any other link
-  outside that leads back in is seen to (without `host_link`, as in pure
-  tests, they are taken as spelled). The
+  outside that leads back in is seen to (without it, as in pure tests, they
+  are taken as spelled; below an automount point too, where a lookup would
+  mount, and connect to, what the name says). The
   result is a path inside the checkout, `OUTSIDE` or `LOOP`. Without a
   `root`, the checkout is somewhere no path names: whatever climbs above it
   or is absolute is `OUTSIDE`. Each step costs one component, whatever the
@@ -49,6 +50,7 @@ patch removes or replaces, plus those it creates (`FinalTree`).
 from __future__ import annotations
 
 import os
+import re
 from collections import deque
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -63,6 +65,7 @@ MAX_ALIAS_CHARS = 1 << 20  # characters of all the names of one path together
 # components walked by all resolutions of one final tree together (~0.15 s a million);
 # a checkout of 2,000,000 entries, every one a link of a few components, stays below
 MAX_STEPS = 50_000_000
+MAX_HOST_LOOKUPS = 100_000  # distinct paths outside the checkout looked up (a readlink each)
 OUTSIDE = "\x00outside"
 LOOP = "\x00loop"
 _NOWHERE = "\x00checkout"  # the root when none is given: no path's component is it
@@ -85,13 +88,54 @@ def _apart(a: list[str], b: list[str]) -> bool:
     return a[:n] != b[:n]
 
 
-def host_link(path: str) -> bytes | None:
-    """The target of the host's symlink at the absolute `path`; None if it is no
-    symlink (or missing, or unreadable: the kernel would not follow it either)."""
+class HostLinks:
+    """Reads the host's symlinks outside the checkout (`FinalTree`'s `outside`).
+
+    `self(path)` is the target of the symlink at the absolute `path`; None if it
+    is no symlink (or missing, or unreadable: the kernel would not follow it
+    either). Never below an automount point (`autofs` in the mount table): a
+    name looked up there is mounted, and under `/net` or `/afs` the name is a
+    host, so a patch's link target would make the host connect (and ask DNS)
+    where the guest chose, a way out the network door never sees. There the
+    components are taken as spelled.
+    """
+
+    def __init__(self, automounts: Iterable[str] | None = None) -> None:
+        if automounts is None:
+            automounts = _automounts()
+        self.below = tuple(m.rstrip("/") + "/" for m in automounts)
+
+    def __call__(self, path: str) -> bytes | None:
+        if path.startswith(self.below):
+            return None
+        try:
+            return os.readlink(os.fsencode(path))
+        except OSError:
+            return None
+
+
+def _automounts(mountinfo: str = "/proc/self/mountinfo") -> list[str]:
+    """The mount points of type autofs (proc(5): the field after ` - `)."""
     try:
-        return os.readlink(os.fsencode(path))
+        with open(mountinfo, "rb") as f:
+            lines = f.read(1 << 22).splitlines()
     except OSError:
-        return None
+        return []
+    out = []
+    for line in lines:
+        head, sep, tail = line.partition(b" - ")
+        fields = head.split()
+        if sep and len(fields) >= 5 and tail.split()[:1] == [b"autofs"]:
+            out.append(_unescape(fields[4]))
+    return out
+
+
+def _unescape(field: bytes) -> str:
+    """A mountinfo path: spaces, tabs, newlines and backslashes written as \\ooo."""
+    return os.fsdecode(re.sub(rb"\\([0-7]{3})", lambda m: bytes([int(m.group(1), 8)]), field))
+
+
+host_link = HostLinks(automounts=())  # without the mount table: for tests of the walk
 
 
 def _join(a: str, b: str) -> str:
@@ -207,6 +251,10 @@ class FinalTree:
             return None
         path = "/" + "/".join(at)
         if path not in self._host:
+            if len(self._host) >= MAX_HOST_LOOKUPS:
+                raise PatchRefused(
+                    f"the symlinks of the checkout and the patch lead to more than "
+                    f"{MAX_HOST_LOOKUPS} places outside the checkout; nothing was applied")
             self._host[path] = self._outside(path)
         return self._host[path]
 
