@@ -91,3 +91,35 @@ def test_the_same_port_without_the_placeholder_still_works(w: dict[str, Any]) ->
     got = _exchange(w, f"GET /x HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
                     "Connection: close\r\n\r\n".encode())
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"ok\n")
+
+
+def _plain(w: dict[str, Any], port: int, data: bytes) -> bytes:
+    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
+    raw.sendall(f"GET http://api.bound.test:{port}/echo HTTP/1.1\r\n"
+                f"Host: api.bound.test:{port}\r\n".encode() + data + b"\r\n")
+    out = b""
+    while True:
+        c = raw.recv(65536)
+        if not c:
+            break
+        out += c
+    raw.close()
+    return out
+
+
+@pytest.mark.parametrize("port", ["origin", 8080])
+def test_placeholder_in_plain_http_to_the_bound_host_names_no_port_to_bind(
+        w: dict[str, Any], port: int | str) -> None:
+    """The refusal of a placeholder sent in plain http (on any port, not only 80) must not
+    tell the operator to bind port 80: no binding swaps into plain http, and following
+    that advice would only allow another port of the bound host for nothing."""
+    p = w["port"] if port == "origin" else int(port)
+    leaks = len(w["rig"].records("tkbox.secret.leak"))
+    got = _plain(w, p, b"Authorization: Bearer " + PH + b"\r\n")
+    assert got.startswith(b"HTTP/1.1 403 ")
+    assert b"placeholder of secret GH was found in the header authorization" in got
+    assert b"nothing is ever swapped into a plain http:// request" in got
+    assert b"bind it as" not in got and b"port 80" not in got
+    (leak,) = w["rig"].records("tkbox.secret.leak")[leaks:]
+    assert leak["body"]["host"] == "api.bound.test"
+    assert VALUE.decode() not in json.dumps(w["rig"].records())

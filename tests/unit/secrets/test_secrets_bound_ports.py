@@ -99,3 +99,15 @@ def test_an_agents_model_host_on_a_port_binds_its_key_there() -> None:
                               model_host="llm.example:8443"))
     (spec,) = [parse_spec(s) for s in o["secrets"]]
     assert spec.binds == (("llm.example", 8443),) and "llm.example:8443" in o["allow"]
+
+
+def test_a_plain_http_refusal_never_asks_to_bind_a_port() -> None:
+    """Even a secret bound on host:80 is not swapped into plain http: the refusal says
+    so, on whatever port the request named, and names no binding to add."""
+    sec = _secret(parse_spec("GH=env:GH@api.example:80"))
+    for port in (80, 8080):
+        with pytest.raises(SecretLeak) as e:
+            TunnelRules("api.example", port, [sec], plain=True).check_plain(
+                b"GET", b"/", [(b"authorization", b"Bearer " + PH)])
+        assert "nothing is ever swapped into a plain http:// request" in e.value.reason
+        assert "api.example:80" in e.value.reason and "bind it as" not in e.value.reason

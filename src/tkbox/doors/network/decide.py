@@ -76,7 +76,8 @@ async def check_secrets(interceptor: Interceptor | None, req: ProxyRequest) -> N
     without the host, which may hold the value: nothing here records it."""
     if interceptor is None:
         return
-    why = await interceptor.check_plain(req.host.name, req.method, req.path, list(req.headers))
+    why = await interceptor.check_plain(req.host.name, req.port, req.method, req.path,
+                                        list(req.headers))
     if why:
         raise EgressRefused(403, why, Stage.SECRET, recorded_elsewhere=True)
 

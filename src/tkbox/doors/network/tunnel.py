@@ -44,7 +44,8 @@ class Interceptor(Protocol):
         """Whether a tunnel to host:port is read (terminated) rather than spliced."""
 
     async def check_plain(
-        self, host: str, method: str, target: str, headers: list[tuple[bytes, bytes]]
+        self, host: str, port: int, method: str, target: str,
+        headers: list[tuple[bytes, bytes]],
     ) -> str | None:
         """The reason a proxy request's head leaks a secret (already recorded), or None."""
 

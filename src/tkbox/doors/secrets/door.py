@@ -122,7 +122,7 @@ class SecretsDoor:
         if self.record is not None:
             await self.record(kind, body)
 
-    async def check_plain(self, host: str, method: str, target: str,
+    async def check_plain(self, host: str, port: int, method: str, target: str,
                           headers: list[tuple[bytes, bytes]]) -> str | None:
         """A proxy request's head: the reason it leaks (recorded), or None.
 
@@ -133,14 +133,14 @@ class SecretsDoor:
         """
         if not self.secrets:
             return None
-        hits = scan_once(TunnelRules(host, 80, self.secrets).scan_patterns,
-                         host.encode("utf-8", "surrogateescape"))
+        rules = TunnelRules(host, port, self.secrets, plain=True)
+        hits = scan_once(rules.scan_patterns, host.encode("utf-8", "surrogateescape"))
         if hits:
             leak = SecretLeak(hits[0], "(withheld)", "proxy target host")
             await self._record("tkbox.secret.leak", leak.record())
             return leak.reason
         try:
-            TunnelRules(host, 80, self.secrets).check_plain(
+            rules.check_plain(
                 method.encode("ascii", "replace"), target.encode("utf-8", "surrogateescape"),
                 headers)
         except SecretLeak as leak:

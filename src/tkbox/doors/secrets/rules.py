@@ -77,18 +77,23 @@ def _where_header(name: bytes) -> str:
 
 
 class TunnelRules:
-    def __init__(self, host: str, port: int, secrets: Sequence[Secret]) -> None:
-        self.host, self.port = host, port
+    def __init__(self, host: str, port: int, secrets: Sequence[Secret], *,
+                 plain: bool = False) -> None:
+        # `plain`: the rules of a plain-http proxy request (`check_plain`), where nothing
+        # is ever swapped, on whatever port it names
+        self.host, self.port, self.plain = host, port, plain
         # The Host the origin gets: the tunnel's own name and port, never the guest's
         # spelling of them (an origin matching names exactly would serve another site).
         self.authority = format_authority(Host(host), port, 443).encode("ascii")
         self.secrets = list(secrets)
         self.bound = {h.encode(): s for s in self.secrets if s.spec.bound_to(host, port)
                       for h in s.spec.headers}
-        # Secrets bound to this host on other ports only: their refusal says where they go.
+        # Secrets bound to this host but not swapped here (on other ports only, or any
+        # port when plain): their refusal says where they go.
         self._elsewhere = {s.name: [show_bind(h, p) for h, p in s.spec.binds if h == host]
                            for s in self.secrets
-                           if host in s.spec.hosts and not s.spec.bound_to(host, port)}
+                           if host in s.spec.hosts
+                           and (plain or not s.spec.bound_to(host, port))}
         self.scan_patterns: list[Pattern] = patterns(
             [(s.name, "value", s.value) for s in self.secrets]
             + [(s.name, "placeholder", s.placeholder) for s in self.secrets])
@@ -106,8 +111,14 @@ class TunnelRules:
         hint = ""
         if hit.kind == "placeholder" and hit.name in self._elsewhere:
             binds = ", ".join(self._elsewhere[hit.name])
-            hint = (f" (it is swapped only at {binds}, not on port {self.port}; to swap it "
-                    f"here, bind it as @{self.host}:{self.port})")
+            if self.plain:
+                # No binding makes plain http swap: naming a port here would only send
+                # the operator to open one for nothing.
+                hint = (f" (it is swapped only at {binds}, over TLS; nothing is ever "
+                        "swapped into a plain http:// request: use https://)")
+            else:
+                hint = (f" (it is swapped only at {binds}, not on port {self.port}; to swap "
+                        f"it here, bind it as @{self.host}:{self.port})")
         return SecretLeak(hit, self.host, where, hint)
 
     def _check(self, data: bytes, where: str, allowed: frozenset[tuple[str, str]] = frozenset()
