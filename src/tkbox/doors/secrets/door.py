@@ -325,7 +325,7 @@ class SecretsDoor:
                     await scan()
                 trailers = [(bytes(n), bytes(v)) for n, v in ev.headers.raw_items()]
                 try:
-                    rules.trailers(trailers)
+                    trailers = rules.trailers(trailers)
                 except SecretLeak:
                     with contextlib.suppress(Exception):
                         await origin.aclose()

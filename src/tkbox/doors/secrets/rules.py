@@ -22,7 +22,9 @@ request head (method, target, headers) it:
 5. asks for an unencoded response (`Accept-Encoding: identity`) so the
    redactor can read it, and drops `Expect` (the door answers 100 itself).
 
-Bodies and trailers are scanned by a `LeakScanner` from `body_scanner()`;
+Bodies are scanned by a `LeakScanner` from `body_scanner()`; trailers by
+`trailers()`, which also drops the fields a trailer may not carry (a second
+`Host`, framing, `Content-Encoding`) before they are sent on;
 responses are redacted by `Redactor`s from `redactor()`.
 """
 
@@ -39,6 +41,11 @@ from tkbox.errors import GuestError, Refused
 
 Headers = list[tuple[bytes, bytes]]
 MAX_WHERE = 80
+#: request trailer fields never sent on (`TunnelRules.trailers`; `Proxy-*` too)
+NOT_TRAILERS = frozenset({
+    b"host", b"content-length", b"transfer-encoding", b"trailer", b"content-encoding",
+    b"connection", b"keep-alive", b"te", b"upgrade", b"expect",
+})
 
 
 class SecretLeak(Refused):
@@ -221,9 +228,16 @@ class TunnelRules:
         self._check_all([(name + b": " + value, _where_header(name)) for name, value in headers],
                         "headers (split between them)")
 
-    def trailers(self, headers: Headers) -> None:
+    def trailers(self, headers: Headers) -> Headers:
+        """A request's trailers, scanned (SecretLeak), and those to send on: without the
+        fields a trailer may not carry (RFC 9110 section 6.5.1) that the door decides in
+        the head, routing, framing, encoding and connection control (`NOT_TRAILERS`). A
+        `Host` there would be a second Host beside the tunnel's canonical one, a
+        `Content-Encoding` would tell the origin the body the scanner read was encoded."""
         self._check_all([(name + b": " + value, "trailer " + _where_header(name))
                          for name, value in headers], "trailers (split between them)")
+        return [(n, v) for n, v in headers
+                if n.lower() not in NOT_TRAILERS and not n.lower().startswith(b"proxy-")]
 
     def redact_headers(self, headers: Headers) -> tuple[Headers, int]:
         """Response headers with every value form replaced, in names and values; and how
