@@ -1,8 +1,10 @@
 """Kill `tkbox apply` at every step of its writes, put it right, check the checkout.
 
 Run by test_changes_apply_killed.py: `python changes_killed_child.py DIR WAY`
-(or with `--after-first-put`: one apply into DIR/co, killed once its first file
-has its name, and nothing put right).
+(or with `--killed-at POINT`: one apply into DIR/co, killed at POINT, and nothing
+put right: `first-put`, once its first file has its name; `placed`, once every
+file has its name, before the journal says so; `cleanup`, once it says so,
+before the originals are removed).
 DIR holds `co` (a checkout, the template) and `patch`; WAY is `renameat2` or
 `moved-aside` (the filesystem without renameat2's flags). Imports once, then for
 k = 1, 2, ... forks a process that applies the patch to a fresh copy of the
@@ -104,23 +106,32 @@ def killed_at(k: int, way: str) -> None:
     fs.Placed.remove_originals = remove_originals  # type: ignore[method-assign]
 
 
-def killed_after_first_put() -> None:
-    """SIGKILL once the first file has its name (in path order: the first put)."""
-    real = fs._put
-
-    def put(*a: Any, **kw: Any) -> None:
-        real(*a, **kw)
+def killed_at_point(point: str) -> None:
+    """SIGKILL at `point` (see the module's docstring)."""
+    def kill(*a: Any, **kw: Any) -> None:
         os.kill(os.getpid(), signal.SIGKILL)
-    fs._put = put
+    if point == "first-put":  # in path order: the first put
+        real = fs._put
+
+        def put(*a: Any, **kw: Any) -> None:
+            real(*a, **kw)
+            kill()
+        fs._put = put
+    elif point == "placed":
+        fs.jn.Journal.placed = kill  # type: ignore[method-assign]
+    elif point == "cleanup":
+        fs._cleanup = kill
+    else:
+        sys.exit(f"no such point: {point}")
 
 
 def main() -> None:
     base, way = Path(sys.argv[1]), sys.argv[2]
     patch = (base / "patch").read_bytes()
-    if sys.argv[3:] == ["--after-first-put"]:  # one apply, killed; nothing put right
+    if sys.argv[3:4] == ["--killed-at"]:  # one apply, killed; nothing put right
         if way == "moved-aside":
             fs._RENAMEAT2 = None
-        killed_after_first_put()
+        killed_at_point(sys.argv[4])
         run(patch, base / "co", base / "journals")
         sys.exit("the apply was not killed")
     for k in range(1, 1000):

@@ -92,20 +92,36 @@ def _diff(before: dict[str, Any], after: dict[str, Any], got: dict[str, Any]) ->
             if got.get(p) not in (before.get(p), after.get(p))]
 
 
-def _killed_after_first_put(tmp: Path) -> tuple[Path, bytes, Path]:
-    """A checkout whose apply was killed once `a.txt` (the first file) had its new
-    content: (the checkout, the patch, the journals' directory)."""
+def _killed_at(tmp: Path, point: str = "first-put", way: str = "renameat2"
+               ) -> tuple[Path, bytes, Path]:
+    """A checkout whose apply was killed at `point` (`changes_killed_child.py`):
+    (the checkout, the patch, the journals' directory)."""
     co, patch = setup(tmp, LOWER, FINAL)
     (tmp / "patch").write_bytes(patch)
     journals = tmp / "journals"
     journals.mkdir(mode=0o700)
     child = subprocess.run([sys.executable, str(Path(__file__).with_name(
-        "changes_killed_child.py")), str(tmp), "renameat2", "--after-first-put"],
+        "changes_killed_child.py")), str(tmp), way, "--killed-at", point],
         capture_output=True, timeout=120)
     assert child.returncode == -9, child.stderr.decode()[-2000:]
-    assert (co / "a.txt").read_bytes() == b"a new\n"
     assert [p.name for p in journals.iterdir()][0].endswith(".journal")
     return co, patch, journals
+
+
+def _killed_after_first_put(tmp: Path) -> tuple[Path, bytes, Path]:
+    """A checkout whose apply was killed once `a.txt` (the first file) had its new
+    content."""
+    co, patch, journals = _killed_at(tmp)
+    assert (co / "a.txt").read_bytes() == b"a new\n"
+    return co, patch, journals
+
+
+def _original_at_temporary(co: Path, content: bytes) -> Path:
+    """The original, exchanged with the new file, under its temporary name."""
+    found = [p for p in co.glob(".tkbox-*.tmp") if not p.is_symlink()
+             and p.read_bytes() == content]
+    assert len(found) == 1, found
+    return found[0]
 
 
 def test_a_dry_run_refuses_while_a_killed_apply_is_not_put_right(tmp_path: Path) -> None:
@@ -163,3 +179,25 @@ def _final_snapshot(tmp: Path) -> dict[str, Any]:
     co, patch = setup(other, LOWER, FINAL)
     apply(patch, co, journals=other / "j")
     return snapshot(co)
+
+
+@pytest.mark.parametrize("point", ["first-put", "cleanup"])
+def test_an_original_written_to_after_the_kill_is_kept_and_named(
+        tmp_path: Path, point: str) -> None:
+    """Exchanged with the new file, the original sits under its temporary name; a
+    process holding it open (a log being appended to) writes to it before the next
+    apply. That is someone's data: recovery neither removes it (undoing, or
+    finishing once every file was placed) nor says all was put right."""
+    co, patch, journals = _killed_at(tmp_path, point)
+    original = _original_at_temporary(co, b"a old\n")
+    with original.open("ab") as f:  # what the process that held it open wrote
+        f.write(b"appended since\n")
+    with pytest.raises(HostError) as got:
+        apply(b"", co, journals=journals)
+    msg = str(got.value)
+    what = "could not be put back" if point == "first-put" else "its original was not removed"
+    assert f"a.txt: {what}" in msg, msg
+    assert f"{original.name}" in msg and "changed since the apply began" in msg, msg
+    assert original.read_bytes() == b"a old\nappended since\n"
+    assert (co / "a.txt").read_bytes() == b"a new\n"
+    assert len(list(journals.iterdir())) == 1  # kept until the user has sorted it out

@@ -198,8 +198,11 @@ class _Recovery:
             tmp = _lstat(fd, e.tmp) if e.tmp else None
             here = _lstat(fd, name)
             bak = _lstat(stage, e.backup) if stage is not None and e.backup else None
-            if e.present and tmp is not None and ident(tmp) == e.old:
+            if e.present and tmp is not None and tmp.st_ino == e.old[0]:
                 assert e.tmp is not None  # exchanged: exchange back, drop the new one
+                if ident(tmp) != e.old:  # written to since (an open descriptor, a hard link)
+                    raise OSError(errno.EEXIST, f"its original, changed since the apply "
+                                                f"began, is {_join(dirs, e.tmp)}")
                 if here is None or not self._is_new(fd, name, here, None, e):
                     raise OSError(errno.EEXIST, f"changed since; its original is "
                                                 f"{_join(dirs, e.tmp)}")
@@ -207,8 +210,13 @@ class _Recovery:
                 os.unlink(e.tmp, dir_fd=fd)
                 self.restored += 1
                 return
-            if e.present and bak is not None and ident(bak) == e.old:
+            # `tmp`, if there, is not the original (another inode): the new file, or
+            # part of it (killed while writing it); never anything but the apply's
+            if e.present and bak is not None and bak.st_ino == e.old[0]:
                 assert stage is not None and e.backup is not None
+                if ident(bak) != e.old:
+                    raise OSError(errno.EEXIST, f"its original, changed since the apply "
+                                                f"began, is {self.plan.stage}/{e.backup}")
                 if here is not None and self._is_new(fd, name, here, tmp, e):
                     os.unlink(name, dir_fd=fd)
                     here = None
@@ -232,6 +240,10 @@ class _Recovery:
                 os.unlink(e.tmp, dir_fd=fd)  # written, never given its name
             if not e.present and here is not None:
                 raise OSError(errno.EEXIST, "not the file the apply put there; left as it is")
+            if (e.present and here is not None and here.st_ino != e.old[0]
+                    and self._is_new(fd, name, here, None, e)):
+                raise OSError(errno.ENOENT, "its original is gone (removed since the apply "
+                                            "began); the new file is left at its name")
         finally:
             os.close(fd)
 
@@ -316,7 +328,7 @@ class _Recovery:
             for e in self.plan.entries:
                 if not e.present:
                     continue
-                self._step(f"{e.path}: its original could not be removed",
+                self._step(f"{e.path}: its original was not removed",
                            self._drop_original, e, stage)
         finally:
             if stage is not None:
@@ -324,9 +336,14 @@ class _Recovery:
         self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
 
     def _drop_original(self, e: Entry, stage: int | None) -> None:
+        """The original kept for undo removed, if it is still as it was; one written to
+        since (through an open descriptor or a hard link) is someone's data: kept, named."""
         if stage is not None and e.backup is not None:
             bak = _lstat(stage, e.backup)
-            if bak is not None and ident(bak) == e.old:
+            if bak is not None and bak.st_ino == e.old[0]:
+                if ident(bak) != e.old:
+                    raise OSError(errno.EEXIST, f"changed since the apply began; kept at "
+                                                f"{self.plan.stage}/{e.backup}")
                 os.unlink(e.backup, dir_fd=stage)
                 return
         if e.tmp is None:
@@ -337,7 +354,10 @@ class _Recovery:
             return
         try:
             tmp = _lstat(fd, e.tmp)
-            if tmp is not None and ident(tmp) == e.old:
+            if tmp is not None and tmp.st_ino == e.old[0]:
+                if ident(tmp) != e.old:
+                    raise OSError(errno.EEXIST, f"changed since the apply began; kept at "
+                                                f"{_join(dirs, e.tmp)}")
                 os.unlink(e.tmp, dir_fd=fd)
         finally:
             os.close(fd)
