@@ -4,7 +4,9 @@ Run by test_changes_apply_killed.py: `python changes_killed_child.py DIR WAY`
 (or with `--killed-at POINT`: one apply into DIR/co, killed at POINT, and nothing
 put right: `first-put`, once its first file has its name; `placed`, once every
 file has its name, before the journal says so; `cleanup`, once it says so,
-before the originals are removed).
+before the originals are removed; or with `--recovery POINT`: for k = 1, 2, ...
+an apply killed at POINT, then the recovery that puts it right killed just before
+its k-th changing call, then the next apply, as above).
 DIR holds `co` (a checkout, the template) and `patch`; WAY is `renameat2` or
 `moved-aside` (the filesystem without renameat2's flags). Imports once, then for
 k = 1, 2, ... forks a process that applies the patch to a fresh copy of the
@@ -29,7 +31,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from tkbox.doors.changes import apply_patch, door, fs
+from tkbox.doors.changes import apply_patch, door, fs, recover
 from tkbox.errors import TkboxError
 from tkbox.record.testing import FakeSigner
 
@@ -68,8 +70,9 @@ def run(patch: bytes, co: Path, journals: Path) -> Any:
     return asyncio.run(go())
 
 
-def killed_at(k: int, way: str) -> None:
-    """In the forked child: SIGKILL before the k-th changing call once the writes begin."""
+def killed_at(k: int, way: str, during: str = "writes") -> None:
+    """In the forked child: SIGKILL before the k-th changing call once the writes
+    begin (`during="writes"`) or once the recovery does (`"recovery"`)."""
     calls = [0]
     armed = [False]
 
@@ -93,6 +96,17 @@ def killed_at(k: int, way: str) -> None:
         fs._RENAMEAT2 = wrap(fs._RENAMEAT2)
     if fs._SYNCFS is not None:
         fs._SYNCFS = wrap(fs._SYNCFS)
+    if during == "recovery":
+        real_recover = recover.recover
+
+        def recover_armed(*a: Any, **kw: Any) -> Any:
+            armed[0] = True
+            try:
+                return real_recover(*a, **kw)
+            finally:
+                armed[0] = False
+        recover.recover = recover_armed  # type: ignore[assignment]
+        return
     real, real_remove = door.place_all, fs.Placed.remove_originals
 
     def place_all(*a: Any, **kw: Any) -> Any:
@@ -104,6 +118,19 @@ def killed_at(k: int, way: str) -> None:
         armed[0] = False  # the writes' last step: what follows is the apply's own cleanup
     door.place_all = place_all  # type: ignore[assignment]
     fs.Placed.remove_originals = remove_originals  # type: ignore[method-assign]
+
+
+def _fork(then: Any) -> int:
+    """Run `then()` in a forked child; its wait status."""
+    assert threading.active_count() == 1, "fork only from one thread"
+    pid = os.fork()
+    if pid == 0:  # pragma: no cover - the child
+        try:
+            then()
+        except BaseException:  # noqa: BLE001
+            os._exit(1)
+        os._exit(0)
+    return os.waitpid(pid, 0)[1]
 
 
 def killed_at_point(point: str) -> None:
@@ -134,21 +161,26 @@ def main() -> None:
         killed_at_point(sys.argv[4])
         run(patch, base / "co", base / "journals")
         sys.exit("the apply was not killed")
+    recovering = sys.argv[3:4] == ["--recovery"]
     for k in range(1, 1000):
         trial = base / f"k{k}"
         co, journals = trial / "co", trial / "journals"
         shutil.copytree(base / "co", co, symlinks=True)
         journals.mkdir(mode=0o700)
-        assert threading.active_count() == 1, "fork only from one thread"
-        pid = os.fork()
-        if pid == 0:  # pragma: no cover - the child
-            try:
-                killed_at(k, way)
+        if recovering:  # the apply killed at a point, then its recovery at step k
+
+            def apply_killed() -> None:
+                if way == "moved-aside":
+                    fs._RENAMEAT2 = None
+                killed_at_point(sys.argv[4])
                 run(patch, co, journals)
-            except BaseException:  # noqa: BLE001
-                os._exit(1)
-            os._exit(0)
-        _, status = os.waitpid(pid, 0)
+            status = _fork(apply_killed)
+            assert os.WIFSIGNALED(status), "the apply was not killed"
+
+        def killed_at_k() -> None:
+            killed_at(k, way, "recovery" if recovering else "writes")
+            run(b"" if recovering else patch, co, journals)
+        status = _fork(killed_at_k)
         killed = os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL
         left_journals = sum(n.endswith(".journal") for n in os.listdir(journals))
         try:

@@ -201,3 +201,33 @@ def test_an_original_written_to_after_the_kill_is_kept_and_named(
     assert original.read_bytes() == b"a old\nappended since\n"
     assert (co / "a.txt").read_bytes() == b"a new\n"
     assert len(list(journals.iterdir())) == 1  # kept until the user has sorted it out
+
+
+@pytest.mark.parametrize(("point", "way"), [("placed", "renameat2"), ("placed", "moved-aside"),
+                                            ("cleanup", "renameat2")])
+def test_a_recovery_killed_at_any_step_is_completed_by_the_next(
+        tmp_path: Path, point: str, way: str) -> None:
+    """The recovery is itself killed before each call that changes the filesystem
+    in turn: undoing an apply killed once every file had its name (before the
+    journal said so: every path to put back, directories to remove and make again
+    with their bits), or finishing one killed after. The next apply completes it,
+    exactly as an unbroken recovery would, no journal left."""
+    co, patch = setup(tmp_path, LOWER, FINAL)
+    (tmp_path / "patch").write_bytes(patch)
+    (co / "keep").chmod(0o750)
+    (co / "gone").chmod(0o710)  # emptied: made again with these bits
+    before = snapshot(co)
+    child = subprocess.run([sys.executable, str(Path(__file__).with_name(
+        "changes_killed_child.py")), str(tmp_path), way, "--recovery", point],
+        capture_output=True, timeout=600,
+        env={**os.environ, "TKBOX_HOME": str(tmp_path / "home")})
+    assert child.returncode == 0, child.stderr.decode()[-2000:]
+    trials: list[dict[str, Any]] = [json.loads(line) for line in child.stdout.splitlines()]
+    assert len(trials) >= 3 and not trials[-1]["killed"], trials[-1:]
+    after = trials[-1]["final"]
+    expected = before if point == "placed" else after
+    for t in trials:
+        k = t["k"]
+        assert t["error"] is None, (k, t["error"])
+        assert t["recovered"] == expected, (k, _diff(before, after, t["recovered"]))
+        assert t["journals_after"] == [] and t["final"] == after, k

@@ -13,6 +13,7 @@ staging directory), and the staging directory.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import hashlib
@@ -178,8 +179,9 @@ class _Recovery:
                 self._step(f"{e.path}: could not be put back", self._undo_put, e, stage)
             for d in reversed(self.plan.made):
                 self._step(f"{d}/: could not be removed", self._rmdir_if_empty, d)
-            for d, perm in self.plan.kept:
-                self._step(f"{d}/: could not be made again", self._mkdir_if_missing, d, perm)
+            for i, (d, perm) in enumerate(self.plan.kept):
+                self._step(f"{d}/: could not be made again", self._mkdir_if_missing, i, d,
+                           perm)
             for e in self.plan.entries:
                 if e.new_kind == "absent" and e.present and e.backup is not None:
                     self._step(f"{e.path}: could not be put back (its original is "
@@ -217,6 +219,13 @@ class _Recovery:
                 if ident(bak) != e.old:
                     raise OSError(errno.EEXIST, f"its original, changed since the apply "
                                                 f"began, is {self.plan.stage}/{e.backup}")
+                if here is not None and _same(here, bak):  # given back by a recovery killed
+                    os.unlink(e.backup, dir_fd=stage)      # before it removed the backup
+                    if tmp is not None:
+                        assert e.tmp is not None
+                        os.unlink(e.tmp, dir_fd=fd)
+                    self.restored += 1
+                    return
                 if here is not None and self._is_new(fd, name, here, tmp, e):
                     os.unlink(name, dir_fd=fd)
                     here = None
@@ -280,36 +289,53 @@ class _Recovery:
         finally:
             os.close(fd)
 
-    def _mkdir_if_missing(self, path: str, perm: int) -> None:
+    def _mkdir_if_missing(self, i: int, path: str, perm: int) -> None:
+        """Make the directory again with its bits, in one step: made with them under a
+        name of the apply's own beside it (`<stage>.d<i>`, kept by a recovery killed
+        before its rename), then renamed into place; so a recovery killed half-way
+        never leaves it with other bits."""
         dirs, name = _split(path)
         fd = self._dir(dirs)
         if fd is None:
             raise OSError(errno.ENOENT, "its parent is missing")
+        made = f"{self.plan.stage}.d{i}"
         try:
-            os.mkdir(name, 0o700, dir_fd=fd)
-        except FileExistsError:
-            return
-        else:
-            dfd = os.open(name, _DIR, dir_fd=fd)
+            if _lstat(fd, name) is not None:  # there (made by a recovery killed since)
+                with contextlib.suppress(FileNotFoundError):
+                    os.rmdir(made, dir_fd=fd)
+                return
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(made, 0o700, dir_fd=fd)
+            dfd = os.open(made, _DIR, dir_fd=fd)
             try:
                 os.fchmod(dfd, stat.S_IMODE(perm))
             finally:
                 os.close(dfd)
+            try:
+                _rename_noreplace(fd, made, name)
+            except FileExistsError:  # made meanwhile by someone else: theirs is kept
+                os.rmdir(made, dir_fd=fd)
         finally:
             os.close(fd)
 
     def _undo_delete(self, e: Entry, stage: int | None) -> None:
         assert e.backup is not None
         bak = _lstat(stage, e.backup) if stage is not None else None
-        if bak is None or ident(bak) != e.old:
-            return  # never moved aside
+        if bak is None or bak.st_ino != e.old[0]:
+            return  # never moved aside, or given back already
         assert stage is not None
+        if ident(bak) != e.old:
+            raise OSError(errno.EEXIST, "changed since the apply began; left there")
         dirs, name = _split(e.path)
         fd = self._dir(dirs)
         if fd is None:
             raise OSError(errno.ENOENT, "its directory is missing")
         try:
-            _give_name(stage, e.backup, fd, name)
+            here = _lstat(fd, name)
+            if here is not None and _same(here, bak):  # given back by a recovery killed
+                os.unlink(e.backup, dir_fd=stage)      # before it removed the backup
+            else:
+                _give_name(stage, e.backup, fd, name)
             self.restored += 1
         finally:
             os.close(fd)
@@ -396,6 +422,24 @@ def _exchange(fd: int, a: str, b: str) -> None:
     if fs._RENAMEAT2 is None:  # noqa: SLF001 - the same call the writes made
         raise OSError(errno.ENOSYS, "this system has no renameat2")
     fs._RENAMEAT2(fd, a, b, fs.RENAME_EXCHANGE)  # noqa: SLF001
+
+
+def _same(a: os.stat_result, b: os.stat_result) -> bool:
+    return (a.st_dev, a.st_ino) == (b.st_dev, b.st_ino)
+
+
+def _rename_noreplace(fd: int, src: str, dst: str) -> None:
+    """Rename `src` to `dst` in one directory, FileExistsError if `dst` is there."""
+    if fs._RENAMEAT2 is not None:  # noqa: SLF001 - the same call the writes made
+        try:
+            fs._RENAMEAT2(fd, src, dst, fs.RENAME_NOREPLACE)  # noqa: SLF001
+            return
+        except OSError as e:
+            if e.errno not in fs._NO_RENAME_FLAGS:  # noqa: SLF001
+                raise
+    if _lstat(fd, dst) is not None:  # without the flag: a look, then the rename
+        raise FileExistsError(errno.EEXIST, os.strerror(errno.EEXIST))
+    os.rename(src, dst, src_dir_fd=fd, dst_dir_fd=fd)
 
 
 def _give_name(src_fd: int, src: str, dst_fd: int, dst: str) -> None:
