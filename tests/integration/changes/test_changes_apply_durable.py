@@ -78,9 +78,12 @@ def test_a_few_files_are_each_fsynced_before_any_takes_its_name(
     assert events.count("fsync") == written and "syncfs" not in events
     assert events.count("place") == written
     assert events.index("place") > _last(events, "fsync")
+    # first the root, the staging directory made in it (before anything else changes);
     # then the renames: the root and each directory written in (d0..d6, new), and
     # only then the journal says the files are placed
-    assert events.count("fsync-dir") == 9 and events.index("fsync-dir") > _last(events, "place")
+    assert events.count("fsync-dir") == 10 and events.index("fsync-dir") < events.index("fsync")
+    assert events[events.index("place"):].count("fsync-dir") == 9
+    assert events.index("fsync-dir", events.index("fsync-dir") + 1) > _last(events, "place")
     assert events[0] == "fsync-journal" and _last(events, "fsync-journal") > _last(
         events, "fsync-dir")
 
@@ -93,8 +96,10 @@ def test_many_files_are_flushed_by_one_syncfs_before_any_takes_its_name(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, placing: Any) -> None:
     events, co, final = _apply(tmp_path, fs_mod.SYNCFS_FROM * 2, monkeypatch, placing)
     assert read_tree(co) == final
-    # one filesystem here: one syncfs for the files' bytes, one for the renames
-    assert events.count("syncfs") == 2 and "fsync" not in events and "fsync-dir" not in events
+    # one filesystem here: one syncfs for the files' bytes, one for the renames (and
+    # before them, one fsync: the root, the staging directory made in it)
+    assert events.count("syncfs") == 2 and "fsync" not in events
+    assert events.count("fsync-dir") == 1 and events.index("fsync-dir") < events.index("syncfs")
     assert events.index("syncfs") < events.index("place")
     assert _last(events, "syncfs") > _last(events, "place")
 

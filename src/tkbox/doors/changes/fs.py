@@ -425,6 +425,15 @@ def place_all(co: Checkout, writes: Iterable[Write], max_bytes: int,
             raise HostError(f"cannot create the staging directory in the checkout: "
                             f"{e.strerror}") from None
         txn.stage_fd = os.open(txn.stage, _DIR, dir_fd=co.fd)
+        if journal is not None:  # durable before anything else changes: `recover` reads
+            try:                 # a checkout without it as one the apply never touched
+                os.fsync(co.fd)
+            except OSError as e:
+                os.close(txn.stage_fd)
+                with contextlib.suppress(OSError):
+                    os.rmdir(txn.stage, dir_fd=co.fd)
+                raise HostError(f"cannot make the staging directory durable in the "
+                                f"checkout: {e.strerror}; nothing was applied") from None
     except BaseException:
         if journal is not None:
             journal.done()

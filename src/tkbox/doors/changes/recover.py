@@ -111,6 +111,13 @@ def recover(where: Path, root: Path, root_fd: int) -> list[str]:
 
 
 def _recover_one(plan: Plan, placed: bool, root_fd: int, path: Path) -> str:
+    """Undo or finish one apply. Its staging directory, made (durably) before anything
+    else in the checkout changes and removed after everything else (by the apply's
+    cleanup, its own undo, or a recovery that left nothing), is what shows that this
+    checkout holds the apply's work: without it, nothing is touched. So a checkout
+    moved away since, and another made at its path, is never "put right" from the
+    other's journal (a file there with the same content as a new one is not the
+    apply's)."""
     when = time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime(plan.started))
     r = _Recovery(plan, root_fd)
     if placed:
@@ -123,6 +130,14 @@ def _recover_one(plan: Plan, placed: bool, root_fd: int, path: Path) -> str:
         raise HostError(f"an apply into this checkout begun {when} was cut short, and putting "
                         f"it right left: {shown}; fix these by hand, then remove "
                         f"{str(path)!r} and run tkbox apply again")
+    if r.untouched and placed:  # the originals removed, the staging directory last
+        return (f"an apply into this checkout begun {when} was cut short after writing every "
+                f"file and removing the originals it kept; nothing was left to put right")
+    if r.untouched:
+        return (f"an apply into this checkout begun {when} was cut short; this checkout holds "
+                f"nothing of it (no {plan.stage}/ in it: it ended before changing anything, "
+                f"or the checkout it wrote into was moved away since), so nothing was put "
+                f"right")
     if placed:
         return (f"an apply into this checkout begun {when} was cut short after writing every "
                 f"file; the originals it kept were removed")
@@ -136,6 +151,7 @@ class _Recovery:
         self.root_fd = root_fd
         self.left: list[str] = []
         self.restored = 0
+        self.untouched = False  # no staging directory: nothing of the apply's here
 
     # -- the walk (never through a symlink) --
 
@@ -173,6 +189,9 @@ class _Recovery:
 
     def undo(self) -> None:
         stage = self._stage()
+        if stage is None:  # see `_recover_one`
+            self.untouched = True
+            return
         try:
             puts = [e for e in self.plan.entries if e.new_kind != "absent"]
             for e in reversed(puts):
@@ -189,7 +208,8 @@ class _Recovery:
         finally:
             if stage is not None:
                 os.close(stage)
-        self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
+        if not self.left:  # else kept: what says this checkout holds the apply's
+            self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
 
     def _undo_put(self, e: Entry, stage: int | None) -> None:
         dirs, name = _split(e.path)
@@ -350,6 +370,9 @@ class _Recovery:
 
     def finish(self) -> None:
         stage = self._stage()
+        if stage is None:  # see `_recover_one`
+            self.untouched = True
+            return
         try:
             for e in self.plan.entries:
                 if not e.present:
@@ -359,7 +382,8 @@ class _Recovery:
         finally:
             if stage is not None:
                 os.close(stage)
-        self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
+        if not self.left:  # else kept: what says this checkout holds the apply's
+            self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
 
     def _drop_original(self, e: Entry, stage: int | None) -> None:
         """The original kept for undo removed, if it is still as it was; one written to
