@@ -4,7 +4,8 @@ Run by test_changes_apply_killed.py: `python changes_killed_child.py DIR WAY`
 (or with `--killed-at POINT`: one apply into DIR/co, killed at POINT, and nothing
 put right: `first-put`, once its first file has its name; `placed`, once every
 file has its name, before the journal says so; `cleanup`, once it says so,
-before the originals are removed; or with `--recovery POINT`: for k = 1, 2, ...
+before the originals are removed; `--stopped-at POINT`: SIGSTOP there instead,
+for the test to run another apply beside it; or with `--recovery POINT`: for k = 1, 2, ...
 an apply killed at POINT, then the recovery that puts it right killed just before
 its k-th changing call, then the next apply, as above).
 DIR holds `co` (a checkout, the template) and `patch`; WAY is `renameat2` or
@@ -133,10 +134,10 @@ def _fork(then: Any) -> int:
     return os.waitpid(pid, 0)[1]
 
 
-def killed_at_point(point: str) -> None:
-    """SIGKILL at `point` (see the module's docstring)."""
+def killed_at_point(point: str, sig: int = signal.SIGKILL) -> None:
+    """SIGKILL (or `sig`) at `point` (see the module's docstring)."""
     def kill(*a: Any, **kw: Any) -> None:
-        os.kill(os.getpid(), signal.SIGKILL)
+        os.kill(os.getpid(), sig)
     if point == "first-put":  # in path order: the first put
         real = fs._put
 
@@ -155,10 +156,11 @@ def killed_at_point(point: str) -> None:
 def main() -> None:
     base, way = Path(sys.argv[1]), sys.argv[2]
     patch = (base / "patch").read_bytes()
-    if sys.argv[3:4] == ["--killed-at"]:  # one apply, killed; nothing put right
+    if sys.argv[3:4] in (["--killed-at"], ["--stopped-at"]):  # one apply; nothing put right
         if way == "moved-aside":
             fs._RENAMEAT2 = None
-        killed_at_point(sys.argv[4])
+        killed_at_point(sys.argv[4], signal.SIGKILL if sys.argv[3] == "--killed-at"
+                        else signal.SIGSTOP)
         run(patch, base / "co", base / "journals")
         sys.exit("the apply was not killed")
     recovering = sys.argv[3:4] == ["--recovery"]
@@ -196,7 +198,8 @@ def main() -> None:
         print(json.dumps({"k": k, "killed": killed, "exit": status,
                           "journals_left": left_journals, "notes": notes, "error": error,
                           "recovered": after_recovery, "reapplied": reapplied,
-                          "final": snapshot(co), "journals_after": os.listdir(journals)}),
+                          "final": snapshot(co), "journals_after": sorted(
+                              n for n in os.listdir(journals) if not n.endswith(".lock"))}),
               flush=True)
         shutil.rmtree(trial)
         if not killed:

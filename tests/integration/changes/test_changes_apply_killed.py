@@ -17,6 +17,8 @@ import json
 import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +29,8 @@ from changes_apply_kit import apply, setup  # noqa: E402
 from changes_killed_child import snapshot  # noqa: E402
 from changes_trees import file, link, make_tree  # noqa: E402
 
+from tkbox.doors.changes import door  # noqa: E402
+from tkbox.doors.changes import journal as journal_mod  # noqa: E402
 from tkbox.doors.changes.journal import Journal, Plan  # noqa: E402
 from tkbox.errors import HostError, UserError  # noqa: E402
 
@@ -106,8 +110,13 @@ def _killed_at(tmp: Path, point: str = "first-put", way: str = "renameat2"
         "changes_killed_child.py")), str(tmp), way, "--killed-at", point],
         capture_output=True, timeout=120)
     assert child.returncode == -9, child.stderr.decode()[-2000:]
-    assert [p.name for p in journals.iterdir()][0].endswith(".journal")
+    assert len(_journals(journals)) == 1
     return co, patch, journals
+
+
+def _journals(where: Path) -> list[Path]:
+    """The journals in `where` (not the checkouts' lock files beside them)."""
+    return sorted(where.glob("*.journal"))
 
 
 def _killed_after_first_put(tmp: Path) -> tuple[Path, bytes, Path]:
@@ -136,7 +145,7 @@ def test_a_dry_run_refuses_while_a_killed_apply_is_not_put_right(tmp_path: Path)
     assert any("was cut short; it was undone" in n for n in report.notes)
     assert report.count("applied") == len(FINAL) + 2
     assert snapshot(co) == _final_snapshot(tmp_path)
-    assert list(journals.iterdir()) == []
+    assert _journals(journals) == []
 
 
 def test_a_file_changed_after_the_kill_is_left_and_named(tmp_path: Path) -> None:
@@ -149,7 +158,7 @@ def test_a_file_changed_after_the_kill_is_left_and_named(tmp_path: Path) -> None
         apply(patch, co, journals=journals)
     msg = str(got.value)
     assert "a.txt: could not be put back (changed since; its original is .tkbox-" in msg
-    journal = next(journals.iterdir())
+    [journal] = _journals(journals)
     assert f"fix these by hand, then remove {str(journal)!r}" in msg
     assert (co / "a.txt").read_bytes() == b"edited by hand meanwhile\n"
     original = next(co.glob(".tkbox-*.tmp"))
@@ -161,19 +170,110 @@ def test_a_file_changed_after_the_kill_is_left_and_named(tmp_path: Path) -> None
     assert report.count("applied") == len(FINAL) + 2
 
 
-def test_a_running_apply_s_journal_is_left_alone(tmp_path: Path) -> None:
-    """A journal whose apply still runs (its lock held) is not taken for a dead one."""
+def test_a_running_apply_is_waited_for_and_its_journals_left_alone(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A journal whose apply still runs (the checkout's lock held), and one it is
+    still writing (`.part`), are not taken for dead ones: the next apply into the
+    checkout waits for it to end, and refuses if it does not in time."""
     co, patch = setup(tmp_path, LOWER, FINAL)
     journals = tmp_path / "journals"
     journals.mkdir(mode=0o700)
-    running = Journal.begin(journals, Plan(str(co.resolve()), ".tkbox-apply-0", 0.0, (), (),
-                                           ()))
+    root = co.resolve()
+    running = Journal.begin(journals, Plan(str(root), ".tkbox-apply-0", 0.0, (), (), ()))
+    part = journals / f".{journal_mod.key(root)}-0000000000000000{journal_mod.PART}"
+    part.write_bytes(b"")  # another journal being written (by the running apply)
     try:
-        report = apply(patch, co, journals=journals)
+        monkeypatch.setattr(journal_mod, "LOCK_WAIT", 0.3, raising=False)
+        with pytest.raises(HostError, match="another tkbox apply into .* has been writing "
+                                            "for 0.3 s; nothing was applied"):
+            apply(patch, co, journals=journals)
+        assert running.path.exists() and part.exists()
+        assert (co / "a.txt").read_bytes() == b"a old\n"
+        monkeypatch.setattr(journal_mod, "LOCK_WAIT", 30.0)
+        ended = threading.Timer(0.3, running.done)
+        ended.start()
+        report = apply(patch, co, journals=journals)  # waits for it, then applies
+        ended.join()
         assert report.count("applied") == len(FINAL) + 2 and report.notes == ()
-        assert running.path.exists()
+        assert not running.path.exists() and not part.exists()
     finally:
-        running.done()
+        running.done() if running.path.exists() else None
+
+
+def test_an_apply_beside_one_that_is_then_killed_is_not_undone_with_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Apply A is stopped once its first file has its name; apply C, of a patch that
+    adds A's new file with the same content, runs meanwhile; then A is killed. C's
+    file must never be taken for A's and removed when A is undone: C waits for A
+    (here: refuses, the wait cut short), and the checkout is put back as it was."""
+    co, patch = setup(tmp_path, LOWER, FINAL)
+    before = snapshot(co)
+    (tmp_path / "patch").write_bytes(patch)
+    journals = tmp_path / "journals"
+    journals.mkdir(mode=0o700)
+    a = subprocess.Popen([sys.executable, str(Path(__file__).with_name(
+        "changes_killed_child.py")), str(tmp_path), "renameat2", "--stopped-at", "first-put"])
+    try:
+        deadline = time.monotonic() + 60
+        while Path(f"/proc/{a.pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "T":
+            assert time.monotonic() < deadline and a.poll() is None, "A never stopped"
+            time.sleep(0.02)
+        _, patch_c = setup(tmp_path / "c", LOWER, {**LOWER,
+                                                   "new/deep/n.txt": FINAL["new/deep/n.txt"]})
+        monkeypatch.setattr(journal_mod, "LOCK_WAIT", 0.5, raising=False)
+        try:
+            c_applied = apply(patch_c, co, journals=journals).count("applied")
+        except HostError as e:
+            assert "another tkbox apply into" in str(e) and "has been writing" in str(e)
+            c_applied = 0
+    finally:
+        a.kill()
+        a.wait()
+    report = apply(b"", co, journals=journals)  # A undone
+    assert any("was cut short; it was undone" in n for n in report.notes), report.notes
+    if c_applied:  # reported written: it must still be there
+        assert (co / "new/deep/n.txt").read_bytes() == b"new file\n"
+    assert c_applied == 0 and snapshot(co) == before
+
+
+def test_an_apply_killed_while_another_was_being_prepared_makes_that_one_refuse(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """An apply killed after the next one put the checkout right, while that one
+    read the checkout and decided (its decision made on a half-written checkout):
+    that one refuses to write, and the one after puts it right and applies."""
+    co, patch = setup(tmp_path, LOWER, FINAL)
+    journals = tmp_path / "journals"
+    journals.mkdir(mode=0o700)
+    real = door.place_all
+
+    def killed_meanwhile(*a: Any, **kw: Any) -> Any:
+        Journal.begin(journals, Plan(str(co.resolve()), ".tkbox-apply-0", 0.0, (), (),
+                                     ())).keep()  # (its apply is gone)
+        return real(*a, **kw)
+    monkeypatch.setattr(door, "place_all", killed_meanwhile)
+    with pytest.raises(HostError, match="an earlier apply into this checkout was cut short "
+                                        "while this one was being prepared; nothing was "
+                                        "applied; run tkbox apply again"):
+        apply(patch, co, journals=journals)
+    assert (co / "a.txt").read_bytes() == b"a old\n"
+    monkeypatch.setattr(door, "place_all", real)
+    report = apply(patch, co, journals=journals)
+    assert any("holds nothing of it" in n for n in report.notes), report.notes
+    assert report.count("applied") == len(FINAL) + 2 and _journals(journals) == []
+
+
+def test_a_journal_this_version_cannot_read_is_kept_and_named(tmp_path: Path) -> None:
+    """A journal of another version (or damaged) is the only record of what an apply
+    left: it is not dropped as if there were nothing to put right."""
+    co, patch = setup(tmp_path, LOWER, FINAL)
+    journals = tmp_path / "journals"
+    journals.mkdir(mode=0o700)
+    other = journals / f"{journal_mod.key(co.resolve())}-0000000000000000.journal"
+    other.write_bytes(b'{"version":99}\n')
+    with pytest.raises(HostError, match="is not one this version of tkbox reads; check the "
+                                        "checkout, then remove that file"):
+        apply(patch, co, journals=journals)
+    assert other.exists() and (co / "a.txt").read_bytes() == b"a old\n"
 
 
 def _final_snapshot(tmp: Path) -> dict[str, Any]:
@@ -202,7 +302,7 @@ def test_an_original_written_to_after_the_kill_is_kept_and_named(
     assert f"{original.name}" in msg and "changed since the apply began" in msg, msg
     assert original.read_bytes() == b"a old\nappended since\n"
     assert (co / "a.txt").read_bytes() == b"a new\n"
-    assert len(list(journals.iterdir())) == 1  # kept until the user has sorted it out
+    assert len(_journals(journals)) == 1  # kept until the user has sorted it out
 
 
 @pytest.mark.parametrize(("point", "way"), [("placed", "renameat2"), ("placed", "moved-aside"),
@@ -250,4 +350,4 @@ def test_a_new_checkout_at_a_moved_one_s_path_is_not_put_right_from_its_journal(
     report = apply(b"", co, journals=journals)
     assert snapshot(co) == clone
     assert any("nothing of it" in n or "nothing was left" in n for n in report.notes), report.notes
-    assert list(journals.iterdir()) == []
+    assert _journals(journals) == []

@@ -34,8 +34,15 @@ path>-<random>.journal`) and:
 - with `placed` (the files were written and the signer may have recorded them
   so), finishes it: the originals kept for undo are removed.
 
-A journal that is still locked (`flock`) belongs to an apply that is running
-and is left alone. Recovery never follows a symlink (every directory is walked
+An apply holds the checkout's lock (`lock_checkout`: an `flock` on
+`<key>.lock` beside the journals) from before its journal is begun until the
+journal goes, and a recovery holds it while it works: so a recovery waits for
+an apply writing into the checkout (and never sees its journal), and an apply
+whose checkout was left by an apply killed while it was being prepared (it
+read a half-written checkout) refuses instead of writing. Each journal is also
+locked while its apply runs, for `pending` (a dry run takes no lock).
+
+Recovery never follows a symlink (every directory is walked
 from the checkout's descriptor, as the writes are) and never removes what it
 cannot show is its own: a name whose content is neither the original nor the
 new file is left and named. What it cannot put right is one `HostError` naming
@@ -53,6 +60,7 @@ import fcntl
 import hashlib
 import json
 import os
+import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -63,6 +71,45 @@ VERSION = 1
 MAX_JOURNAL_BYTES = 1 << 30  # our own file: bounded all the same (a patch's paths, ~4×)
 SUFFIX = ".journal"
 PART = ".part"  # a journal being written: `.<key>-<random>.part`
+LOCK = ".lock"  # `<key>.lock`: held by the apply writing into the checkout, or recovering it
+LOCK_WAIT = 120.0  # seconds to wait for another apply writing into the same checkout
+
+
+def lock_checkout(where: Path, root: Path) -> int:
+    """The checkout's lock (an exclusive `flock` on `<where>/<key>.lock`, never
+    removed), waited for up to `LOCK_WAIT` seconds: a descriptor to close to release
+    it. An apply holds it from before its journal is begun until the journal is
+    removed or kept, a recovery while it works: so a recovery never runs beside an
+    apply's writes, and every journal of the checkout's that a holder sees (but its
+    own) is one left by an apply that ended."""
+    try:
+        fd = os.open(where / f"{key(root)}{LOCK}",
+                     os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    except OSError as e:
+        raise HostError(f"cannot lock the applies into {str(root)!r} in {str(where)!r}: "
+                        f"{e.strerror}; nothing was applied") from None
+    deadline = time.monotonic() + LOCK_WAIT
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                os.close(fd)
+                raise HostError(f"another tkbox apply into {str(root)!r} has been writing "
+                                f"for {LOCK_WAIT:g} s; nothing was applied; run tkbox apply "
+                                f"again once it ends") from None
+            time.sleep(0.05)
+
+
+def listing(where: Path, root: Path, suffix: str = SUFFIX) -> list[str]:
+    """The names of the checkout's journals in `where` (`suffix=PART`: of those being
+    written), sorted."""
+    prefix = f"{key(root)}-" if suffix == SUFFIX else f".{key(root)}-"
+    try:
+        return sorted(n for n in os.listdir(where) if n.startswith(prefix) and n.endswith(suffix))
+    except FileNotFoundError:
+        return []
 
 
 def key(root: Path) -> str:
@@ -147,23 +194,33 @@ class Plan:
 class Journal:
     """One apply's journal file, locked (`flock`) while the apply runs."""
 
-    def __init__(self, path: Path, fd: int) -> None:
+    def __init__(self, path: Path, fd: int, lock: int = -1) -> None:
         self.path = path
         self._fd = fd
+        self._lock = lock  # the checkout's (`lock_checkout`), held while the journal is
 
     @classmethod
     def begin(cls, where: Path, plan: Plan) -> Journal:
-        """Write `plan` durably (HostError if it cannot be: then nothing is applied)."""
-        name = f"{key(Path(plan.root))}-{os.urandom(8).hex()}"
+        """Write `plan` durably (HostError if it cannot be: then nothing is applied), the
+        checkout's lock held (waited for) from before it until the journal goes."""
+        root = Path(plan.root)
+        lock = lock_checkout(where, root)
+        if listing(where, root):  # we hold the lock: left by an apply killed meanwhile
+            os.close(lock)
+            raise HostError("an earlier apply into this checkout was cut short while this one "
+                            "was being prepared; nothing was applied; run tkbox apply again: "
+                            "it puts that right first")
+        name = f"{key(root)}-{os.urandom(8).hex()}"
         part, final = where / f".{name}{PART}", where / f"{name}{SUFFIX}"
         try:
             fd = os.open(part, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW |
                          os.O_CLOEXEC, 0o600)
         except OSError as e:
+            os.close(lock)
             raise HostError(f"cannot write the apply's journal in {str(where)!r}: "
                             f"{e.strerror}; nothing was applied") from None
         try:
-            # locked before it has its name: `recover` never sees it unlocked while we run
+            # locked before it has its name: `pending` never sees it unlocked while we run
             fcntl.flock(fd, fcntl.LOCK_EX)
             _write_all(fd, json.dumps(plan.to_json(), separators=(",", ":")).encode() + b"\n")
             os.fsync(fd)
@@ -175,9 +232,10 @@ class Journal:
                 os.unlink(part)
             with contextlib.suppress(OSError):
                 os.unlink(final)
+            os.close(lock)
             raise HostError(f"cannot write the apply's journal in {str(where)!r}: "
                             f"{e.strerror}; nothing was applied") from None
-        return cls(final, fd)
+        return cls(final, fd, lock)
 
     def placed(self) -> None:
         """Every file has its name, durably: from now on a recovery finishes the apply."""
@@ -198,6 +256,9 @@ class Journal:
         if self._fd >= 0:
             os.close(self._fd)  # the lock with it
             self._fd = -1
+        if self._lock >= 0:
+            os.close(self._lock)  # the checkout's: the next apply may put it right
+            self._lock = -1
 
 
 def _write_all(fd: int, data: bytes) -> None:
@@ -215,8 +276,8 @@ def _fsync_dir(path: Path) -> None:
 
 
 def read(fd: int) -> tuple[Plan | None, bool]:
-    """(the plan, placed?); (None, False) for a journal cut short before it was
-    durable (the apply died before its first step: nothing to undo)."""
+    """(the plan, placed?); (None, False) for one that is not a journal of this
+    version (a journal has its name only once written in full and durable)."""
     size = os.fstat(fd).st_size
     if size > MAX_JOURNAL_BYTES:
         raise ValueError(f"the journal is larger than {MAX_JOURNAL_BYTES} bytes")

@@ -24,7 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.doors.changes import fs
-from tkbox.doors.changes.journal import PART, SUFFIX, Entry, Journal, Plan, ident, key, read
+from tkbox.doors.changes.journal import (
+    PART,
+    Entry,
+    Journal,
+    Plan,
+    ident,
+    listing,
+    lock_checkout,
+    read,
+)
 from tkbox.errors import HostError
 
 _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -32,11 +41,7 @@ _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
 def _journals(where: Path, root: Path) -> list[str]:
-    try:
-        return sorted(n for n in os.listdir(where)
-                      if n.startswith(key(root) + "-") and n.endswith(SUFFIX))
-    except FileNotFoundError:
-        return []
+    return listing(where, root)
 
 
 def pending(where: Path, root: Path) -> bool:
@@ -57,57 +62,55 @@ def pending(where: Path, root: Path) -> bool:
 
 
 def _drop_parts(where: Path, root: Path) -> None:
-    """Journals cut short while being written, by an apply that is not running: it
-    died before its first step, so there is nothing to undo."""
-    try:
-        names = [n for n in os.listdir(where)
-                 if n.startswith(f".{key(root)}-") and n.endswith(PART)]
-    except FileNotFoundError:
-        return
-    for name in names:
-        try:
-            fd = os.open(where / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    """Journals cut short while being written (the checkout's lock held: by an apply
+    that is not running): it died before its first step, so there is nothing to undo."""
+    for name in listing(where, root, PART):
+        with contextlib.suppress(FileNotFoundError):
             os.unlink(where / name)
-        except (BlockingIOError, FileNotFoundError):
-            pass  # being written by a running apply, or gone
-        finally:
-            os.close(fd)
 
 
 def recover(where: Path, root: Path, root_fd: int) -> list[str]:
     """Undo (or finish) every apply into `root` that died half-way; one note for each.
-    HostError naming what is left, if one could not be put right."""
-    notes: list[str] = []
-    _drop_parts(where, root)
-    for name in _journals(where, root):
+    HostError naming what is left, if one could not be put right. Waits (up to
+    `journal.LOCK_WAIT`) for an apply writing into `root` to end."""
+    if not _journals(where, root) and not listing(where, root, PART):
+        return []
+    lock = lock_checkout(where, root)
+    try:
+        _drop_parts(where, root)
+        return [n for name in _journals(where, root)
+                for n in _recover_file(where / name, root, root_fd)]
+    finally:
+        os.close(lock)
+
+
+def _recover_file(path: Path, root: Path, root_fd: int) -> list[str]:
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return []
+    journal = Journal(path, fd)
+    try:
+        # blocking: with the checkout's lock held, only a dry run's look (`pending`)
+        # can hold a journal's, for an instant
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
-            fd = os.open(where / name, os.O_RDWR | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except FileNotFoundError:
-            continue  # taken by another recovery meanwhile
-        journal = Journal(where / name, fd)
-        try:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-            except BlockingIOError:
-                continue  # an apply that is running
-            if not os.path.exists(journal.path):
-                continue  # finished by another recovery between our listing and our lock
-            try:
-                plan, placed = read(fd)
-            except (OSError, ValueError) as e:
-                raise HostError(f"cannot read the journal {str(journal.path)!r} of an earlier "
-                                f"apply into this checkout ({e}); check the checkout, then "
-                                "remove that file") from None
-            if plan is not None and plan.root == str(root):
-                notes.append(_recover_one(plan, placed, root_fd, journal.path))
-            journal.done()
-        finally:
-            journal.keep()
-    return notes
+            plan, placed = read(fd)
+        except (OSError, ValueError) as e:
+            raise HostError(f"cannot read the journal {str(path)!r} of an earlier "
+                            f"apply into this checkout ({e}); check the checkout, then "
+                            "remove that file") from None
+        if plan is None:  # never left so by an apply: written in full before its name
+            raise HostError(f"the journal {str(path)!r} of an earlier apply into this "
+                            "checkout is not one this version of tkbox reads; check the "
+                            "checkout, then remove that file")
+        if plan.root != str(root):
+            return []  # another checkout's, its key alike by chance: left to it
+        note = _recover_one(plan, placed, root_fd, path)
+        journal.done()
+        return [note]
+    finally:
+        journal.keep()
 
 
 def _recover_one(plan: Plan, placed: bool, root_fd: int, path: Path) -> str:
