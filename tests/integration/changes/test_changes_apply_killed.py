@@ -351,3 +351,19 @@ def test_a_new_checkout_at_a_moved_one_s_path_is_not_put_right_from_its_journal(
     assert snapshot(co) == clone
     assert any("nothing of it" in n or "nothing was left" in n for n in report.notes), report.notes
     assert _journals(journals) == []
+
+
+def test_a_staging_directory_replaced_by_a_symlink_is_one_clear_error(tmp_path: Path) -> None:
+    """Never followed, and no traceback: one line naming it, the journal kept."""
+    co, patch, journals = _killed_after_first_put(tmp_path)
+    stage = next(co.glob(".tkbox-apply-*"))
+    elsewhere = tmp_path / "elsewhere"
+    stage.rename(elsewhere)
+    stage.symlink_to(elsewhere)
+    inside = sorted(p.name for p in elsewhere.iterdir())
+    with pytest.raises(HostError, match=f"putting right an earlier apply into this checkout "
+                                        f"failed \\(Not a directory: {stage.name}\\); check "
+                                        f"the checkout, then remove"):
+        apply(patch, co, journals=journals)
+    assert sorted(p.name for p in elsewhere.iterdir()) == inside
+    assert len(_journals(journals)) == 1

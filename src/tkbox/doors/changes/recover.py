@@ -106,7 +106,13 @@ def _recover_file(path: Path, root: Path, root_fd: int) -> list[str]:
                             "checkout, then remove that file")
         if plan.root != str(root):
             return []  # another checkout's, its key alike by chance: left to it
-        note = _recover_one(plan, placed, root_fd, path)
+        try:
+            note = _recover_one(plan, placed, root_fd, path)
+        except OSError as e:  # beyond a path's step: its staging directory, say
+            raise HostError(f"putting right an earlier apply into this checkout failed "
+                            f"({e.strerror or e}{f': {e.filename}' if e.filename else ''}); "
+                            f"check the checkout, then remove {str(path)!r} and run tkbox "
+                            f"apply again") from None
         journal.done()
         return [note]
     finally:
