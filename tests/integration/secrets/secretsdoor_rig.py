@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import socket
 import ssl
 import threading
 from collections.abc import Coroutine, Sequence
@@ -199,3 +200,55 @@ class Rig:
             self.loop.call_soon_threadsafe(self.loop.stop)
             self.thread.join(10)
             self.loop.close()
+
+
+def world(d: Path, ca: Path, origin: Any, secret: Secret, allow: Sequence[str],
+          model_hosts: Sequence[str] = ()) -> dict[str, Any]:
+    """A `Rig` for one secret, `NAMES` all mapped to loopback (an operator hosts
+    file) and permitted, and the box CA written where a client can trust it:
+    {"rig", "origin", "port" (the origin's), "box_ca"}. Close rig and origin after."""
+    hosts = d / "hosts"
+    hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
+    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
+    rig = Rig(allow, op, [secret], [ca.read_text()], model_hosts=model_hosts)
+    assert rig.mitm.ca_pem is not None
+    box_ca = d / "box-ca.pem"
+    box_ca.write_text(rig.mitm.ca_pem)
+    return {"rig": rig, "origin": origin, "port": origin.port, "box_ca": box_ca}
+
+
+def tunnel(w: dict[str, Any], host: str = "api.bound.test") -> ssl.SSLSocket:
+    """A CONNECT through `w`'s door to `host` on the origin's port, and TLS in it
+    (trusting the box CA)."""
+    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
+    raw.sendall(f"CONNECT {host}:{w['port']} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
+    head = b""
+    while b"\r\n\r\n" not in head:
+        head += raw.recv(4096)
+    assert b" 200 " in head
+    return ssl.create_default_context(cafile=str(w["box_ca"])).wrap_socket(
+        raw, server_hostname=host)
+
+
+def exchange(w: dict[str, Any], data: bytes) -> bytes:
+    """`data` sent in a `tunnel`, and everything the guest gets back until it ends."""
+    s = tunnel(w)
+    s.sendall(data)
+    out = read_all(s)
+    s.close()
+    return out
+
+
+def read_all(s: ssl.SSLSocket) -> bytes:
+    """Everything `s` receives until it ends (or 30 s without a byte)."""
+    s.settimeout(30)
+    out = b""
+    while True:
+        try:
+            c = s.recv(65536)
+        except (ssl.SSLError, OSError):
+            break
+        if not c:
+            break
+        out += c
+    return out

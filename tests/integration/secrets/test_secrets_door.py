@@ -19,7 +19,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from secretsdoor_rig import NAMES, Origin, Rig, make_ca
+from secretsdoor_rig import NAMES, Origin, Rig, make_ca, read_all, tunnel
 
 from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
@@ -161,39 +161,15 @@ def test_plain_http_carrying_a_placeholder_is_refused(world: dict[str, Any]) -> 
     assert world["rig"].records("tkbox.secret.leak")[-1]["body"]["where"] == "URL"
 
 
-def _raw_tunnel(w: dict[str, Any], host: str) -> ssl.SSLSocket:
-    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
-    raw.sendall(f"CONNECT {host}:{w['port']} HTTP/1.1\r\nHost: {host}\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += raw.recv(4096)
-    assert b" 200 " in head
-    ctx = ssl.create_default_context(cafile=str(w["box_ca"]))
-    return ctx.wrap_socket(raw, server_hostname=host)
-
-
-def _read_all(s: ssl.SSLSocket) -> bytes:
-    out = b""
-    while True:
-        try:
-            chunk = s.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not chunk:
-            break
-        out += chunk
-    return out
-
-
 @pytest.mark.parametrize("trailer", [PH, base64.b64encode(VALUE), VALUE.hex().encode()])
 def test_leak_in_chunked_trailers_is_blocked(world: dict[str, Any], trailer: bytes) -> None:
     """Attack: hide the placeholder or value in a trailer after a clean chunked body."""
-    s = _raw_tunnel(world, "api.bound.test")
+    s = tunnel(world, "api.bound.test")
     before = len(world["origin"].log)
     s.sendall(f"POST /t HTTP/1.1\r\nHost: api.bound.test:{world['port']}\r\n"
               "Transfer-Encoding: chunked\r\nTrailer: X-T\r\n\r\n".encode()
               + b"5\r\nhello\r\n0\r\nX-T: " + trailer + b"\r\n\r\n")
-    got = _read_all(s)
+    got = read_all(s)
     s.close()
     assert got.startswith(b"HTTP/1.1 403") and b"trailer header X-T" in got
     assert len(world["origin"].log) == before  # the origin never got a complete request
@@ -201,13 +177,13 @@ def test_leak_in_chunked_trailers_is_blocked(world: dict[str, Any], trailer: byt
 
 def test_value_split_across_body_chunks_never_reaches_the_origin(world: dict[str, Any]) -> None:
     """Attack: send the value a few bytes per TLS record, hoping each piece passes alone."""
-    s = _raw_tunnel(world, "api.bound.test")
+    s = tunnel(world, "api.bound.test")
     body = b"data=" + VALUE + b"&end=1"
     s.sendall(f"POST /split HTTP/1.1\r\nHost: api.bound.test:{world['port']}\r\n"
               f"Content-Length: {len(body)}\r\n\r\n".encode())
     for i in range(0, len(body), 3):
         s.sendall(body[i:i + 3])
-    got = _read_all(s)
+    got = read_all(s)
     s.close()
     assert got.startswith(b"HTTP/1.1 403")
     # The head may have gone on; the body was held back by the scanner's span and then
@@ -264,11 +240,11 @@ def test_the_origin_gets_the_tunnels_canonical_host_not_the_guests_spelling(
         world: dict[str, Any], spelled: str) -> None:
     """Attack: a spelling of the bound name that an origin matching names exactly would
     route to another site (its default one) on the same address."""
-    s = _raw_tunnel(world, "api.bound.test")
+    s = tunnel(world, "api.bound.test")
     before = len(world["origin"].log)
     host = spelled.format(port=world["port"])
     s.sendall(f"GET /h HTTP/1.1\r\nHost:{host}\r\nConnection: close\r\n\r\n".encode())
-    got = _read_all(s)
+    got = read_all(s)
     s.close()
     assert got.startswith(b"HTTP/1.1 200"), got[:200]
     (req,) = world["origin"].log[before:]

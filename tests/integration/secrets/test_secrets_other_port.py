@@ -10,15 +10,13 @@ from __future__ import annotations
 
 import json
 import socket
-import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from secretsdoor_rig import NAMES, Origin, Rig, make_ca
+from secretsdoor_rig import Origin, exchange, make_ca, world
 
-from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
 
 pytestmark = pytest.mark.integration
@@ -32,47 +30,19 @@ def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("other-port")
     ca, cert, key = make_ca(d)
     origin = Origin(cert, key)
-    hosts = d / "hosts"
-    hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
-    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
     sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",)), VALUE, PH)  # 443 only
-    rig = Rig([f"api.bound.test:{origin.port}"], op, [sec], [ca.read_text()])
-    assert rig.mitm.ca_pem is not None
-    box_ca = d / "box-ca.pem"
-    box_ca.write_text(rig.mitm.ca_pem)
-    yield {"rig": rig, "origin": origin, "port": origin.port, "box_ca": box_ca}
-    rig.close()
+    w = world(d, ca, origin, sec, [f"api.bound.test:{origin.port}"])
+    yield w
+    w["rig"].close()
     origin.close()
 
 
-def _exchange(w: dict[str, Any], data: bytes) -> bytes:
-    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
-    raw.sendall(f"CONNECT api.bound.test:{w['port']} HTTP/1.1\r\n"
-                "Host: api.bound.test\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += raw.recv(4096)
-    assert b" 200 " in head
-    s = ssl.create_default_context(cafile=str(w["box_ca"])).wrap_socket(
-        raw, server_hostname="api.bound.test")
-    s.sendall(data)
-    out = b""
-    while True:
-        try:
-            c = s.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not c:
-            break
-        out += c
-    s.close()
-    return out
 
 
 def test_placeholder_to_an_unbound_port_of_the_bound_host_is_refused_not_swapped(
         w: dict[str, Any]) -> None:
     leaks = len(w["rig"].records("tkbox.secret.leak"))
-    got = _exchange(w, f"GET /echo HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n".encode()
+    got = exchange(w, f"GET /echo HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n".encode()
                     + b"Authorization: Bearer " + PH + b"\r\nConnection: close\r\n\r\n")
     assert got.startswith(b"HTTP/1.1 403 ")
     assert b"placeholder of secret GH was found in the header Authorization" in got
@@ -88,7 +58,7 @@ def test_placeholder_to_an_unbound_port_of_the_bound_host_is_refused_not_swapped
 
 
 def test_the_same_port_without_the_placeholder_still_works(w: dict[str, Any]) -> None:
-    got = _exchange(w, f"GET /x HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
+    got = exchange(w, f"GET /x HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
                     "Connection: close\r\n\r\n".encode())
     assert got.startswith(b"HTTP/1.1 200 ") and got.endswith(b"ok\n")
 

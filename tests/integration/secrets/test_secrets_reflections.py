@@ -10,16 +10,13 @@ from __future__ import annotations
 
 import base64
 import json
-import socket
-import ssl
 import time
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from secretsdoor_rig import NAMES, Origin, Rig, _Handler, make_ca
+from secretsdoor_rig import NAMES, Origin, _Handler, exchange, make_ca, world
 
-from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
 from tkbox.doors.secrets.rules import TunnelRules
 from tkbox.doors.secrets.scan import LeakScanner, Redactor
@@ -98,53 +95,20 @@ def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("reflections")
     ca, cert, key = make_ca(d)
     origin = Origin(cert, key, _Hostile)
-    hosts = d / "hosts"
-    hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
-    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
     sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",),
                             ports=(("api.bound.test", origin.port),)), VALUE, PH)
-    rig = Rig([f"{n}:{origin.port}" for n in NAMES], op, [sec], [ca.read_text()],
+    w = world(d, ca, origin, sec, [f"{n}:{origin.port}" for n in NAMES],
               model_hosts=["api.bound.test"])
-    assert rig.mitm.ca_pem is not None
-    box_ca = d / "box-ca.pem"
-    box_ca.write_text(rig.mitm.ca_pem)
-    yield {"rig": rig, "origin": origin, "port": origin.port, "box_ca": box_ca}
-    rig.close()
+    yield w
+    w["rig"].close()
     origin.close()
 
 
-def _tunnel(w: dict[str, Any]) -> ssl.SSLSocket:
-    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
-    raw.sendall(f"CONNECT api.bound.test:{w['port']} HTTP/1.1\r\n"
-                "Host: api.bound.test\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += raw.recv(4096)
-    assert b" 200 " in head
-    return ssl.create_default_context(cafile=str(w["box_ca"])).wrap_socket(
-        raw, server_hostname="api.bound.test")
-
-
-def _exchange(w: dict[str, Any], data: bytes) -> bytes:
-    s = _tunnel(w)
-    s.sendall(data)
-    out = b""
-    s.settimeout(30)
-    while True:
-        try:
-            c = s.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not c:
-            break
-        out += c
-    s.close()
-    return out
 
 
 def _get(w: dict[str, Any], path: str, extra: bytes = b"", body: bytes = b"",
          method: bytes = b"GET") -> bytes:
-    return _exchange(w, method + f" {path} HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
+    return exchange(w, method + f" {path} HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
                      .encode() + b"Authorization: Bearer " + PH + b"\r\n" + extra
                      + b"Connection: close\r\n\r\n" + body)
 
@@ -248,7 +212,7 @@ def _post_chunks(w: dict[str, Any], path: str, chunks: list[bytes]) -> bytes:
     head = (f"POST {path} HTTP/1.1\r\nHost: api.bound.test:{w['port']}\r\n"
             "Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n").encode()
     body = b"".join(b"%x\r\n%s\r\n" % (len(c), c) for c in chunks) + b"0\r\n\r\n"
-    return _exchange(w, head + body)
+    return exchange(w, head + body)
 
 
 @pytest.fixture

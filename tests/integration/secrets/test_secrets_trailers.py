@@ -18,9 +18,8 @@ from typing import Any
 
 import h11
 import pytest
-from secretsdoor_rig import NAMES, Rig, make_ca
+from secretsdoor_rig import exchange, make_ca, world
 
-from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets import Secret, SecretSpec
 
 pytestmark = pytest.mark.integration
@@ -88,48 +87,20 @@ def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     d = tmp_path_factory.mktemp("trailers")
     ca, cert, key = make_ca(d)
     origin = TrailerOrigin(cert, key)
-    hosts = d / "hosts"
-    hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
-    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
     sec = Secret(SecretSpec("GH", "env", "GH", ("api.bound.test",),
                             ports=(("api.bound.test", origin.port),)), VALUE, PH)
-    rig = Rig([f"api.bound.test:{origin.port}"], op, [sec], [ca.read_text()])
-    assert rig.mitm.ca_pem is not None
-    box_ca = d / "box-ca.pem"
-    box_ca.write_text(rig.mitm.ca_pem)
-    yield {"rig": rig, "origin": origin, "port": origin.port, "box_ca": box_ca}
-    rig.close()
+    w = world(d, ca, origin, sec, [f"api.bound.test:{origin.port}"])
+    yield w
+    w["rig"].close()
     origin.close()
 
 
-def _exchange(w: dict[str, Any], data: bytes) -> bytes:
-    raw = socket.create_connection(("127.0.0.1", w["rig"].port), timeout=30)
-    raw.sendall(f"CONNECT api.bound.test:{w['port']} HTTP/1.1\r\n"
-                "Host: api.bound.test\r\n\r\n".encode())
-    head = b""
-    while b"\r\n\r\n" not in head:
-        head += raw.recv(4096)
-    assert b" 200 " in head
-    s = ssl.create_default_context(cafile=str(w["box_ca"])).wrap_socket(
-        raw, server_hostname="api.bound.test")
-    s.sendall(data)
-    out = b""
-    while True:
-        try:
-            c = s.recv(65536)
-        except (ssl.SSLError, OSError):
-            break
-        if not c:
-            break
-        out += c
-    s.close()
-    return out
 
 
 def test_routing_framing_and_encoding_trailers_never_reach_the_origin(
         w: dict[str, Any]) -> None:
     n = len(w["origin"].seen)
-    got = _exchange(w, b"POST /up HTTP/1.1\r\nHost: api.bound.test:%d\r\n" % w["port"]
+    got = exchange(w, b"POST /up HTTP/1.1\r\nHost: api.bound.test:%d\r\n" % w["port"]
                     + b"Authorization: Bearer " + PH + b"\r\nTransfer-Encoding: chunked\r\n"
                     b"Connection: close\r\n\r\n3\r\nabc\r\n0\r\n"
                     b"Host: evil.example\r\nContent-Length: 5\r\nContent-Encoding: gzip\r\n"
