@@ -545,3 +545,22 @@ def test_lookups_outside_the_checkout_are_bounded(monkeypatch: pytest.MonkeyPatc
         for i in range(100):
             tree.resolve(f"l{i}")
     assert len(asked) == 50
+
+
+def test_outside_paths_longer_than_path_max_are_never_looked_up() -> None:
+    """Stops a patch's deep targets outside the checkout (through a checkout link that
+    leaves) costing a join of the whole path at every step: a path the kernel would
+    refuse to look up (over PATH_MAX) is never built nor asked, and each shorter one
+    is asked once however many links walk it."""
+    asked: list[str] = []
+
+    def outside(path: str) -> bytes | None:
+        asked.append(path)
+        return None
+
+    deep = "u/" + "a/" * 2100 + "x"  # 4,200 bytes below /elsewhere
+    links = {"u": b"/elsewhere", **{f"p{i}": deep.encode() for i in range(20)}}
+    tree = FinalTree(links, ROOT, outside=outside)
+    assert all(tree.resolve(f"p{i}") == OUTSIDE for i in range(20))
+    assert asked and max(len(p) for p in asked) < 4096
+    assert len(asked) == len(set(asked)) == tree.lookups

@@ -138,6 +138,21 @@ def _unescape(field: bytes) -> str:
 host_link = HostLinks(automounts=())  # without the mount table: for tests of the walk
 
 
+_UNASKED = object()  # `FinalTree._host`: not looked up yet
+_PATH_MAX = 4096  # bytes of a path the kernel looks up, its NUL included
+
+
+def _child(node: Trie[tuple[int, bytes | None | object]],
+           c: str) -> Trie[tuple[int, bytes | None | object]]:
+    """`node`'s child `c` in `FinalTree._host`, made (not asked yet) where missing."""
+    nxt = node.below.get(c)
+    if nxt is None:
+        nxt = node.below[c] = Trie()
+        assert node.value is not None
+        nxt.value = (node.value[0] + 1 + len(os.fsencode(c)), _UNASKED)
+    return nxt
+
+
 def _join(a: str, b: str) -> str:
     return b if not a else (a if not b else f"{a}/{b}")
 
@@ -164,7 +179,12 @@ class FinalTree:
         for link, target in self.links.items():
             self._paths.add(link.split("/")).value = target
         self._outside = outside
-        self._host: dict[str, bytes | None] = {}  # `outside`'s answers, by absolute path
+        # `outside`'s answers, by absolute path as a tree walked along with the path
+        # (no step joins the whole path): each node's value (its path's length, its
+        # answer or _UNASKED)
+        self._host: Trie[tuple[int, bytes | None | object]] = Trie()
+        self._host.value = (0, None)
+        self.lookups = 0  # `outside` calls so far
         self.steps = 0  # components walked by every resolution so far
         self.max_steps = max_steps
         self._resolved: dict[str, str] = {}
@@ -195,6 +215,7 @@ class FinalTree:
         top = self._top
         at = list(top)  # where the walk is, as absolute components
         nodes: list[Trie[bytes] | None] = [self._paths]
+        hosts: list[Trie[tuple[int, bytes | None | object]]] = []  # outside: `_host` at `at`
         pending = path.split("/")
         pending.reverse()
         follows = 0
@@ -205,10 +226,14 @@ class FinalTree:
             if c in ("", "."):
                 continue
             if c == "..":
-                if at:
-                    at.pop()  # `/..` is `/`
                 if nodes:
-                    nodes.pop()  # `..` from the root leaves the checkout
+                    at.pop()
+                    nodes.pop()
+                    if not nodes:  # `..` from the root leaves the checkout
+                        hosts = self._host_nodes(at)
+                elif at:  # `/..` is `/`
+                    at.pop()
+                    hosts.pop()
                 continue
             if steps > self.max_steps:
                 self.steps = steps
@@ -226,8 +251,9 @@ class FinalTree:
             elif at == top or at in self._spellings:
                 at, nodes = list(top), [self._paths]  # back into the checkout
                 continue
-            else:
-                target = self._host_link(at)  # outside: as the host's filesystem has it
+            else:  # outside: as the host's filesystem has it
+                hosts.append(_child(hosts[-1], c))
+                target = self._host_link(at, hosts[-1])
             if target is None:
                 continue
             follows += 1
@@ -237,26 +263,45 @@ class FinalTree:
             at.pop()
             if nodes:
                 nodes.pop()
+            else:
+                hosts.pop()
             text = os.fsdecode(target)
             if text.startswith("/"):
                 at.clear()
                 nodes.clear()
+                hosts = [self._host]
             pending.extend(reversed(text.split("/")))
         self.steps = steps
         return "/".join(at[len(top) :]) if nodes else OUTSIDE
 
-    def _host_link(self, at: list[str]) -> bytes | None:
-        """The target of the symlink at absolute components `at`, outside the checkout."""
-        if self._outside is None:
-            return None
-        path = "/" + "/".join(at)
-        if path not in self._host:
-            if len(self._host) >= MAX_HOST_LOOKUPS:
-                raise PatchRefused(
-                    f"the symlinks of the checkout and the patch lead to more than "
-                    f"{MAX_HOST_LOOKUPS} places outside the checkout; nothing was applied")
-            self._host[path] = self._outside(path)
-        return self._host[path]
+    def _host_nodes(self, at: list[str]) -> list[Trie[tuple[int, bytes | None | object]]]:
+        """`_host`'s nodes from the root to `at` (made where missing). Called as a walk
+        leaves the checkout by `..`, so `at` is no longer than the checkout's path."""
+        out = [self._host]
+        for c in at:
+            out.append(_child(out[-1], c))
+        return out
+
+    def _host_link(self, at: list[str], node: Trie[tuple[int, bytes | None | object]]
+                   ) -> bytes | None:
+        """The target of the symlink at absolute components `at` (`node` in `_host`),
+        outside the checkout: asked once a path. A path longer than PATH_MAX is none
+        (the kernel refuses to look it up) and is not even joined."""
+        assert node.value is not None
+        length, answer = node.value
+        if answer is _UNASKED:
+            if self._outside is None or length >= _PATH_MAX:
+                answer = None
+            else:
+                if self.lookups >= MAX_HOST_LOOKUPS:
+                    raise PatchRefused(
+                        f"the symlinks of the checkout and the patch lead to more than "
+                        f"{MAX_HOST_LOOKUPS} places outside the checkout; nothing was applied")
+                self.lookups += 1
+                answer = self._outside("/" + "/".join(at))
+            node.value = (length, answer)
+        assert answer is None or isinstance(answer, bytes)
+        return answer
 
     def by_target(self) -> dict[str, list[str]]:
         """{resolved target: the links leading there}, for links that stay inside."""
