@@ -37,6 +37,13 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
+def write_all(fd: int, data: bytes) -> None:
+    """All of `data` to `fd` (a write may take less than it is given)."""
+    view = memoryview(data)
+    while view:
+        view = view[os.write(fd, view):]
+
+
 def publish(tmp: Path, final: Path) -> None:
     """fsync `tmp`, rename it to `final` and fsync the directory (steps 2 to 4).
 

@@ -30,10 +30,11 @@ from pathlib import Path
 from typing import Any
 
 from tkbox import paths
+from tkbox._fs import write_all
 from tkbox._threads import through
 from tkbox.doors.changes import gitdirs, recover, sensitive
 from tkbox.doors.changes.errors import PatchRefused
-from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd, write_fd
+from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd
 from tkbox.doors.changes.git import Git, Result
 from tkbox.doors.changes.gitnamed import Named, named_paths
 from tkbox.doors.changes.links import Aliases, HostLinks
@@ -420,7 +421,7 @@ def _populate(scratch: Path, kept: list[FilePlan]) -> None:
             continue
         fd = os.open(target, _CREATE_SCRATCH)  # a new file: each path is there once
         try:
-            write_fd(fd, old.content)
+            write_all(fd, old.content)
             os.fchmod(fd, 0o755 if old.exec else 0o644)
         finally:
             os.close(fd)

@@ -46,6 +46,7 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tkbox._fs import write_all
 from tkbox.doors.changes import journal as jn
 from tkbox.doors.changes.errors import ApplyFailed, PatchRefused
 from tkbox.doors.changes.paths import fold_ntfs, folded_parts
@@ -169,13 +170,6 @@ def read_fd(fd: int, size: int) -> bytes:
     while chunk := os.read(fd, max(size + 1, 1 << 16)):
         chunks.append(chunk)
     return b"".join(chunks)
-
-
-def write_fd(fd: int, data: bytes) -> None:
-    """All of `data` to `fd` (a write may take less than it is given)."""
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _below(dirfd: int, name: str, path: str) -> list[str]:
@@ -697,7 +691,7 @@ def _put_temporary(txn: _Txn, fd: int, dirs: list[str], w: Write, flusher: _Flus
     tfd = os.open(tmp, _CREATE, 0o600, dir_fd=fd)
     try:
         txn.undo.append((f"remove temporary {tmp}", _unlink_quiet(txn, dirs, tmp)))
-        write_fd(tfd, w.new.content)
+        write_all(tfd, w.new.content)
         os.fchmod(tfd, perm)
     except BaseException:
         os.close(tfd)

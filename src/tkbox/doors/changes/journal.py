@@ -65,6 +65,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from tkbox._fs import fsync_dir, write_all
 from tkbox.errors import HostError
 
 VERSION = 1
@@ -222,10 +223,10 @@ class Journal:
         try:
             # locked before it has its name: `pending` never sees it unlocked while we run
             fcntl.flock(fd, fcntl.LOCK_EX)
-            _write_all(fd, json.dumps(plan.to_json(), separators=(",", ":")).encode() + b"\n")
+            write_all(fd, json.dumps(plan.to_json(), separators=(",", ":")).encode() + b"\n")
             os.fsync(fd)
             os.rename(part, final)
-            _fsync_dir(where)
+            fsync_dir(where)
         except OSError as e:
             os.close(fd)
             with contextlib.suppress(OSError):
@@ -239,7 +240,7 @@ class Journal:
 
     def placed(self) -> None:
         """Every file has its name, durably: from now on a recovery finishes the apply."""
-        _write_all(self._fd, b'{"placed":true}\n')
+        write_all(self._fd, b'{"placed":true}\n')
         os.fsync(self._fd)
 
     def done(self) -> None:
@@ -247,7 +248,7 @@ class Journal:
         try:
             os.unlink(self.path)
             with contextlib.suppress(OSError):
-                _fsync_dir(self.path.parent)
+                fsync_dir(self.path.parent)
         finally:
             self.keep()
 
@@ -259,20 +260,6 @@ class Journal:
         if self._lock >= 0:
             os.close(self._lock)  # the checkout's: the next apply may put it right
             self._lock = -1
-
-
-def _write_all(fd: int, data: bytes) -> None:
-    view = memoryview(data)
-    while view:
-        view = view[os.write(fd, view):]
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def read(fd: int) -> tuple[Plan | None, bool]:

@@ -40,13 +40,9 @@ _DIR = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
 _READ = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
 
 
-def _journals(where: Path, root: Path) -> list[str]:
-    return listing(where, root)
-
-
 def pending(where: Path, root: Path) -> bool:
     """Whether an apply into `root` died half-way (a journal no apply holds)."""
-    for name in _journals(where, root):
+    for name in listing(where, root):
         try:
             fd = os.open(where / name, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -73,12 +69,12 @@ def recover(where: Path, root: Path, root_fd: int) -> list[str]:
     """Undo (or finish) every apply into `root` that died half-way; one note for each.
     HostError naming what is left, if one could not be put right. Waits (up to
     `journal.LOCK_WAIT`) for an apply writing into `root` to end."""
-    if not _journals(where, root) and not listing(where, root, PART):
+    if not listing(where, root) and not listing(where, root, PART):
         return []
     lock = lock_checkout(where, root)
     try:
         _drop_parts(where, root)
-        return [n for name in _journals(where, root)
+        return [n for name in listing(where, root)
                 for n in _recover_file(where / name, root, root_fd)]
     finally:
         os.close(lock)
@@ -215,12 +211,11 @@ class _Recovery:
                     self._step(f"{e.path}: could not be put back (its original is "
                                f"{self.plan.stage}/{e.backup})", self._undo_delete, e, stage)
         finally:
-            if stage is not None:
-                os.close(stage)
+            os.close(stage)
         if not self.left:  # else kept: what says this checkout holds the apply's
             self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
 
-    def _undo_put(self, e: Entry, stage: int | None) -> None:
+    def _undo_put(self, e: Entry, stage: int) -> None:
         dirs, name = _split(e.path)
         fd = self._dir(dirs)
         if fd is None:
@@ -228,7 +223,7 @@ class _Recovery:
         try:
             tmp = _lstat(fd, e.tmp) if e.tmp else None
             here = _lstat(fd, name)
-            bak = _lstat(stage, e.backup) if stage is not None and e.backup else None
+            bak = _lstat(stage, e.backup)
             if e.present and tmp is not None and tmp.st_ino == e.old[0]:
                 assert e.tmp is not None  # exchanged: exchange back, drop the new one
                 if ident(tmp) != e.old:  # written to since (an open descriptor, a hard link)
@@ -244,7 +239,7 @@ class _Recovery:
             # `tmp`, if there, is not the original (another inode): the new file, or
             # part of it (killed while writing it); never anything but the apply's
             if e.present and bak is not None and bak.st_ino == e.old[0]:
-                assert stage is not None and e.backup is not None
+                assert e.backup is not None
                 if ident(bak) != e.old:
                     raise OSError(errno.EEXIST, f"its original, changed since the apply "
                                                 f"began, is {self.plan.stage}/{e.backup}")
@@ -347,12 +342,11 @@ class _Recovery:
         finally:
             os.close(fd)
 
-    def _undo_delete(self, e: Entry, stage: int | None) -> None:
+    def _undo_delete(self, e: Entry, stage: int) -> None:
         assert e.backup is not None
-        bak = _lstat(stage, e.backup) if stage is not None else None
+        bak = _lstat(stage, e.backup)
         if bak is None or bak.st_ino != e.old[0]:
             return  # never moved aside, or given back already
-        assert stage is not None
         if ident(bak) != e.old:
             raise OSError(errno.EEXIST, "changed since the apply began; left there")
         dirs, name = _split(e.path)
@@ -389,15 +383,14 @@ class _Recovery:
                 self._step(f"{e.path}: its original was not removed",
                            self._drop_original, e, stage)
         finally:
-            if stage is not None:
-                os.close(stage)
+            os.close(stage)
         if not self.left:  # else kept: what says this checkout holds the apply's
             self._step(f"{self.plan.stage}/: could not be removed", self._rmdir_stage)
 
-    def _drop_original(self, e: Entry, stage: int | None) -> None:
+    def _drop_original(self, e: Entry, stage: int) -> None:
         """The original kept for undo removed, if it is still as it was; one written to
         since (through an open descriptor or a hard link) is someone's data: kept, named."""
-        if stage is not None and e.backup is not None:
+        if e.backup is not None:
             bak = _lstat(stage, e.backup)
             if bak is not None and bak.st_ino == e.old[0]:
                 if ident(bak) != e.old:
