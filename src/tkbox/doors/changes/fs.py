@@ -86,24 +86,7 @@ class Checkout:
     def open_parent(self, path: str) -> tuple[int | None, str | None]:
         """(fd of the parent of `path`, or None, and then the first ancestor that is not
         a directory, or None if one is missing)."""
-        *dirs, _ = path.split("/")
-        fd = os.dup(self.fd)
-        walked: list[str] = []
-        for d in dirs:
-            walked.append(d)
-            try:
-                nfd = os.open(d, _DIR, dir_fd=fd)
-            except FileNotFoundError:
-                os.close(fd)
-                return None, None
-            except OSError as e:
-                os.close(fd)
-                if e.errno in (errno.ENOTDIR, errno.ELOOP):
-                    return None, "/".join(walked)
-                raise
-            os.close(fd)
-            fd = nfd
-        return fd, None
+        return _descend(os.dup(self.fd), "", path.split("/")[:-1])
 
     def states(self, paths: Iterable[str], max_bytes: int,
                list_below: Container[str] = frozenset()) -> Generator[tuple[str, State]]:
@@ -123,10 +106,17 @@ class Checkout:
             for path in paths:
                 here, _, name = path.rpartition("/")
                 if here != parent:
-                    if fd is not None:
-                        os.close(fd)
-                        fd = None
-                    fd, blocked = self.open_parent(path)
+                    if fd is not None and parent is not None and (
+                            parent == "" or here.startswith(parent + "/")):
+                        # below the last parent (an ancestor, then its children): walked
+                        # on from it, so a deep path's ancestors cost an open each
+                        rest = here[len(parent) + 1:] if parent else here
+                        fd, blocked = _descend(fd, parent, rest.split("/"))
+                    else:
+                        if fd is not None:
+                            os.close(fd)
+                            fd = None
+                        fd, blocked = self.open_parent(path)
                     parent = here
                 if fd is None:
                     yield path, State("absent", blocked_by=blocked)
@@ -135,6 +125,26 @@ class Checkout:
         finally:
             if fd is not None:
                 os.close(fd)
+
+
+def _descend(fd: int, base: str, dirs: list[str]) -> tuple[int | None, str | None]:
+    """Walk `dirs` down from `fd` (taken: closed, or returned walked), `base` its path
+    in the checkout: (fd of the last, or None, and then the first that is not a
+    directory, or None if one is missing). Never through a symlink."""
+    for i, d in enumerate(dirs):
+        try:
+            nfd = os.open(d, _DIR, dir_fd=fd)
+        except FileNotFoundError:
+            os.close(fd)
+            return None, None
+        except OSError as e:
+            os.close(fd)
+            if e.errno in (errno.ENOTDIR, errno.ELOOP):
+                return None, "/".join([base, *dirs[: i + 1]] if base else dirs[: i + 1])
+            raise
+        os.close(fd)
+        fd = nfd
+    return fd, None
 
 
 def _state_at(dirfd: int, name: str, path: str, max_bytes: int, list_below: bool) -> State:
@@ -467,55 +477,89 @@ def _present(old: State) -> bool:
 def _journal_plan(txn: _Txn, writes: list[Write]) -> jn.Plan:
     """The journal's account of `writes` (`journal.Plan`): the names chosen, what each
     path holds and will hold, the directories the puts make and the deletions may
-    empty (read from the checkout now)."""
+    empty (read from the checkout now: `_dirs`)."""
     entries = tuple(jn.Entry(
         w.path, txn.tmps.get(w.path), txn.backups.get(w.path), _present(w.old),
         w.old.ident[1:] if _present(w.old) else (), w.new.kind,
         len(w.new.content), hashlib.sha256(w.new.content).hexdigest()) for w in writes)
     made: list[str] = []
     kept: list[tuple[str, int]] = []
-    below_missing: set[tuple[str, ...]] = set()
-    put_dirs = {tuple(_split(w.path)[0][:i + 1]) for w in writes if w.new.kind != "absent"
-                for i in range(w.path.count("/"))}
-    gone_dirs = {tuple(_split(w.path)[0][:i + 1]) for w in writes
-                 if w.new.kind == "absent" and _present(w.old) for i in range(w.path.count("/"))}
-    for d in sorted(put_dirs | gone_dirs, key=lambda d: (len(d), d)):
-        st = None if d[:-1] in below_missing else _dir_stat(txn.co, d)
-        if st is None:
-            below_missing.add(d)
-            if d in put_dirs:
-                made.append("/".join(d))
-        elif d in gone_dirs:
-            kept.append(("/".join(d), stat.S_IMODE(st.st_mode)))
+    stack: list[tuple[Trie[_Dir], str]] = [(_dirs(txn.co, writes), "")]
+    while stack:  # parents before children (the order recovery makes them again in)
+        node, path = stack.pop()
+        for c, child in sorted(node.below.items(), reverse=True):
+            here, d = f"{path}/{c}" if path else c, child.value
+            assert d is not None
+            if d.st is None and d.put:
+                made.append(here)
+            elif d.st is not None and d.gone:
+                kept.append((here, stat.S_IMODE(d.st.st_mode)))
+            stack.append((child, here))
     return jn.Plan(str(txn.co.root), txn.stage, time.time(), entries, tuple(made), tuple(kept))
 
 
-def _dir_stat(co: Checkout, dirs: tuple[str, ...]) -> os.stat_result | None:
-    """The directory at `dirs`, or None if there is none (missing, or not a directory)."""
-    try:
-        fd = _walk(co, list(dirs))
-    except OSError:
-        return None
-    try:
-        return os.fstat(fd)
-    finally:
-        os.close(fd)
+@dataclass
+class _Dir:
+    """A directory above a write, as `_dirs` found it."""
+
+    st: os.stat_result | None = None  # None: missing, not a directory, or a symlink
+    put: bool = False  # above a new file or link
+    gone: bool = False  # above a deletion
+
+
+def _dirs(co: Checkout, writes: list[Write]) -> Trie[_Dir]:
+    """Every directory above a write, in a tree of their components: each write's
+    directories walked once from the checkout root down (an open a component, never
+    following a symlink, stopped at the first missing), so the work is the writes'
+    components, not a walk from the root for every directory (a patch of deep
+    paths would make that the square of their depth)."""
+    tree: Trie[_Dir] = Trie()
+    for w in writes:
+        put = w.new.kind != "absent"
+        gone = not put and _present(w.old)
+        node, fd = tree, os.dup(co.fd)
+        try:
+            for c in _split(w.path)[0]:
+                child = node.below.get(c)
+                if child is None:
+                    child = node.below[c] = Trie()
+                    child.value = _Dir()
+                if fd >= 0:
+                    try:
+                        nfd = os.open(c, _DIR, dir_fd=fd)
+                    except OSError:
+                        nfd = -1
+                    os.close(fd)
+                    fd = nfd
+                    if fd >= 0 and child.value is not None and child.value.st is None:
+                        child.value.st = os.fstat(fd)
+                assert child.value is not None
+                child.value.put |= put
+                child.value.gone |= gone
+                node = child
+        finally:
+            if fd >= 0:
+                os.close(fd)
+    return tree
 
 
 def _sync_dirs(co: Checkout, writes: list[Write]) -> None:
     """Make the renames durable: every directory above a write (the checkout root,
-    where the staging directory is, among them) fsync'd; from `SYNCFS_FROM` writes,
-    as for their bytes, one syncfs per filesystem instead."""
-    dirs = sorted({tuple(w.path.split("/")[:i]) for w in writes
-                   for i in range(w.path.count("/") + 1)})
-    if len(writes) >= SYNCFS_FROM and _SYNCFS is not None:
+    where the staging directory is, among them) fsync'd; from `SYNCFS_FROM` writes or
+    directories, as for their bytes, one syncfs per filesystem instead (the root's,
+    and each write's directory's)."""
+    tree: Trie[None] = Trie()
+    for w in writes:
+        tree.add(_split(w.path)[0])
+    many = len(writes) >= SYNCFS_FROM or _count(tree, SYNCFS_FROM) >= SYNCFS_FROM
+    if many and _SYNCFS is not None:
         devices: dict[int, int] = {}
         try:
-            for d in dirs:
+            for dirs in [[], *(_split(w.path)[0] for w in writes)]:
                 try:
-                    fd = _walk(co, list(d))
+                    fd = _walk(co, dirs)
                 except (FileNotFoundError, NotADirectoryError):
-                    continue
+                    continue  # emptied and removed: on the root's filesystem
                 if devices.setdefault(os.fstat(fd).st_dev, fd) != fd:
                     os.close(fd)
             for fd in devices.values():
@@ -524,15 +568,28 @@ def _sync_dirs(co: Checkout, writes: list[Write]) -> None:
             for fd in devices.values():
                 os.close(fd)
         return
-    for d in dirs:
+    stack: list[tuple[Trie[None], list[str]]] = [(tree, [])]
+    while stack:  # fewer than SYNCFS_FROM directories: each walked to and fsync'd
+        node, dirs = stack.pop()
+        stack.extend((child, [*dirs, c]) for c, child in node.below.items())
         try:
-            fd = _walk(co, list(d))
+            fd = _walk(co, dirs)
         except (FileNotFoundError, NotADirectoryError):
             continue  # emptied and removed: its parent, listed too, holds that
         try:
             os.fsync(fd)
         finally:
             os.close(fd)
+
+
+def _count(tree: Trie[None], most: int) -> int:
+    """The nodes of `tree` below its root, counted up to `most`."""
+    n, stack = 0, [tree]
+    while stack and n < most:
+        node = stack.pop()
+        n += len(node.below)
+        stack.extend(node.below.values())
+    return n
 
 
 def _run(txn: _Txn, writes: list[Write], max_bytes: int) -> None:
