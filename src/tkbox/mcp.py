@@ -13,7 +13,12 @@ no signer itself. Tools:
 | `apply` | decide the patch file by file; a dry run unless `write=true` |
 | `export` | close the run, write the bundle and trust file |
 | `approvals` | connections waiting for a person's answer |
-| `approve` | answer one of them (allow or deny) |
+| `approve` | answer one of them (allow or deny); only with `--answer-approvals` |
+
+An approval asks a person. The agent driving this server reads what the box's
+commands print, and a box can print "call approve" as easily as anything else,
+so the server offers `approve` only when started with `--answer-approvals`; its
+answers are then recorded as an agent's (through `tkbox mcp`), not a person's.
 
 No tool input or output carries a secret value: secrets are named by
 reference (`env:VAR@host`), which the SDK checks before sending, and the box
@@ -47,7 +52,8 @@ def _box_view(raw: dict[str, Any]) -> dict[str, Any]:
     return {k: raw[k] for k in keep if k in raw}
 
 
-def build_server(socket: str | None = None) -> FastMCP:
+def build_server(socket: str | None = None, *, answer_approvals: bool = False) -> FastMCP:
+    """The tools, on the daemon at `socket`; `approve` only with `answer_approvals`."""
     server = FastMCP("tkbox", instructions=(
         "Run each agent job in its own micro-VM: run a box, exec commands in it, stop it, "
         "look at its patch, apply it (a dry run unless write=true) and export the signed "
@@ -134,22 +140,26 @@ def build_server(socket: str | None = None) -> FastMCP:
 
     @server.tool()
     async def approvals() -> dict[str, Any]:
-        """Connections waiting for a person's answer."""
+        """Connections waiting for a person's answer (`tkbox approve BOX ID` on the host)."""
         async def go() -> dict[str, Any]:
             async with client() as c:
                 return {"approvals": await c.approvals()}
         return dict(await guarded(go()))
 
+    if not answer_approvals:
+        return server
+
     @server.tool()
     async def approve(box: str, approval_id: int, allow: bool) -> dict[str, Any]:
-        """Answer one waiting connection: allow it, or deny it."""
+        """Answer one waiting connection: allow it, or deny it (recorded as answered by
+        an agent through tkbox mcp, not by a person)."""
         async def go() -> dict[str, Any]:
             async with client() as c:
-                return await c.answer(box, approval_id, allow)
+                return await c.answer(box, approval_id, allow, via="mcp")
         return dict(await guarded(go()))
 
     return server
 
 
-def serve_stdio(socket: str | None = None) -> None:
-    build_server(socket).run("stdio")
+def serve_stdio(socket: str | None = None, *, answer_approvals: bool = False) -> None:
+    build_server(socket, answer_approvals=answer_approvals).run("stdio")

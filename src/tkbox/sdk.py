@@ -39,7 +39,7 @@ import re
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 
@@ -67,6 +67,9 @@ KINDS: dict[str, type[TkboxError]] = {
     "BundleError": BundleError, "InternalError": InternalError,
 }
 DEFAULT_TIMEOUT = 600.0
+#: the kind of client answering an approval, recorded with the answer ("cli": a
+#: person at `tkbox approve`; "sdk": a program; "mcp": `tkbox mcp`)
+Via = Literal["cli", "sdk", "mcp"]
 SECRET_NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]{0,63}$")
 
 
@@ -405,9 +408,12 @@ class Client:
     def approvals(self) -> list[dict[str, Any]]:
         return list(self.call("GET", "/v1/approvals")["approvals"])
 
-    def answer(self, box: str, approval_id: int, allow: bool) -> dict[str, Any]:
+    def answer(self, box: str, approval_id: int, allow: bool,
+               via: Via = "sdk") -> dict[str, Any]:
+        """Answer a waiting connection. `via`: the kind of client this is, recorded
+        with the answer ("cli": a person at tkbox approve; "mcp": tkbox mcp)."""
         return dict(self.call("POST", f"/v1/approvals/{box}/{approval_id}",
-                              json={"allow": allow}))
+                              json={"allow": allow, "via": via}))
 
 
 class ExecStream:
@@ -580,9 +586,11 @@ class AsyncClient:
     async def approvals(self) -> list[dict[str, Any]]:
         return list((await self.call("GET", "/v1/approvals"))["approvals"])
 
-    async def answer(self, box: str, approval_id: int, allow: bool) -> dict[str, Any]:
+    async def answer(self, box: str, approval_id: int, allow: bool,
+                     via: Via = "sdk") -> dict[str, Any]:
+        """As `Client.answer`."""
         return dict(await self.call("POST", f"/v1/approvals/{box}/{approval_id}",
-                                    json={"allow": allow}))
+                                    json={"allow": allow, "via": via}))
 
 
 class AsyncBox:

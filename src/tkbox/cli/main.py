@@ -491,14 +491,14 @@ def approvals(as_json: JsonOpt = False) -> None:
 @app.command()
 def approve(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
     """Let one waiting connection through."""
-    r = _client().answer(box, approval_id, True)
+    r = _client().answer(box, approval_id, True, via="cli")
     _emit(r, as_json, lambda r: out.print(f"approved {box} #{approval_id}"))
 
 
 @app.command()
 def deny(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
     """Refuse one waiting connection."""
-    r = _client().answer(box, approval_id, False)
+    r = _client().answer(box, approval_id, False, via="cli")
     _emit(r, as_json, lambda r: out.print(f"denied {box} #{approval_id}"))
 
 
@@ -622,11 +622,15 @@ def agent(
 
 @app.command()
 def mcp(socket_path: Annotated[Path | None, typer.Option(
-        "--socket", help="the daemon's API socket")] = None) -> None:
+        "--socket", help="the daemon's API socket")] = None,
+        answer_approvals: Annotated[bool, typer.Option(
+            "--answer-approvals", help="also offer the approve tool: the agent driving "
+            "tkbox may then answer the approvals that otherwise wait for a person (its "
+            "answers are recorded as an agent's)")] = False) -> None:
     """Serve the MCP tools (run, exec, stop, patch, apply, export, approvals) on stdio."""
     from tkbox.mcp import serve_stdio
 
-    serve_stdio(str(socket_path) if socket_path else None)
+    serve_stdio(str(socket_path) if socket_path else None, answer_approvals=answer_approvals)
 
 
 @app.command()

@@ -33,7 +33,7 @@ from tkbox import __version__
 from tkbox.daemon import lifecycle
 from tkbox.daemon.manager import BoxManager, BoxSpec
 from tkbox.daemon.roles import StatusReporter
-from tkbox.doors.network import PendingApproval
+from tkbox.doors.network import PendingApproval, Via
 from tkbox.errors import (
     BoxNotFound,
     GuestError,
@@ -108,6 +108,8 @@ class ApplyBody(BaseModel):
 
 class AnswerBody(BaseModel):
     allow: bool
+    #: the kind of client answering, as it says (recorded: approvals.ANSWERED_BY)
+    via: Via = "sdk"
 
 
 #: HTTP status by error type; the most specific type in an error's class hierarchy wins
@@ -286,7 +288,7 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
         if board is None:
             raise UserError("this daemon has no network door, so nothing waits for approval")
         manager.get(box)
-        p = await board.answer(box, approval_id, body.allow)
+        p = await board.answer(box, approval_id, body.allow, body.via)
         return _approval(p)
 
     @app.get("/v1/boxes/{name}/egress-check")

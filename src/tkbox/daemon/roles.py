@@ -16,7 +16,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
-from tkbox.doors.network import Explanation, PendingApproval
+from tkbox.doors.network import Explanation, PendingApproval, Via
 from tkbox.protocol.streams import ByteStream
 
 
@@ -103,7 +103,8 @@ class ApprovalsBoard(Protocol):
 
     def list(self) -> list[PendingApproval]: ...
 
-    async def answer(self, box: str, approval_id: int, allow: bool) -> PendingApproval: ...
+    async def answer(self, box: str, approval_id: int, allow: bool,
+                     via: Via = "cli") -> PendingApproval: ...
 
     async def stop_box(self, box: str) -> None:
         """The box is stopping: each of its pending approvals ends unanswered."""

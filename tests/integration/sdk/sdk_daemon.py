@@ -22,6 +22,7 @@ import uvicorn
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages
+from tkbox.doors.network import ApprovalBoard, SystemClock
 from tkbox.protocol.framing import FramedStream
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
@@ -85,6 +86,9 @@ class SdkDaemon:
         self.socket = tmp / "run" / "daemon.sock"
         self.socket.parent.mkdir(parents=True, mode=0o700)
         self.signer = FakeSigner()
+        # the network door's approvals (no door: tests open approvals on it themselves)
+        self.approvals = ApprovalBoard(self.signer, SystemClock())
+        self.loop: asyncio.AbstractEventLoop | None = None
         self._tmp = tmp
         self._server: uvicorn.Server | None = None
         self._thread = threading.Thread(target=self._run, daemon=True)
@@ -97,10 +101,12 @@ class SdkDaemon:
             self._error = exc
 
     async def _serve(self) -> None:
+        self.loop = asyncio.get_running_loop()
         build = FakeBuild(self._tmp / "vmlinux", self._tmp / "initramfs")
         manager = BoxManager(launcher=FakeLauncher(scripted_guest), signer=self.signer,
                              options=Options(), images=FakeImages(self._tmp),
-                             guest_build=FakeBuilder(build), home=self.home)
+                             guest_build=FakeBuilder(build), home=self.home,
+                             approvals=self.approvals)
         app = make_app(manager, {"version": "test", "network_door": False})
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(self.socket))

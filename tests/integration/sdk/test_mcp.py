@@ -6,7 +6,9 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import subprocess
 import sys
+from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
 
@@ -14,14 +16,17 @@ from mcp import ClientSession, StdioServerParameters
 from mcp.client.stdio import stdio_client
 from sdk_daemon import SdkDaemon
 
+from tkbox.doors.network import Answer
+from tkbox.sdk import AsyncClient
+
 SECRET = "sk-test-VALUE-must-never-show"
 
 
-def params(daemon: SdkDaemon) -> StdioServerParameters:
+def params(daemon: SdkDaemon, *flags: str) -> StdioServerParameters:
     env = {**os.environ, "TKBOX_HOME": str(daemon.home),
            "TKBOX_RUNTIME": str(daemon.socket.parent), "MY_KEY": SECRET}
-    return StdioServerParameters(command=sys.executable, args=["-m", "tkbox.cli", "mcp"],
-                                 env=env)
+    return StdioServerParameters(command=sys.executable,
+                                 args=["-m", "tkbox.cli", "mcp", *flags], env=env)
 
 
 async def call(s: ClientSession, tool: str, **args: Any) -> tuple[bool, Any, str]:
@@ -37,8 +42,8 @@ def test_a_job_through_an_mcp_client_session(daemon: SdkDaemon, ws: Path, tmp_pa
         async with stdio_client(params(daemon)) as (r, w), ClientSession(r, w) as s:
             await s.initialize()
             tools = {t.name for t in (await s.list_tools()).tools}
-            assert {"run", "exec", "stop", "patch", "apply", "export", "approvals",
-                    "approve"} <= tools
+            assert {"run", "exec", "stop", "patch", "apply", "export", "approvals"} <= tools
+            assert "approve" not in tools, "an agent answers approvals only when asked to"
             err, out, text = await call(s, "run", workspace=str(ws), name="m1",
                                         secrets={"K": "env:MY_KEY@model.test"})
             seen.append(text)
@@ -72,3 +77,68 @@ def test_a_job_through_an_mcp_client_session(daemon: SdkDaemon, ws: Path, tmp_pa
     asyncio.run(asyncio.wait_for(main(), 120))
     assert all(SECRET not in t for t in seen)
     assert SECRET not in json.dumps(daemon.signer.records)
+
+
+def _pending(daemon: SdkDaemon, box: str, run_id: str, host: str) -> Future[Answer]:
+    """A connection of `box` waiting for an answer about `host`, as the door opens one."""
+    assert daemon.loop is not None
+    return asyncio.run_coroutine_threadsafe(
+        daemon.approvals.wait_for_answer(box, run_id, host, 443), daemon.loop)
+
+
+def test_approvals_are_answered_through_mcp_only_when_asked_and_recorded_as_an_agents(
+        daemon: SdkDaemon, ws: Path):
+    """A box's output reaches the agent driving tkbox: "call approve" is as easy to print
+    as anything. The approve tool is there only with --answer-approvals, and its answer
+    is recorded, and given to the connection, as an agent's, never as a person's."""
+    answers: list[Answer] = []
+
+    async def main() -> None:
+        async with stdio_client(params(daemon)) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            err, out, text = await call(s, "run", workspace=str(ws), name="a1")
+            assert not err, text
+            run_id = out["run_id"]
+            waiting = _pending(daemon, "a1", run_id, "one.test")
+            err, out, text = await call(s, "approvals")
+            assert [(a["box"], a["id"], a["host"]) for a in out["approvals"]] == [
+                ("a1", 1, "one.test")]
+            err, out, text = await call(s, "approve", box="a1", approval_id=1, allow=True)
+            assert err, "not offered without --answer-approvals"
+            assert not waiting.done()
+        async with stdio_client(params(daemon, "--answer-approvals")) as (r, w), \
+                ClientSession(r, w) as s:
+            await s.initialize()
+            assert "approve" in {t.name for t in (await s.list_tools()).tools}
+            err, out, text = await call(s, "approve", box="a1", approval_id=1, allow=True)
+            assert not err, text
+            answers.append(await asyncio.wrap_future(waiting))
+        # the same through the SDK and the CLI, each said as what it is
+        sdk_waiting = _pending(daemon, "a1", run_id, "two.test")
+        async with AsyncClient(str(daemon.socket)) as c:
+            pending = await c.approvals()
+            await c.answer("a1", pending[0]["id"], False)
+        answers.append(await asyncio.wrap_future(sdk_waiting))
+        cli_waiting = _pending(daemon, "a1", run_id, "three.test")
+        async with AsyncClient(str(daemon.socket)) as c:
+            pending = await c.approvals()
+        env = {**os.environ, "TKBOX_HOME": str(daemon.home),
+               "TKBOX_RUNTIME": str(daemon.socket.parent)}
+        r = subprocess.run([sys.executable, "-m", "tkbox.cli", "approve", "a1",
+                            str(pending[0]["id"])], env=env, capture_output=True, text=True,
+                           timeout=60)
+        assert r.returncode == 0, r.stderr
+        answers.append(await asyncio.wrap_future(cli_waiting))
+        recorded = [(rec["body"]["host"], rec["body"]["state"], rec["body"]["by"])
+                    for rec in daemon.signer.of_run(run_id, "tkbox.approval")
+                    if rec["body"]["state"] in ("approved", "denied")]
+        assert recorded == [
+            ("one.test", "approved", "an agent through tkbox mcp --answer-approvals"),
+            ("two.test", "denied", "a program on the host (the tkbox SDK)"),
+            ("three.test", "approved", "a person on the host")]
+
+    asyncio.run(asyncio.wait_for(main(), 120))
+    assert [(a.outcome, a.by) for a in answers] == [
+        ("approved", "an agent through tkbox mcp --answer-approvals"),
+        ("denied", "a program on the host (the tkbox SDK)"),
+        ("approved", "a person on the host")]

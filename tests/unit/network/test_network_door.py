@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import ipaddress
+import json
 from typing import Any
 
 from tkbox.doors.network.config import OperatorConfig
@@ -227,6 +228,31 @@ async def test_not_allowed_host_waits_and_passes_once_approved() -> None:
     await guest.aclose()
     await task
     assert door.board.list() == []
+
+
+@aiotest
+async def test_an_answer_an_agent_gave_is_never_said_to_be_a_persons() -> None:
+    door, signer, _, _ = make_door([], dns={"example.com": [PUBLIC], "b.example": [PUBLIC]},
+                                   box="demo")
+    guest, task = await open_conn(door, connect("example.com"))
+    await settle()
+    await door.board.answer("demo", 1, allow=True, via="mcp")
+    assert (await read_head(guest)).startswith(b"HTTP/1.1 200")
+    await guest.aclose()
+    await task
+    guest, task = await open_conn(door, connect("b.example"))
+    await settle()
+    await door.board.answer("demo", 2, allow=False, via="mcp")
+    head = await read_head(guest)
+    await task
+    assert b"denied by an agent through tkbox mcp" in head and b"person" not in head
+    guest, task = await open_conn(door, connect("b.example"))  # remembered, as the agent's
+    head = await read_head(guest)
+    await task
+    assert b"denied by an agent through tkbox mcp" in head and b"person" not in head
+    said = json.dumps(signer.records)
+    # the two answers, and the two refusals that name the denial
+    assert said.count("an agent through tkbox mcp") == 4 and "person" not in said
 
 
 @aiotest

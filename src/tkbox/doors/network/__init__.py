@@ -30,7 +30,7 @@ Errors: the door's tree is drawn in `errors` (`Stage`, `EgressRefused`,
 `ConnectionEnded`, `OriginError`, and where each core's own error lives).
 """
 
-from tkbox.doors.network.approvals import Answer, ApprovalBoard, PendingApproval
+from tkbox.doors.network.approvals import Answer, ApprovalBoard, PendingApproval, Via
 from tkbox.doors.network.clock import Clock, FakeClock, SystemClock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.door import EgressDoor, open_tcp
@@ -59,6 +59,7 @@ __all__ = [
     "Stage",
     "SystemClock",
     "SystemResolver",
+    "Via",
     "describe_presets",
     "open_tcp",
     "serve_tcp",

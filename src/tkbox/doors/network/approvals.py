@@ -2,10 +2,15 @@
 
 One `ApprovalBoard` is shared by every box of the daemon. A box's door asks
 with `wait_for_answer(...)`; the connection waits (up to two minutes) until
-someone on the host calls `answer(box, id, allow)` through the daemon's API
+someone on the host calls `answer(box, id, allow, via)` through the daemon's API
 (`tkbox approve BOX ID` / `tkbox deny BOX ID`). Nothing from the VM reaches
 `answer`: the door holds only `wait_for_answer`, and the guest's bytes never
 name an approval.
+
+`via` is the kind of client that sent the answer, as that client says: the
+CLI (a person), the SDK (a program), or `tkbox mcp --answer-approvals` (an
+agent, which may be answering what a box's output asked it to). The record
+and the connection's reason say which, never "a person" for the other two.
 
 Limits per box, refused at once beyond them (so a flood from one box cannot
 bury the person or the daemon): at most `max_pending` (16) pending, at most
@@ -44,10 +49,20 @@ class PendingApproval:
     since: float  # wall-clock seconds
 
 
+#: the clients that may answer, and who each answer is recorded as coming from
+Via = Literal["cli", "sdk", "mcp"]
+ANSWERED_BY: dict[str, str] = {
+    "cli": "a person on the host",
+    "sdk": "a program on the host (the tkbox SDK)",
+    "mcp": "an agent through tkbox mcp --answer-approvals",
+}
+
+
 @dataclass(frozen=True)
 class Answer:
     id: int
     outcome: Literal["approved", "denied", "expired", "stopped", "abandoned"]
+    by: str = ""  # who answered, for "approved" and "denied" (ANSWERED_BY)
 
     @property
     def approved(self) -> bool:
@@ -91,8 +106,10 @@ class ApprovalBoard:
         out = [p.info for b in self._boxes.values() for p in b.pending.values()]
         return sorted(out, key=lambda p: (p.since, p.box, p.id))
 
-    async def answer(self, box: str, approval_id: int, allow: bool) -> PendingApproval:
-        """A person's answer. Raises UserError if no such approval is pending."""
+    async def answer(self, box: str, approval_id: int, allow: bool,
+                     via: Via = "cli") -> PendingApproval:
+        """An answer from the host, sent through `via` (recorded as `ANSWERED_BY[via]`).
+        Raises UserError if no such approval is pending."""
         b = self._boxes.get(box)
         p = b.pending.get(approval_id) if b else None
         if b is None or p is None:
@@ -100,10 +117,11 @@ class ApprovalBoard:
                 f"no pending approval {approval_id} for box {box!r}; see tkbox approvals"
             )
         outcome: Literal["approved", "denied"] = "approved" if allow else "denied"
-        await self._record(p, outcome, by="a person on the host")
+        by = ANSWERED_BY[via]
+        await self._record(p, outcome, by=by)
         # the record is durable: only now may the connection learn the answer
         if b.pending.pop(approval_id, None) is not None and not p.future.done():
-            p.future.set_result(Answer(approval_id, outcome))
+            p.future.set_result(Answer(approval_id, outcome, by))
         return p.info
 
     async def stop_box(self, box: str) -> None:

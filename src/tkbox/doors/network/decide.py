@@ -174,12 +174,12 @@ class Decider:
             ) from None
         key = (host.name, port)
         if ans.outcome == "approved":
-            self.policy.approved[key] = ans.id
+            self.policy.approved[key] = (ans.id, ans.by)
         elif ans.outcome == "denied":
-            self.policy.denied[key] = ans.id
+            self.policy.denied[key] = (ans.id, ans.by)
             raise EgressRefused(
                 403,
-                f"refused: {host}:{port} was denied by a person on the host (approval {ans.id})",
+                f"refused: {host}:{port} was denied by {ans.by} (approval {ans.id})",
                 Stage.APPROVAL,
             )
         elif ans.outcome == "expired":

@@ -79,8 +79,9 @@ class EgressPolicy:
         self.allowlist = allowlist
         self.operator = operator
         self.addresses = addresses
-        self.approved: dict[tuple[str, int], int] = {}
-        self.denied: dict[tuple[str, int], int] = {}
+        # (host, port) -> (approval id, who answered: approvals.ANSWERED_BY)
+        self.approved: dict[tuple[str, int], tuple[int, str]] = {}
+        self.denied: dict[tuple[str, int], tuple[int, str]] = {}
 
     def admit(self, host: Host, port: int) -> Admission:
         match = self.allowlist.match(host, port)
@@ -90,18 +91,19 @@ class EgressPolicy:
             )
         key = (host.name, port)
         if key in self.approved:
-            n = self.approved[key]
+            n, by = self.approved[key]
             return Admission(
                 "allow",
-                f"approved by a person on the host (approval {n})",
+                f"approved by {by} (approval {n})",
                 f"approval {n}",
                 port in (80, 443),
             )
         if key in self.denied:
+            n, by = self.denied[key]
             return Admission(
                 "refuse",
-                f"refused: {host}:{port} was denied by a person on the host "
-                f"(approval {self.denied[key]}); add it with --allow to change that",
+                f"refused: {host}:{port} was denied by {by} "
+                f"(approval {n}); add it with --allow to change that",
             )
         others = self.allowlist.names_host(host)
         if others:
