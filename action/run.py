@@ -8,7 +8,10 @@ itself cannot run in CI), so what is tested is what the Action runs.
 It starts a signer and the daemon (unless one answers already), runs
 `tkbox agent ... --json`, and stops what it started. The patch, the bundle and
 the trust file are outputs; the step fails (non-zero exit, an `::error::`
-line) when the agent or a door fails, after the bundle is exported.
+line) when the agent or a door fails, after the bundle is exported. With the
+`apply` input (the default), the patch goes through the changes door into the
+workspace (`tkbox agent --apply`): `applied-patch` is what the door wrote, and
+each held-back file is a `::warning::` and a line of the summary.
 
 Operator settings (the runner's, never the box's), for mirrors and tests:
 `TKBOX_DAEMON_ARGS` holds extra `tkbox daemon` flags, e.g. `--egress-hosts F
@@ -29,10 +32,22 @@ from pathlib import Path
 TKBOX = [sys.executable, "-m", "tkbox.cli"]
 
 
+def command_data(text: str) -> str:
+    """`text` as a workflow command's message: one line, GitHub's escapes."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
 def fail(message: str, code: int = 1) -> None:
     # One line; GitHub turns it into an annotation.
-    print(f"::error title=tkbox::{message}", flush=True)
+    print(f"::error title=tkbox::{command_data(message)}", flush=True)
     sys.exit(code)
+
+
+def code_span(text: str) -> str:
+    """A name from the box as inline code in the summary (Markdown): no backtick, no
+    control character, bounded, so it cannot end the span or the line."""
+    clean = "".join(c if c.isprintable() and c != "`" else "?" for c in text[:300])
+    return f"`{clean}`" + ("…" if len(text) > 300 else "")
 
 
 def inputs() -> dict[str, str]:
@@ -137,6 +152,8 @@ def main() -> None:
         argv += ["--image", i["image"]]
     if i.get("model_host"):
         argv += ["--model-host", i["model_host"]]
+    if (i.get("apply") or "true").strip().lower() not in ("false", "0", "no"):
+        argv += ["--apply"]
     for a in split_list(i.get("allow", "")):
         argv += ["--allow", a]
     for s in (x.strip() for x in i.get("secrets", "").splitlines()):
@@ -159,12 +176,27 @@ def main() -> None:
     except ValueError:
         outcome = None
     if isinstance(outcome, dict):
+        held = [h for h in outcome.get("held_back") or [] if isinstance(h, dict)]
+        applied = outcome.get("applied")
         output(patch=str(outcome.get("patch") or ""), bundle=str(outcome.get("bundle") or ""),
                trust=str(outcome.get("trust") or ""), status=str(outcome.get("status")),
-               box=str(outcome.get("box") or ""))
+               box=str(outcome.get("box") or ""),
+               **{"applied-patch": str(outcome.get("applied_patch") or ""),
+                  "held-back": str((applied or {}).get("held back", 0))})
+        lines = [f"- **held back**: {code_span(str(h.get('path')))}: "
+                 f"{code_span(str(h.get('reason')))}" if h.get("path")
+                 else f"- **held back**: {code_span(str(h.get('reason')))}" for h in held]
+        for h in held:
+            print(f"::warning title=tkbox held back::{command_data(str(h.get('path')))}: "
+                  f"{command_data(str(h.get('reason')))}", flush=True)
+        counts = ", ".join(f"{v} {k}" for k, v in (applied or {}).items())
+        did = "" if not isinstance(applied, dict) else (
+            f"- applied to the workspace: {counts or 'nothing to apply'}"
+            f" (`{outcome.get('applied_patch')}`)\n")
         summary(f"### tkbox: {agent} in box `{outcome.get('box')}`\n\n"
                 f"- exit status: `{outcome.get('status')}`\n"
                 f"- patch: `{outcome.get('patch')}` ({outcome.get('patch_bytes')} bytes)\n"
+                + did + "".join(f"{line}\n" for line in lines) +
                 f"- bundle: `{outcome.get('bundle')}` (verify: `tkbox verify BUNDLE "
                 f"--trust TRUST`)\n" + (f"- **failed**: {outcome['error']}\n"
                                         if outcome.get("error") else ""))

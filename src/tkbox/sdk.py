@@ -147,6 +147,9 @@ class ApplyResult:
     files: tuple[FileChange, ...]
     counts: dict[str, int]
     raw: dict[str, Any] = field(repr=False)
+    #: with `apply(with_patch=True)`: the sections of the files applied (or that would
+    #: be), byte for byte as in the box's patch; a patch `git apply` takes
+    patch: bytes | None = field(default=None, repr=False)
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> ApplyResult:
@@ -154,9 +157,12 @@ class ApplyResult:
                                  status=str(f.get("status")), reason=str(f.get("reason", "")),
                                  mode=f.get("mode"), sha256=f.get("sha256"))
                       for f in d.get("files", []))
+        b64 = d.get("patch_b64")
         return cls(checkout=str(d.get("checkout")), patch_sha256=str(d.get("patch_sha256")),
                    dry_run=bool(d.get("dry_run")), files=files,
-                   counts=dict(d.get("counts", {})), raw=d)
+                   counts=dict(d.get("counts", {})),
+                   raw={k: v for k, v in d.items() if k != "patch_b64"},
+                   patch=base64.b64decode(str(b64)) if b64 is not None else None)
 
 
 @dataclass(frozen=True)
@@ -490,10 +496,12 @@ class Box:
         return base64.b64decode(str(data["patch_b64"]))
 
     def apply(self, *, dry_run: bool = True, checkout: str | Path | None = None,
-              allow_sensitive: bool = False) -> ApplyResult:
-        """Decide (and, with `dry_run=False`, write) the patch, file by file."""
+              allow_sensitive: bool = False, with_patch: bool = False) -> ApplyResult:
+        """Decide (and, with `dry_run=False`, write) the patch, file by file.
+        `with_patch`: the result's `patch` holds the sections of the files applied."""
         body = {"checkout": str(Path(checkout).resolve()) if checkout else None,
-                "allow_sensitive": allow_sensitive, "dry_run": dry_run}
+                "allow_sensitive": allow_sensitive, "dry_run": dry_run,
+                "with_patch": with_patch}
         return ApplyResult.from_json(
             self.client.call("POST", f"/v1/boxes/{self.name}/apply", json=body))
 
@@ -650,9 +658,11 @@ class AsyncBox:
         return base64.b64decode(str(data["patch_b64"]))
 
     async def apply(self, *, dry_run: bool = True, checkout: str | Path | None = None,
-                    allow_sensitive: bool = False) -> ApplyResult:
+                    allow_sensitive: bool = False, with_patch: bool = False) -> ApplyResult:
+        """As `Box.apply`."""
         body = {"checkout": str(Path(checkout).resolve()) if checkout else None,
-                "allow_sensitive": allow_sensitive, "dry_run": dry_run}
+                "allow_sensitive": allow_sensitive, "dry_run": dry_run,
+                "with_patch": with_patch}
         return ApplyResult.from_json(
             await self.client.call("POST", f"/v1/boxes/{self.name}/apply", json=body))
 

@@ -4,8 +4,17 @@
 check input ─▶ box (image, workspace, allowlist, secrets by reference)
             ─▶ agent runs as an ordinary uid in /workspace, bounded by --timeout
             ─▶ stop (egress closes, the patch is saved) ─▶ NAME.patch
+           [─▶ apply (--apply): the changes door, file by file, into the
+               workspace ─▶ NAME.applied.patch, what it wrote]
             ─▶ export ─▶ NAME.tkb + NAME.trust.json
 ```
+
+With `--apply`, a job whose agent succeeded ends with its patch decided and
+written through the changes door into the checkout it was copied from
+(`tkbox apply`: sensitive files held back, each write a signed decision in the
+run, before the bundle is exported), and `NAME.applied.patch` holds the sections
+of the files it wrote, byte for byte: what a later step or job should apply,
+rather than the box's own patch. A patch the door refuses fails the job.
 
 Once the box exists, every path ends with the box stopped and its bundle
 exported, failure included: the record of a failed job is the product too.
@@ -32,11 +41,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tkbox.errors import GuestError, TkboxError, UserError
+from tkbox.errors import GuestError, Refused, TkboxError, UserError
 from tkbox.sdk import Box, Client
 
 MAX_PROMPT = 64 * 1024
 MAX_AGENT_STDOUT = 8 * 1024 * 1024
+MAX_HELD_LISTED = 50  # held-back files named in the outcome; the rest counted
 AGENT_UID = 1000
 KILL_GRACE = 10.0
 
@@ -78,6 +88,7 @@ class AgentSpec:
     out_dir: Path = Path(".")
     model_host: str = "api.anthropic.com"
     key_env: str = "ANTHROPIC_API_KEY"
+    apply: bool = False             # --apply: the patch through the changes door
 
 
 @dataclass
@@ -89,9 +100,13 @@ class AgentOutcome:
     agent_result: dict[str, Any] | None = None
     patch: str | None = None
     patch_bytes: int = 0
+    applied_patch: str | None = None  # --apply: the sections of the files written
+    applied: dict[str, int] | None = None  # --apply: files by status (applied, held back…)
+    held_back: list[dict[str, str]] = field(default_factory=list)  # path, reason (bounded)
     bundle: str | None = None
     trust: str | None = None
     error: str | None = None
+    refused: bool = False  # the error is a door's refusal (the changes door's, of the patch)
     seconds: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -99,7 +114,8 @@ class AgentOutcome:
 
     def raise_for_error(self) -> None:
         if self.error:
-            raise AgentFailed(f"{self.error}; bundle {self.bundle or '(not exported)'}")
+            msg = f"{self.error}; bundle {self.bundle or '(not exported)'}"
+            raise Refused(msg) if self.refused else AgentFailed(msg)
 
 
 AGENTS = ("claude-code", "command")
@@ -296,9 +312,35 @@ def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
         out.patch, out.patch_bytes = str(p), len(data)
     except TkboxError as exc:
         log(f"tkbox: no patch: {exc}")
+    if spec.apply and out.patch is not None:
+        _apply(box, spec, out, log)
     try:
         r = client.export(box, spec.out_dir / f"{box.name}.tkb")
         out.bundle, out.trust = str(r.bundle), str(r.trust)
     except TkboxError as exc:
         out.error = out.error or f"the bundle could not be exported: {exc}"
         log(f"tkbox: no bundle: {exc}")
+
+
+def _apply(box: Box, spec: AgentSpec, out: AgentOutcome, log: Callable[[str], None]) -> None:
+    """The patch through the changes door into the workspace, before the export (so the
+    run holds its Write decisions); only for a job that did not fail."""
+    if out.error is not None:
+        log("tkbox: the patch was not applied: the job failed")
+        return
+    try:
+        r = box.apply(dry_run=False, checkout=spec.workspace, with_patch=True)
+    except TkboxError as exc:
+        out.error = f"the patch was not applied: {exc}"
+        out.refused = isinstance(exc, Refused)
+        return
+    p = spec.out_dir / f"{box.name}.applied.patch"
+    p.write_bytes(r.patch or b"")
+    out.applied_patch = str(p)
+    out.applied = {k: v for k, v in r.counts.items() if v}
+    held = [f for f in r.files if f.status == "held back"]
+    out.held_back = [{"path": f.path, "reason": f.reason} for f in held[:MAX_HELD_LISTED]]
+    if len(held) > MAX_HELD_LISTED:
+        out.held_back.append({"path": "", "reason": f"and {len(held) - MAX_HELD_LISTED} more"})
+    log(f"tkbox: applied to {spec.workspace}: " + (", ".join(
+        f"{v} {k}" for k, v in out.applied.items()) or "the patch changes nothing"))

@@ -28,6 +28,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from tkbox import __version__
 from tkbox.errors import Refused, TkboxError, UserError
@@ -587,6 +588,10 @@ def agent(
     model_host: Annotated[str, typer.Option(help="the model API's host")] = "api.anthropic.com",
     output_dir: Annotated[Path, typer.Option(help="where NAME.patch and NAME.tkb go")] = Path("."),
     rebuild_image: Annotated[bool, typer.Option(help="build tkbox/claude-code again")] = False,
+    apply: Annotated[bool, typer.Option(
+        "--apply", help="once the agent succeeds, decide and write its patch into the "
+        "workspace through the changes door (sensitive files held back); NAME.applied.patch "
+        "holds what was written")] = False,
     as_json: JsonOpt = False,
 ) -> None:
     """Run a coding agent headless in a box on a prompt; keep its patch and its bundle."""
@@ -596,7 +601,8 @@ def agent(
     spec = AgentSpec(agent=agent_name, prompt=prompt, command=agent_command,
                      workspace=workspace.resolve(), image=image, allow=allow, env=envs,
                      secrets=secret, name=name, memory_mib=memory, vcpus=cpus,
-                     timeout=timeout, out_dir=output_dir.resolve(), model_host=model_host)
+                     timeout=timeout, out_dir=output_dir.resolve(), model_host=model_host,
+                     apply=apply)
     check(spec)
     client = _client()
     client.info()  # no daemon: say so before building anything
@@ -612,11 +618,20 @@ def agent(
             sys.stderr.buffer.flush()
 
     outcome = run_job(client, spec, echo=echo)
-    _emit(outcome.to_json(), as_json, lambda o: out.print(
-        f"{o['box']}: agent done (exit {o['status']}); patch {o['patch']} "
-        f"({o['patch_bytes']} bytes); bundle {o['bundle']}. Check it: "
-        f"tkbox verify {o['bundle']} --trust {o['trust']}", markup=False)
-        if not o["error"] else None)
+    def human(o: dict[str, Any]) -> None:
+        if o["error"]:
+            return
+        applied = "" if o["applied"] is None else "; applied: " + (", ".join(
+            f"{v} {k}" for k, v in o["applied"].items()) or "nothing to apply") + \
+            f" ({o['applied_patch']})"
+        out.print(f"{o['box']}: agent done (exit {o['status']}); patch {o['patch']} "
+                  f"({o['patch_bytes']} bytes){applied}; bundle {o['bundle']}. Check it: "
+                  f"tkbox verify {o['bundle']} --trust {o['trust']}", markup=False)
+        for h in o["held_back"]:
+            out.print(Text(f"held back: {h['path']} ({h['reason']})" if h["path"]
+                           else f"held back: {h['reason']}", style="yellow"))
+
+    _emit(outcome.to_json(), as_json, human)
     outcome.raise_for_error()
 
 

@@ -104,6 +104,7 @@ class ApplyBody(BaseModel):
     checkout: str | None = Field(default=None, max_length=4096)
     allow_sensitive: bool = False
     dry_run: bool = False
+    with_patch: bool = False  # also return the applied files' sections (`patch_b64`)
 
 
 class AnswerBody(BaseModel):
@@ -263,7 +264,8 @@ def make_app(manager: BoxManager, info: dict[str, Any]) -> FastAPI:
 
     @app.post("/v1/boxes/{name}/apply")
     async def apply(name: str, body: ApplyBody) -> dict[str, Any]:
-        return await manager.apply(name, body.checkout, body.allow_sensitive, body.dry_run)
+        return await manager.apply(name, body.checkout, body.allow_sensitive, body.dry_run,
+                                   with_patch=body.with_patch)
 
     @app.post("/v1/boxes/{name}/export")
     async def export(name: str) -> dict[str, Any]:

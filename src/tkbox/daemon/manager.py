@@ -16,6 +16,7 @@ the box and is queued as a gap, recorded as soon as the signer takes it.
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import hashlib
 import logging
@@ -427,7 +428,9 @@ class BoxManager(CommandVerbs, CopyVerbs):
     # ---- apply --------------------------------------------------------------------
 
     async def apply(self, name: str, checkout: str | None, allow_sensitive: bool,
-                    dry_run: bool) -> dict[str, Any]:
+                    dry_run: bool, *, with_patch: bool = False) -> dict[str, Any]:
+        """Decide (and unless `dry_run`, write) the box's patch into `checkout`; the
+        report as JSON, with `patch_b64` (the applied files' sections) if `with_patch`."""
         from tkbox.doors.changes import apply_patch
 
         box = self.get(name)
@@ -443,6 +446,8 @@ class BoxManager(CommandVerbs, CopyVerbs):
         report = await apply_patch(data, target, self.signer, box.run_id,
                                    allow_sensitive=allow_sensitive, dry_run=dry_run)
         result: dict[str, Any] = report.to_json()
+        if with_patch:
+            result["patch_b64"] = base64.b64encode(report.patch).decode()
         if not dry_run:
             await self.record(box, "tkbox.apply", _apply_record(result))
             box.info.applied.append({"checkout": str(target), "time": time.time()})

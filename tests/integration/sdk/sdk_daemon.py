@@ -35,6 +35,11 @@ PATCH = (b"diff --git a/hello.txt b/hello.txt\nnew file mode 100644\n"
          b"index 0000000000000000000000000000000000000000.."
          b"ce013625030ba8dba906f756967f9e9ca394464a\n"
          b"--- /dev/null\n+++ b/hello.txt\n@@ -0,0 +1 @@\n+hello\n")
+#: what the box's patch adds after an exec that names `tkbox-test-sensitive`: a workflow
+WORKFLOW = (b"diff --git a/.github/workflows/x.yml b/.github/workflows/x.yml\n"
+            b"new file mode 100644\nindex 0000000000000000000000000000000000000000.."
+            b"b83836ed8c80558d4e40ea4ac5d69f4405334799\n--- /dev/null\n"
+            b"+++ b/.github/workflows/x.yml\n@@ -0,0 +1 @@\n+on: push\n")
 
 
 async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
@@ -43,6 +48,7 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
     await fs.send({"ev": "ready", "uptime": 0.01})
     await fs.aclose()
     done = asyncio.Event()
+    patch = bytearray(PATCH)
 
     async def rpc(stream: ByteStream) -> None:
         fs = FramedStream(stream)
@@ -63,10 +69,14 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
             await fs.send({"ev": "out", "fd": 1, "data": " ".join(argv).encode() + b"\n"})
             await fs.send({"ev": "out", "fd": 2, "data": b"to stderr\n"})
             failing = any("tkbox-test-fail" in a for a in argv)
+            if any("tkbox-test-sensitive" in a for a in argv) and WORKFLOW not in patch:
+                patch[:0] = WORKFLOW
+            if any("tkbox-test-unreadable-patch" in a for a in argv):
+                patch.extend(b"diff --git a/x b/x\nnot a patch line\n")
             status = 3 if argv[0] == "false" else 7 if failing else 0
             await fs.send({"ev": "exit", "status": status, "signal": 0})
         elif op == "diff":
-            await fs.send({"ev": "data", "data": PATCH})
+            await fs.send({"ev": "data", "data": bytes(patch)})
             await fs.send({"ev": "end", "stats": {}})
         elif op == "shutdown":
             await fs.send({"ev": "ok"})

@@ -70,6 +70,50 @@ def test_the_action_script_runs_a_job(daemon: SdkDaemon, ws: Path, tmp_path: Pat
     assert o["status"] == "0" and o["box"].startswith("agent-")
     assert Path(o["bundle"]).parent == tmp_path / "runner-temp" / "tkbox-out"
     assert "exit status: `0`" in (tmp_path / "summary.md").read_text()
+    # applied through the changes door by default: the workspace has it, and the
+    # applied patch is the box's (nothing was held back)
+    assert (ws / "hello.txt").read_text() == "hello\n"
+    assert Path(o["applied-patch"]).read_bytes() == Path(o["patch"]).read_bytes()
+    assert o["held-back"] == "0"
+    assert "applied to the workspace: 1 applied" in (tmp_path / "summary.md").read_text()
+
+
+def test_the_action_holds_back_a_workflow_and_outputs_only_what_the_door_wrote(
+        daemon: SdkDaemon, ws: Path, tmp_path: Path):
+    r, o = run_script(daemon, tmp_path, ws, agent="command", image="oci:/x", prompt="p",
+                      agent_command="my-agent tkbox-test-sensitive")
+    assert r.returncode == 0, r.stdout + r.stderr
+    box_patch, applied = Path(o["patch"]).read_bytes(), Path(o["applied-patch"]).read_bytes()
+    assert b".github/workflows/x.yml" in box_patch
+    assert applied.startswith(b"diff --git a/hello.txt") and b".github" not in applied
+    assert box_patch.endswith(applied), "the applied files' sections, byte for byte"
+    assert (ws / "hello.txt").is_file() and not (ws / ".github").exists()
+    assert o["held-back"] == "1"
+    assert "::warning title=tkbox held back::.github/workflows/x.yml: " in r.stdout
+    assert "- **held back**: `.github/workflows/x.yml`" in (tmp_path / "summary.md").read_text()
+    # the write is a signed decision of the box's run, the held-back file none
+    writes = [rec["resource"]["path"] for rec in daemon.signer.records
+              if rec["kind"] == "tkbox.decision" and rec["action"] == "Write"]
+    assert writes == ["hello.txt"]
+
+
+def test_the_action_fails_the_step_when_the_door_refuses_the_patch(
+        daemon: SdkDaemon, ws: Path, tmp_path: Path):
+    r, o = run_script(daemon, tmp_path, ws, agent="command", image="oci:/x", prompt="p",
+                      agent_command="my-agent tkbox-test-unreadable-patch")
+    assert r.returncode == 5, "a door said no (docs/exit-status.md)"
+    assert "::error title=tkbox::the patch was not applied: " in r.stdout
+    assert not (ws / "hello.txt").exists(), "refused as a whole: nothing written"
+    assert Path(o["bundle"]).is_file() and o["applied-patch"] == ""
+
+
+def test_the_action_leaves_the_workspace_alone_without_apply(daemon: SdkDaemon, ws: Path,
+                                                             tmp_path: Path):
+    r, o = run_script(daemon, tmp_path, ws, agent="command", image="oci:/x", prompt="p",
+                      agent_command="my-agent", apply="false")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert Path(o["patch"]).is_file() and o["applied-patch"] == ""
+    assert not (ws / "hello.txt").exists()
 
 
 def test_the_action_fails_the_step_when_the_agent_fails(daemon: SdkDaemon, ws: Path,
@@ -79,6 +123,7 @@ def test_the_action_fails_the_step_when_the_agent_fails(daemon: SdkDaemon, ws: P
     assert r.returncode != 0
     assert "::error title=tkbox::the agent exited with status 7" in r.stdout
     assert Path(o["bundle"]).is_file(), "the bundle is exported even when the agent fails"
+    assert not (ws / "hello.txt").exists(), "a failed job's patch is not applied"
 
 
 def test_the_action_refuses_an_empty_prompt(daemon: SdkDaemon, ws: Path, tmp_path: Path):

@@ -529,5 +529,5 @@ def _report(root: Path, plan: Plan, dry_run: bool, allow_sensitive: bool, notes:
         status: Status = done if f.status == "apply" else f.status
         files.append(FileResult(f.path, f.kind, status, f.reason, f.mode, f.sha256))
     return ApplyReport(str(root), plan.patch.sha256, dry_run, allow_sensitive, tuple(files),
-                       tuple(notes))
+                       tuple(notes), plan.patch.subset(plan.kept_sections()))
 

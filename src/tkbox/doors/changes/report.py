@@ -39,6 +39,9 @@ class ApplyReport:
     allow_sensitive: bool
     files: tuple[FileResult, ...] = ()
     notes: tuple[str, ...] = field(default_factory=tuple)
+    #: the sections of the files applied (or, in a dry run, that would be), byte for
+    #: byte: what git applied to its copy and agreed with; not in `to_json`
+    patch: bytes = field(default=b"", repr=False)
 
     def count(self, status: Status) -> int:
         return sum(1 for f in self.files if f.status == status)
