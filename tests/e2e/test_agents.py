@@ -405,6 +405,15 @@ def test_claude_code_through_the_actions_script(world: dict[str, Any]) -> None:
     # the Action's outputs carry no agent result; its step summary and status do
     check_job(world, ws, outcome, since, agent_result=False)
     assert KEY not in r.stdout + r.stderr
+    # and it applied the patch through the changes door (its default): the workspace
+    # has the fix, the applied patch is the box's (nothing held back), and each file
+    # written is a Write decision in the bundle
+    assert (ws / "calc.py").read_text().endswith("return a + b\n")
+    applied = Path(o["applied-patch"]).read_bytes()
+    assert applied == Path(o["patch"]).read_bytes() and o["held-back"] == "0"
+    writes = [r["body"]["resource"]["path"] for r in records(s, o["bundle"])
+              if r["kind"] == "tkbox.decision" and r["body"]["action"] == "Write"]
+    assert "calc.py" in writes and all(f"b/{p}".encode() in applied for p in writes), writes
 
 
 @pytest.mark.parametrize("command, timeout, needle", [
