@@ -60,7 +60,8 @@ from tkbox.errors import InternalError, RegistryError, TkboxError
 
 # --- limits ---------------------------------------------------------------------------
 
-MAX_ENTRIES = 1_000_000  # entries over all layers of one image (memory for the plan)
+MAX_ENTRIES = 1_000_000  # entries and directories they imply, over all layers (plan memory)
+MAX_PLAN_BYTES = 256 * 1024**2  # names, link names, xattrs and implied paths the plan keeps
 MAX_PATH = 4096  # bytes in one entry name, as Linux's PATH_MAX
 MAX_COMPONENT = 255  # bytes in one path component, as Linux's NAME_MAX
 MAX_EXT_HEADER = 256 * 1024  # bytes in one PAX or GNU long-name record
@@ -218,11 +219,10 @@ class _Dir:
 @dataclass(slots=True)
 class _Entry:
     ordinal: int
-    parts: tuple[str, ...]
     kind: bytes
-    link: tuple[str, ...] | None
     dirmeta: _DirMeta | None
-    name: str
+    name: str  # its components and a hard link's target are split again when applied
+    linkname: str
 
 
 _REG = (tarfile.REGTYPE, tarfile.AREGTYPE, tarfile.CONTTYPE)
@@ -256,6 +256,21 @@ class Planner:
         self.root = _Dir(_DirMeta(0o755, 0, 0, 0, {}))
         self.entries = 0
         self.layers = 0
+        self.bytes = 0
+
+    def _charge(self, nodes: int, size: int) -> None:
+        """Count what the plan keeps. Every entry and every directory a name implies is a
+        node; names, link names, xattrs and the paths of implied directories are bytes. A
+        tiny compressed layer can name a directory 2,000 levels deep per entry, or carry
+        256 KiB of xattrs per entry: bounded here, before the tree holds them."""
+        self.entries += nodes
+        self.bytes += size
+        if self.entries > MAX_ENTRIES:
+            raise _LayerRefused(f"the image has more than {MAX_ENTRIES} entries "
+                                "(with the directories their names imply)")
+        if self.bytes > MAX_PLAN_BYTES:
+            raise _LayerRefused(f"the image's names and xattrs take more than "
+                                f"{MAX_PLAN_BYTES // 1024**2} MiB")
 
     # tree helpers
     def _lookup(self, parts: tuple[str, ...]) -> _Dir | _Inode | None:
@@ -274,11 +289,14 @@ class Planner:
         (implicitly, as tar does) if `create`, else None. A non-directory: refused
         if `create`, else None (a whiteout under a file hides nothing)."""
         node = self.root
+        depth = 0
         for p in parts:
+            depth += len(p) + 1
             nxt = node.children.get(p)
             if nxt is None:
                 if not create:
                     return None
+                self._charge(1, depth)
                 nxt = node.children[p] = _Dir(None)
             elif isinstance(nxt, _Inode):
                 if nxt.kind == tarfile.SYMTYPE:
@@ -292,12 +310,12 @@ class Planner:
     def add_layer(self, members: Iterator[tarfile.TarInfo]) -> None:
         index = self.layers
         self.layers += 1
-        whiteouts: list[tuple[tuple[str, ...], bool, str]] = []
+        whiteouts: list[tuple[str, bool]] = []  # (name, opaque); split again when applied
         entries: list[_Entry] = []
         for ordinal, info in enumerate(members):
-            self.entries += 1
-            if self.entries > MAX_ENTRIES:
-                raise _LayerRefused(f"the image has more than {MAX_ENTRIES} entries")
+            xattrs = _xattrs(info) if info.type == tarfile.DIRTYPE else {}
+            self._charge(1, len(info.name) + len(info.linkname)
+                         + sum(len(k) + len(v) for k, v in xattrs.items()))
             try:
                 parts = split_name(info.name)
             except _LayerRefused as e:
@@ -307,24 +325,23 @@ class Planner:
                 continue  # AUFS metadata tree (.wh..wh.plnk/...): ignored, as Docker does
             if base.startswith(WHITEOUT):
                 if base == OPAQUE:
-                    whiteouts.append((parts[:-1], True, info.name))
+                    whiteouts.append((info.name, True))
                 elif base.startswith(WHITEOUT + WHITEOUT):
                     continue  # AUFS metadata (.wh..wh.plnk, ...): ignored, as Docker does
                 else:
                     target = base[len(WHITEOUT):]
                     if target in ("", ".", ".."):
                         raise _LayerRefused(f"entry {info.name!r}: a whiteout of {target!r}")
-                    whiteouts.append((parts[:-1] + (target,), False, info.name))
+                    whiteouts.append((info.name, False))
                 continue
             if not parts:
                 continue  # the root's own entry: the root keeps the packer's defaults
             kind = info.type
-            link: tuple[str, ...] | None = None
             dirmeta: _DirMeta | None = None
             if kind in _REG:
                 kind = tarfile.REGTYPE
             elif kind == tarfile.DIRTYPE:
-                dirmeta = _DirMeta(info.mode, info.uid, info.gid, info.mtime, _xattrs(info))
+                dirmeta = _DirMeta(info.mode, info.uid, info.gid, info.mtime, xattrs)
             elif kind == tarfile.LNKTYPE:
                 try:
                     link = split_name(info.linkname)
@@ -340,12 +357,14 @@ class Planner:
                 raise _LayerRefused(f"entry {info.name!r}: sparse files are not supported")
             else:
                 raise _LayerRefused(f"entry {info.name!r}: unsupported tar entry type {kind!r}")
-            entries.append(_Entry(ordinal, parts, kind, link, dirmeta, info.name))
+            entries.append(_Entry(ordinal, kind, dirmeta, info.name,
+                                  info.linkname if kind == tarfile.LNKTYPE else ""))
 
         # Whiteouts hide what the LOWER layers hold, wherever they sit in this layer.
-        for parts, opaque, name in whiteouts:
+        for name, opaque in whiteouts:
+            parts = split_name(name)  # D/.wh..wh..opq (opaque) or D/.wh.NAME
             try:
-                parent = self._dir(parts if opaque else parts[:-1], create=False)
+                parent = self._dir(parts[:-1], create=False)
             except _LayerRefused as e:
                 raise _LayerRefused(f"entry {name!r}: {e}") from None
             if parent is None:
@@ -353,15 +372,16 @@ class Planner:
             if opaque:
                 parent.children.clear()
             else:
-                parent.children.pop(parts[-1], None)
+                parent.children.pop(parts[-1][len(WHITEOUT):], None)
 
         for ent in entries:
+            parts = split_name(ent.name)  # checked above; not kept, to keep the plan small
             try:
-                parent = self._dir(ent.parts[:-1], create=True)
+                parent = self._dir(parts[:-1], create=True)
             except _LayerRefused as err:
                 raise _LayerRefused(f"entry {ent.name!r}: {err}") from None
             assert parent is not None
-            base = ent.parts[-1]
+            base = parts[-1]
             existing = parent.children.get(base)
             if ent.kind == tarfile.DIRTYPE:
                 if isinstance(existing, _Dir):
@@ -369,11 +389,11 @@ class Planner:
                 else:
                     parent.children[base] = _Dir(ent.dirmeta)
             elif ent.kind == tarfile.LNKTYPE:
-                assert ent.link is not None
-                linked = self._lookup(ent.link)
+                link = split_name(ent.linkname)
+                linked = self._lookup(link)
                 if not isinstance(linked, _Inode):
                     raise _LayerRefused(
-                        f"entry {ent.name!r}: hard link to {'/'.join(ent.link)!r}, which is "
+                        f"entry {ent.name!r}: hard link to {'/'.join(link)!r}, which is "
                         + ("a directory" if isinstance(linked, _Dir) else "not in the image")
                     )
                 parent.children[base] = linked

@@ -5,6 +5,7 @@ from __future__ import annotations
 import gzip
 import io
 import tarfile
+import tracemalloc
 from typing import Any
 
 import pytest
@@ -246,6 +247,48 @@ def test_entry_count_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(flatten, "MAX_ENTRIES", 3)
     with pytest.raises(RegistryError, match="more than 3 entries"):
         flat(L().file("a").file("b").file("c").file("d").tar())
+
+
+def test_directories_a_name_implies_are_bounded_like_entries() -> None:
+    """A name 2,000 levels deep makes 2,000 directories the plan holds, each with its own
+    path: 200 such entries (a 1.5 KB zstd layer) took 930 MiB. They are counted, with the
+    bytes of their paths, before the tree holds them."""
+    deep = "/".join(["a"] * 2000)
+    t = L()
+    for i in range(200):
+        t.file(f"{i}/{deep}")
+    blob = zstandard.ZstdCompressor().compress(t.tar())
+    assert len(blob) < 64 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(RegistryError, match="names and xattrs take more than 256 MiB"):
+            plan_layers([layer(blob)])
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 200 * 1024**2
+
+
+def test_implied_directories_count_as_entries(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(flatten, "MAX_ENTRIES", 100)
+    with pytest.raises(RegistryError, match="more than 100 entries"):
+        plan_layers([layer(L().file("/".join(["d"] * 120)).tar())])
+
+
+def test_xattrs_the_plan_keeps_are_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A directory's xattrs are held until the emit pass: 2,000 directories with 200 KB
+    each (a 37 KB zstd layer) took 380 MiB; the bytes are counted against the plan's."""
+    monkeypatch.setattr(flatten, "MAX_PLAN_BYTES", 1024 * 1024)
+    t = L()
+    for i in range(20):
+        t.dir(f"d{i}", xattrs={"user.a": "v" * 100_000})
+    with pytest.raises(RegistryError, match="names and xattrs take more than 1 MiB"):
+        plan_layers([layer(t.tar())])
+    # the same directories, with small xattrs, are fine
+    t = L()
+    for i in range(20):
+        t.dir(f"d{i}", xattrs={"user.a": "v" * 100})
+    assert len(plan_layers([layer(t.tar())]).dirs) == 20
 
 
 def test_uncompressed_size_is_bounded(monkeypatch: pytest.MonkeyPatch) -> None:
