@@ -70,7 +70,7 @@ class Layout:
             if not entries:
                 names = sorted({d.annotation(REF_NAME) or "" for d in index.manifests} - {""})
                 raise UserError(f"{self.where} has no image tagged {tag!r} "
-                                f"(it has: {', '.join(names) or 'no tags'})")
+                                f"(it has: {', '.join(map(repr, names[:20])) or 'no tags'})")
         else:
             entries = list(index.manifests)
             if len(entries) != 1:

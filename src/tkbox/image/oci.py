@@ -67,6 +67,10 @@ MAX_BLOB = 64 * 1024**3  # one layer; also bounds what a descriptor may claim
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _RESTRICTED_NAME = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"  # RFC 6838 §4.2
 _MEDIA_TYPE = re.compile(_RESTRICTED_NAME + "/" + _RESTRICTED_NAME)
+# os, architecture and variant: Go's GOOS/GOARCH words ("linux", "amd64", "v8"), which
+# tkbox names in its messages; anything else (an escape sequence for the terminal) is
+# malformed.
+_PLATFORM_WORD = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,63}")
 
 PLATFORM_OS = "linux"
 PLATFORM_ARCH = "amd64"
@@ -153,6 +157,16 @@ def _str(obj: dict[str, Any], key: str, what: str, *, required: bool = True) -> 
     return v
 
 
+def _platform_word(obj: dict[str, Any], key: str, what: str, *,
+                   required: bool = True) -> str | None:
+    v = _str(obj, key, what, required=required)
+    if v == "" and not required:
+        return None
+    if v is not None and not _PLATFORM_WORD.fullmatch(v):
+        raise RegistryError(f"{what}: {key} {v[:80]!r} is malformed")
+    return v
+
+
 def _int(v: object, what: str) -> int:
     if not isinstance(v, int) or isinstance(v, bool):
         raise RegistryError(f"{what} must be an integer")
@@ -197,9 +211,9 @@ def parse_descriptor(v: object, what: str) -> Descriptor:
         p = v["platform"]
         if not isinstance(p, dict):
             raise RegistryError(f"{what}: platform is not an object")
-        os_ = _str(p, "os", what)
-        arch = _str(p, "architecture", what)
-        variant = _str(p, "variant", what, required=False)
+        os_ = _platform_word(p, "os", what)
+        arch = _platform_word(p, "architecture", what)
+        variant = _platform_word(p, "variant", what, required=False)
         assert os_ is not None and arch is not None
         platform = Platform(os_, arch, variant)
     ann: tuple[tuple[str, str], ...] = ()
@@ -338,10 +352,9 @@ def _strings(v: object, what: str) -> tuple[str, ...] | None:
 
 def parse_config(data: bytes) -> ImageConfig:
     obj = parse_json(data, "image config", MAX_CONFIG)
-    os_ = obj.get("os")
-    arch = obj.get("architecture")
-    if not isinstance(os_, str) or not isinstance(arch, str):
-        raise RegistryError("image config: 'os' and 'architecture' must be strings")
+    os_ = _platform_word(obj, "os", "image config")
+    arch = _platform_word(obj, "architecture", "image config")
+    assert os_ is not None and arch is not None
     rootfs = obj.get("rootfs")
     if not isinstance(rootfs, dict) or rootfs.get("type") != "layers":
         raise RegistryError("image config: rootfs must be of type 'layers'")

@@ -159,7 +159,7 @@ class RegistryClient:
             except httpx.TransportError as e:
                 if _bad_certificate(e):
                     raise RegistryError(
-                        f"the TLS certificate of {urlsplit(url).netloc} does not verify; "
+                        f"the TLS certificate of {urlsplit(url).netloc!r} does not verify; "
                         "if it is a private CA, pass its bundle with --ca-bundle or "
                         "SSL_CERT_FILE") from None
                 attempts[0] += 1
@@ -229,7 +229,7 @@ class RegistryClient:
         if header and header.startswith("sha256:") and header != digest:
             raise RegistryError(
                 f"{self._where()}: the manifest hashes to {digest} but the registry says "
-                f"{header}; refused")
+                f"{header[:80]!r}; refused")
         return body, r.headers.get("content-type"), digest
 
     async def resolve_manifest(

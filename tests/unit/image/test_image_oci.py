@@ -152,3 +152,42 @@ def test_synthesized_image_is_a_valid_manifest_and_deterministic() -> None:
     again = oci.synthesize(D2, 99, oci.ImageConfig(env=("A=1",), cmd=("/bin/sh",)),
                            created="1970-01-01T00:00:00Z")
     assert again == (cfg, man)
+
+
+@pytest.mark.parametrize("where", ["index-os", "index-arch", "index-variant", "config-os",
+                                   "config-arch"])
+@pytest.mark.parametrize("value", ["\x1b]0;owned\x07\x1b[2J", "linux\x9b31m", "amd\u202e46",
+                                   "a b", "x" * 65])
+def test_platform_words_that_tkbox_would_print_are_parsed_strictly(where: str,
+                                                                   value: str) -> None:
+    """An index's platforms and a config's os/arch reach one-line errors ("the image has
+    no linux/amd64 variant (it has: …)"): they printed the registry's terminal escapes
+    raw. They are Go's GOOS/GOARCH words; anything else is malformed, shown escaped."""
+    if where.startswith("index"):
+        os_, arch, variant = "linux", "arm64", None
+        if where == "index-os":
+            os_ = value
+        elif where == "index-arch":
+            arch = value
+        else:
+            variant = value
+        with pytest.raises(RegistryError, match="is malformed") as e:
+            oci.parse_document(index([(os_, arch, variant)]))
+    else:
+        c = json.loads(config())
+        c["os" if where == "config-os" else "architecture"] = value
+        with pytest.raises(RegistryError, match="is malformed") as e:
+            oci.parse_config(json.dumps(c).encode())
+    assert str(e.value).isprintable()
+
+
+def test_usual_platform_words_are_accepted() -> None:
+    doc = oci.parse_document(index([("linux", "arm64", "v8"), ("unknown", "unknown", None),
+                                    ("linux", "ppc64le", None), ("linux", "amd64", "v1")]))
+    assert isinstance(doc, oci.Index)
+    assert oci.select_platform(doc).platform == oci.Platform("linux", "amd64", "v1")
+    body = json.loads(index([("linux", "amd64", None)]))
+    body["manifests"][0]["platform"]["variant"] = ""
+    doc = oci.parse_document(json.dumps(body).encode())
+    assert isinstance(doc, oci.Index) and doc.manifests[0].platform == oci.Platform(
+        "linux", "amd64", None)
