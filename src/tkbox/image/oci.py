@@ -63,6 +63,10 @@ MAX_LAYERS = 500  # Docker refuses more than 127; leave room, but bound memory
 MAX_INDEX_ENTRIES = 1000
 MAX_NESTING = 64
 MAX_BLOB = 64 * 1024**3  # one layer; also bounds what a descriptor may claim
+# The layers' declared sizes together: the image's uncompressed bound (flatten), checked
+# before a byte is fetched. Each layer alone within MAX_BLOB let 500 of them claim 31 TiB,
+# all fetched, verified against digests the registry chose, and kept in the store.
+MAX_IMAGE_LAYERS_SIZE = 64 * 1024**3
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _RESTRICTED_NAME = r"[A-Za-z0-9][A-Za-z0-9!#$&^_.+-]{0,126}"  # RFC 6838 §4.2
@@ -298,6 +302,14 @@ def parse_document(
             )
         if d.media_type not in LAYERS:
             raise RegistryError(f"layer {d.digest} has unknown media type {d.media_type!r}")
+    sizes: dict[str, int] = {}
+    for d in descs:
+        sizes[d.digest] = max(d.size, sizes.get(d.digest, 0))
+    total = sum(sizes.values())
+    if total > MAX_IMAGE_LAYERS_SIZE:
+        raise RegistryError(
+            f"{what}: its layers add up to {total} bytes, more than the "
+            f"{MAX_IMAGE_LAYERS_SIZE // 1024**3} GiB an image may have")
     return Manifest(mt, config, descs)
 
 

@@ -191,3 +191,18 @@ def test_usual_platform_words_are_accepted() -> None:
     doc = oci.parse_document(json.dumps(body).encode())
     assert isinstance(doc, oci.Index) and doc.manifests[0].platform == oci.Platform(
         "linux", "amd64", None)
+
+
+def test_the_layers_declared_sizes_together_are_bounded_before_any_fetch() -> None:
+    """Each layer may claim up to 64 GiB; 500 of them claimed 31 TiB, every byte fetched and
+    kept in the store (the registry chooses the digests, so they verify)."""
+    body = json.loads(manifest())
+    one = body["layers"][0]
+    body["layers"] = [{**one, "digest": "sha256:" + f"{i:064x}", "size": oci.MAX_BLOB}
+                      for i in range(2)]
+    with pytest.raises(RegistryError, match="layers add up to .* more than the 64 GiB"):
+        oci.parse_document(json.dumps(body).encode())
+    # the same layer twice is fetched once, and counted once
+    body["layers"] = [{**one, "size": oci.MAX_BLOB}] * 2
+    doc = oci.parse_document(json.dumps(body).encode())
+    assert isinstance(doc, oci.Manifest) and len(doc.layers) == 2
