@@ -243,6 +243,12 @@ class Index:
 
 
 def _document_type(obj: dict[str, Any], content_type: str | None, what: str) -> str:
+    # A document with both shapes is read as one or the other depending on a header that
+    # is not part of its digest (CVE-2021-41190): one digest, two images. The image spec
+    # forbids it; so it is refused, and the shape alone then tells the two kinds apart.
+    if "manifests" in obj and ("config" in obj or "layers" in obj):
+        raise RegistryError(f"{what} has both 'manifests' and 'config' or 'layers', so it "
+                            "could be read as an index or as a manifest; refused")
     mt = obj.get("mediaType")
     if mt is not None and not isinstance(mt, str):
         raise RegistryError(f"{what}: mediaType must be a string")

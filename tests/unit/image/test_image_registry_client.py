@@ -258,3 +258,22 @@ def test_oversized_manifest_is_refused(store: ImageStore) -> None:
 def test_unknown_image_is_a_user_error(store: ImageStore) -> None:
     with pytest.raises(UserError, match="not found"):
         run(FakeRegistry(), lambda c: c.resolve_manifest("nope", store))
+
+
+def test_a_document_with_both_shapes_is_refused_before_it_is_stored(store: ImageStore) -> None:
+    """Without a mediaType, a body with 'manifests' and 'config'/'layers' was a manifest when
+    the Content-Type said so and an index when read back from the store by its digest: the
+    pull ended in an InternalError (exit 70, "a bug in tkbox"). Refused as ambiguous."""
+    body = json.dumps({
+        "schemaVersion": 2,
+        "config": {"mediaType": oci.OCI_CONFIG, "digest": BLOB_D, "size": len(BLOB)},
+        "layers": [],
+        "manifests": [{"mediaType": oci.OCI_MANIFEST, "digest": "sha256:" + "2" * 64,
+                       "size": 3, "platform": {"os": "linux", "architecture": "amd64"}}],
+    }).encode()
+    for ctype in (oci.DOCKER_MANIFEST, oci.OCI_INDEX):
+        fake = FakeRegistry()
+        fake.manifests = {"v1": (body, ctype)}
+        with pytest.raises(RegistryError, match="could be read as an index or as a manifest"):
+            run(fake, lambda c: c.resolve_manifest("v1", store))
+        assert not store.has_blob(oci.sha256_digest(body))
