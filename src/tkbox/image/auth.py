@@ -144,7 +144,11 @@ def token_request(challenge: Challenge, repository: str) -> TokenRequest:
     realm = challenge.get("realm")
     if not realm:
         raise RegistryError("the registry's Bearer challenge names no realm")
-    parts = urlsplit(realm)
+    try:
+        parts = urlsplit(realm)
+    except ValueError:  # "Invalid IPv6 URL"
+        raise RegistryError(f"the registry's token service {realm[:100]!r} is not a URL; "
+                            "refused") from None
     if parts.scheme != "https" or not parts.hostname:
         raise RegistryError(
             f"the registry's token service {realm[:100]!r} is not an https URL; refused"

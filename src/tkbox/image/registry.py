@@ -46,6 +46,10 @@ CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0
 
 Sleep = Callable[[float], Awaitable[None]]
+# What httpx raises, other than a TransportError, on an answer it cannot parse: its own
+# InvalidURL, or idna's IDNAError (a UnicodeError) for a redirect to a host like `xn--`,
+# which it reads even when it does not follow redirects.
+_UNPARSABLE = (httpx.InvalidURL, UnicodeError)
 
 
 def ssl_context(ca_bundle: Path | None = None) -> ssl.SSLContext:
@@ -56,6 +60,23 @@ def ssl_context(ca_bundle: Path | None = None) -> ssl.SSLContext:
         return ssl.create_default_context(cafile=str(cafile) if cafile else None)
     except (OSError, ssl.SSLError) as e:
         raise UserError(f"cannot read the CA bundle {cafile}: {e}") from None
+
+
+def _https_url(base: str, ref: str, what: str) -> str:
+    """`ref` (a redirect's Location, a token realm) resolved against `base`, parsed the way
+    httpx will parse it, and https; else one `RegistryError`. httpx raised its own
+    InvalidURL, or idna's IDNAError, for a host like `xn--` or a port like `:b`."""
+    try:
+        url = urljoin(base, ref)
+        parsed = httpx.URL(url)
+        host = parsed.host  # decodes an IDNA host: raises for a malformed one
+        _origin(url)  # urllib's port: raises for one out of range
+    except (httpx.InvalidURL, ValueError):  # IDNAError and UnicodeError are ValueErrors
+        raise RegistryError(f"{what} {ref[:100]!r}, which is not a valid URL; "
+                            "refused") from None
+    if parsed.scheme != "https" or not host:
+        raise RegistryError(f"{what} {ref[:100]!r}, a non-https URL; refused")
+    return url
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -115,9 +136,10 @@ class RegistryClient:
             raise self._private()
         self._token_tried = True
         req = token_request(bearer, self.repository)
+        url = _https_url(self.base, req.url, f"{self.host} sent its token service to")
         for attempt in range(self._max_attempts):
             try:
-                async with self._client.stream("GET", req.url) as r:
+                async with self._client.stream("GET", url) as r:
                     if r.status_code == 429 or r.status_code >= 500:
                         retry_after = r.headers.get("retry-after")
                         await r.aclose()
@@ -131,9 +153,15 @@ class RegistryClient:
                     body = await _read_bounded(r, 64 * 1024, "the token service's answer")
                     self._token = parse_token_response(body)
                     return
+            except _UNPARSABLE as e:
+                raise self._unparsable(e) from None
             except httpx.TransportError:
                 await self._backoff(attempt)
         raise RegistryError(f"the token service of {self.host} did not answer; try again later")
+
+    def _unparsable(self, e: BaseException) -> RegistryError:
+        return RegistryError(f"{self.host} answered with a header httpx cannot parse "
+                             f"({type(e).__name__}: {str(e)[:100]!r}); refused")
 
     def _private(self) -> RegistryError:
         return RegistryError(
@@ -156,6 +184,8 @@ class RegistryClient:
             request = self._client.build_request("GET", url, headers=headers)
             try:
                 r = await self._client.send(request, stream=True)
+            except _UNPARSABLE as e:
+                raise self._unparsable(e) from None
             except httpx.TransportError as e:
                 if _bad_certificate(e):
                     raise RegistryError(
@@ -181,10 +211,7 @@ class RegistryClient:
                 redirects += 1
                 if not location or redirects > MAX_REDIRECTS:
                     raise RegistryError(f"{self.host} redirected too often or nowhere")
-                url = urljoin(url, location)
-                if urlsplit(url).scheme != "https":
-                    raise RegistryError(
-                        f"{self.host} redirected to a non-https URL; refused")
+                url = _https_url(url, location, f"{self.host} redirected to")
                 continue
             if status == 429 or status >= 500:
                 retry_after = r.headers.get("retry-after")

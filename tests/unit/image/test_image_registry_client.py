@@ -277,3 +277,36 @@ def test_a_document_with_both_shapes_is_refused_before_it_is_stored(store: Image
         with pytest.raises(RegistryError, match="could be read as an index or as a manifest"):
             run(fake, lambda c: c.resolve_manifest("v1", store))
         assert not store.has_blob(oci.sha256_digest(body))
+
+
+class HostileUrls(FakeRegistry):
+    """A registry whose blob redirect, or token realm, is a URL httpx or urllib cannot use."""
+
+    def __init__(self, where: str, url: str) -> None:
+        super().__init__()
+        self.where, self.url = where, url
+        self.need_token = where == "location"  # the Authorization decision parses the URL
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == HOST and self.where == "realm":
+            self.requests.append(request)
+            return httpx.Response(401, headers={"www-authenticate": f'Bearer realm="{self.url}"'})
+        if "/blobs/" in request.url.path and request.url.host == HOST and \
+                request.headers.get("authorization"):
+            self.requests.append(request)
+            return httpx.Response(307, headers={"location": self.url})
+        return super().handler(request)
+
+
+@pytest.mark.parametrize("where", ["location", "realm"])
+@pytest.mark.parametrize("url", ["https://xn--/x", "https://a:99999/x", "https://[::1/x",
+                                 "https://a:b/x"])
+def test_a_url_from_the_registry_that_cannot_be_parsed_is_a_registry_error(
+        store: ImageStore, where: str, url: str) -> None:
+    """A redirect to `https://xn--/x` raised idna's IDNAError out of httpx, a port out of
+    range urllib's ValueError, a realm `https://a:b/` httpx's InvalidURL: `tkbox image
+    pull` ended in a traceback. Each is one RegistryError, and nothing is fetched there."""
+    fake = HostileUrls(where, url)
+    with pytest.raises(RegistryError):
+        run(fake, lambda c: c.fetch_blob(desc(), store, NullProgress()))
+    assert not store.has_blob(BLOB_D)
