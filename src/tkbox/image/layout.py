@@ -14,6 +14,7 @@ gzip), member by member, never extracted.
 
 from __future__ import annotations
 
+import re
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,12 +23,17 @@ from typing import IO
 
 from tkbox.errors import RegistryError, UserError
 from tkbox.image import oci
+from tkbox.image.flatten import BoundedTarInfo
 from tkbox.image.progress import ProgressEvent, ProgressSink
 from tkbox.image.reference import LayoutRef
 from tkbox.image.sink import BlobSink
 
 REF_NAME = "org.opencontainers.image.ref.name"
 _CHUNK = 1024 * 1024
+# Members of an OCI archive read: an image of 500 layers needs a few more; an index of
+# 1,000 images a few thousand more. Only the members a layout uses are kept in memory.
+MAX_ARCHIVE_MEMBERS = 100_000
+_WANTED = re.compile(r"oci-layout|index\.json|blobs/sha256/[0-9a-f]{64}")
 
 
 class Layout:
@@ -126,12 +132,20 @@ class ArchiveLayout(Layout):
         super().__init__(where)
         self.tf = tf
         self.members: dict[str, tarfile.TarInfo] = {}
-        for m in tf.getmembers():
+        # Not getmembers(): it keeps every header, and a gzip of a few hundred KB holds
+        # hundreds of thousands of them (200,000 took 72 MiB). Read one at a time,
+        # bounded, keeping only the members a layout is made of.
+        count = 0
+        while (m := tf.next()) is not None:
+            tf.members = []  # type: ignore[attr-defined]  # keep no header we do not use
+            count += 1
+            if count > MAX_ARCHIVE_MEMBERS:
+                raise RegistryError(f"{where} has more than {MAX_ARCHIVE_MEMBERS} members; "
+                                    "an OCI archive holds one per blob")
             name = m.name
             while name.startswith("./"):
                 name = name[2:]
-            if m.isfile() and name in ("oci-layout", "index.json") or \
-                    name.startswith("blobs/sha256/"):
+            if _WANTED.fullmatch(name):
                 self.members[name] = m
 
     def open(self, name: str) -> IO[bytes]:
@@ -153,7 +167,7 @@ def open_layout(ref: LayoutRef) -> Iterator[Layout]:
     if not ref.path.is_file():
         raise UserError(f"{ref}: {ref.path} is not a file")
     try:
-        tf = tarfile.open(ref.path, "r:*")
+        tf = tarfile.open(ref.path, "r:*", tarinfo=BoundedTarInfo)
     except (tarfile.TarError, OSError, EOFError) as e:
         raise UserError(f"{ref}: not a readable tar archive ({e})") from None
     try:

@@ -155,3 +155,27 @@ def test_cli_import_ls_inspect_rm_prune_json(tmp_path: Path, monkeypatch: pytest
     assert json.loads(r.output)["blobs"] == 3
     r = runner.invoke(image_app, ["import", str(tmp_path / "missing.tar"), "--tag", "x"])
     assert r.exit_code == 2 and "is not a file" in r.output
+
+
+def test_an_oci_archive_of_countless_members_is_refused_without_holding_them(
+        store: ImageStore, tmp_path: Path) -> None:
+    """The archive's headers were all read into memory first (getmembers): 200,000 empty
+    members, a 450 KB gzip, took 72 MiB, and nothing bounded their number. Members are
+    read one at a time, only those a layout uses are kept, and their number is bounded."""
+    import tracemalloc
+
+    from tkbox.errors import RegistryError
+
+    archive = tmp_path / "bomb.tar.gz"
+    header = tarfile.TarInfo("x").tobuf(tarfile.USTAR_FORMAT)
+    with gzip.open(archive, "wb") as g:
+        g.write(header * 100_001 + b"\0" * 1024)
+    assert archive.stat().st_size < 1024 * 1024
+    tracemalloc.start()
+    try:
+        with pytest.raises(RegistryError, match="more than 100000 members"):
+            asyncio.run(store.resolve(f"oci-archive:{archive}"))
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 16 * 1024 * 1024
