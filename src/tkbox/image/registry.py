@@ -24,6 +24,7 @@ import asyncio
 import os
 import random
 import ssl
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from types import TracebackType
@@ -44,6 +45,13 @@ MAX_RETRY_AFTER = 30.0
 MAX_ERROR_BODY = 4096
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0
+# httpx's timeouts bound each read, not a transfer: a registry sending a byte every 59 s
+# held a pull for ever. A document (manifest, index, token answer) must arrive whole
+# within DOCUMENT_DEADLINE; a blob must bring MIN_PROGRESS bytes in every PROGRESS_WINDOW
+# (about 17 KiB/s), or it counts as broken off (retried, within the attempts).
+DOCUMENT_DEADLINE = 120.0
+PROGRESS_WINDOW = 60.0
+MIN_PROGRESS = 1024 * 1024
 
 Sleep = Callable[[float], Awaitable[None]]
 # What httpx raises, other than a TransportError, on an answer it cannot parse: its own
@@ -77,6 +85,10 @@ def _https_url(base: str, ref: str, what: str) -> str:
     if parsed.scheme != "https" or not host:
         raise RegistryError(f"{what} {ref[:100]!r}, a non-https URL; refused")
     return url
+
+
+def _now() -> float:
+    return time.monotonic()
 
 
 def _origin(url: str) -> tuple[str, str, int]:
@@ -304,11 +316,21 @@ class RegistryClient:
                     r = await self._send(f"/v2/{self.repository}/blobs/{desc.digest}",
                                          attempt_box=attempts)
                     try:
-                        async for chunk in r.aiter_bytes(1024 * 1024):
+                        # As the bytes come (not gathered into large chunks, which
+                        # would wait for a trickle): the pace is checked on each.
+                        window, window_bytes, shown = _now(), 0, 0
+                        async for chunk in r.aiter_bytes():
                             w.write(chunk)
-                            sink.emit(ProgressEvent("blob", digest=desc.digest,
-                                                    size=desc.size, done=w.written,
-                                                    state="progress"))
+                            window_bytes += len(chunk)
+                            if _now() - window >= PROGRESS_WINDOW:
+                                if window_bytes < MIN_PROGRESS:
+                                    raise httpx.ReadTimeout("the transfer is too slow")
+                                window, window_bytes = _now(), 0
+                            if w.written - shown >= 1024 * 1024 or w.written == desc.size:
+                                shown = w.written
+                                sink.emit(ProgressEvent("blob", digest=desc.digest,
+                                                        size=desc.size, done=w.written,
+                                                        state="progress"))
                         if w.written < desc.size:
                             raise httpx.RemoteProtocolError("the transfer ended early")
                     except httpx.TransportError as e:
@@ -349,11 +371,15 @@ async def _read_bounded(r: httpx.Response, limit: int, what: str) -> bytes:
     if declared is not None and declared.isdigit() and int(declared) > limit:
         raise RegistryError(f"{what} is {declared} bytes, more than the {limit} allowed")
     buf = bytearray()
+    start = _now()
     try:
         async for chunk in r.aiter_bytes():
             buf += chunk
             if len(buf) > limit:
                 raise RegistryError(f"{what} is more than the {limit} bytes allowed")
+            if _now() - start > DOCUMENT_DEADLINE:
+                raise RegistryError(f"{what} took more than {DOCUMENT_DEADLINE:.0f} s to "
+                                    "arrive; refused")
     except httpx.TransportError as e:
         raise RegistryError(f"{what} broke off ({type(e).__name__}); try again") from None
     return bytes(buf)

@@ -310,3 +310,67 @@ def test_a_url_from_the_registry_that_cannot_be_parsed_is_a_registry_error(
     with pytest.raises(RegistryError):
         run(fake, lambda c: c.fetch_blob(desc(), store, NullProgress()))
     assert not store.has_blob(BLOB_D)
+
+
+class Trickle(httpx.AsyncByteStream):
+    """A body that sends `step` bytes at a time while the clock moves `gap` seconds each."""
+
+    def __init__(self, data: bytes, step: int, gap: float, clock: list[float]) -> None:
+        self.data, self.step, self.gap, self.clock = data, step, gap, clock
+        self.sent = 0
+
+    async def __aiter__(self) -> AsyncIterator[bytes]:
+        for i in range(0, len(self.data), self.step):
+            self.clock[0] += self.gap
+            self.sent += 1
+            yield self.data[i:i + self.step]
+
+
+def trickling(monkeypatch: pytest.MonkeyPatch, step: int, gap: float
+              ) -> tuple[FakeRegistry, list[Trickle]]:
+    from tkbox.image import registry
+
+    clock = [0.0]
+    monkeypatch.setattr(registry, "_now", lambda: clock[0], raising=False)
+    bodies: list[Trickle] = []
+
+    class Slow(FakeRegistry):
+        def handler(self, request: httpx.Request) -> httpx.Response:
+            r = super().handler(request)
+            if r.status_code != 200:
+                return r
+            body = Trickle(r.content, step, gap, clock)
+            bodies.append(body)
+            return httpx.Response(200, headers=r.headers, stream=body)
+
+    return Slow(), bodies
+
+
+def test_a_manifest_that_trickles_is_refused_at_its_deadline(
+        store: ImageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    """httpx bounds each read (60 s), not a body: a byte every 59 s kept a pull waiting
+    for years on a 4 MiB manifest. A document must arrive whole within 120 s."""
+    fake, bodies = trickling(monkeypatch, 1, 59.0)
+    fake.manifests = {"v1": (manifest_bytes(), oci.OCI_MANIFEST)}
+    with pytest.raises(RegistryError, match="took more than 120 s"):
+        run(fake, lambda c: c.resolve_manifest("v1", store))
+    assert [b.sent for b in bodies] == [3]
+
+
+def test_a_blob_that_trickles_is_broken_off_and_retried_within_the_attempts(
+        store: ImageStore, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake, bodies = trickling(monkeypatch, 1, 59.0)
+    with pytest.raises(RegistryError, match="broke off 5 times"):
+        run(fake, lambda c: c.fetch_blob(desc(), store, NullProgress()))
+    assert [b.sent for b in bodies] == [2] * 5
+    assert not store.has_blob(BLOB_D)
+
+
+def test_a_slow_but_steady_blob_is_not_cut(store: ImageStore,
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """1 MiB or more a minute, for as long as the blob takes, is fine."""
+    big = b"x" * (3 * 1024 * 1024)
+    fake, _ = trickling(monkeypatch, 1024 * 1024, 59.0)
+    fake.blobs[oci.sha256_digest(big)] = big
+    path, _ = run(fake, lambda c: c.fetch_blob(desc(big), store, NullProgress()))
+    assert Path(str(path)).read_bytes() == big
