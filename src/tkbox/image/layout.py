@@ -14,7 +14,9 @@ gzip), member by member, never extracted.
 
 from __future__ import annotations
 
+import os
 import re
+import stat
 import tarfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -119,12 +121,23 @@ class DirLayout(Layout):
         self.root = root
 
     def open(self, name: str) -> IO[bytes]:
+        """`name`, which must be a regular file: opened without blocking, so a FIFO (which
+        held the open for ever) or a device is refused instead of read."""
         try:
-            return open(self.root / name, "rb")
+            fd = os.open(self.root / name,
+                         os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY | os.O_CLOEXEC)
         except FileNotFoundError:
             raise UserError(f"{self.where}: {name} is missing; is this an OCI layout?") from None
         except OSError as e:
             raise UserError(f"{self.where}: cannot read {name}: {e.strerror}") from None
+        try:
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                raise UserError(f"{self.where}: {name} is not a regular file")
+            os.set_blocking(fd, True)
+            return os.fdopen(fd, "rb")
+        except BaseException:
+            os.close(fd)
+            raise
 
 
 class ArchiveLayout(Layout):

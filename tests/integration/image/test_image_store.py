@@ -179,3 +179,24 @@ def test_an_oci_archive_of_countless_members_is_refused_without_holding_them(
     finally:
         tracemalloc.stop()
     assert peak < 16 * 1024 * 1024
+
+
+@pytest.mark.timeout(60, method="thread")  # a FIFO blocks a worker thread in open()
+def test_an_oci_layouts_files_must_be_regular_files(store: ImageStore, tmp_path: Path) -> None:
+    """A layout directory is someone else's: its index.json as a FIFO held `tkbox image
+    pull oci:DIR` in open() for ever (in a worker thread, so not even a signal ended it);
+    a blob linked to /dev/zero was read up to its descriptor's size. Each is refused by
+    what it is, before a byte is read."""
+    lay = tmp_path / "lay"
+    (lay / "blobs" / "sha256").mkdir(parents=True)
+    (lay / "oci-layout").write_text('{"imageLayoutVersion":"1.0.0"}')
+    os.mkfifo(lay / "index.json")
+    with pytest.raises(UserError, match="index.json is not a regular file"):
+        asyncio.run(store.resolve(f"oci:{lay}"))
+    (lay / "index.json").unlink()
+    digest = "sha256:" + "ab" * 32
+    (lay / "index.json").write_text(json.dumps({"schemaVersion": 2, "manifests": [
+        {"mediaType": oci.OCI_MANIFEST, "digest": digest, "size": 1000}]}))
+    (lay / "blobs" / "sha256" / digest[7:]).symlink_to("/dev/zero")
+    with pytest.raises(UserError, match=f"{digest[7:]} is not a regular file"):
+        asyncio.run(store.resolve(f"oci:{lay}"))
