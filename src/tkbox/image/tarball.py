@@ -26,9 +26,14 @@ from tkbox.image import oci
 from tkbox.image._fs import TempArea, host_error, publish, temp_file
 from tkbox.image.blobs import BlobStore
 from tkbox.image.disks import Disks
+from tkbox.image.flatten import MAX_UNCOMPRESSED
 from tkbox.image.progress import ProgressEvent, ProgressSink
 
 _COPY = 1024 * 1024
+# What a tarball may decompress to: the image's uncompressed bound (flatten), applied as
+# it is copied. The copy came before flattening, with no bound: a 3 MB zstd file of zeros
+# wrote 4 GiB into the store in 15 s, and would have gone on until the disk was full.
+MAX_TARBALL = MAX_UNCOMPRESSED
 
 
 def import_layer(path: Path, config: oci.ImageConfig, blobs: BlobStore, disks: Disks,
@@ -69,9 +74,12 @@ def _ingest(path: Path, blobs: BlobStore, area: TempArea,
             sink.emit(ProgressEvent("blob", digest=f"import:{path.name}", size=total,
                                     state="start"))
             while chunk := src.read(_COPY):
+                size += len(chunk)
+                if size > MAX_TARBALL:
+                    raise UserError(f"{path} decompresses to more than {MAX_TARBALL} bytes, "
+                                    "the most an image may hold; nothing was imported")
                 sha.update(chunk)
                 f.write(chunk)
-                size += len(chunk)
                 sink.emit(ProgressEvent("blob", digest=f"import:{path.name}", size=total,
                                         done=min(raw.tell(), total), state="progress"))
             digest = "sha256:" + sha.hexdigest()

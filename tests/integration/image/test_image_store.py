@@ -71,6 +71,25 @@ def test_import_refuses_escaping_tarballs_and_leaves_nothing(store: ImageStore,
     assert store.ls() == [] and not list(store.root.glob("disks/sha256/*"))
 
 
+def test_import_stops_at_the_images_bound_while_it_decompresses(
+        store: ImageStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The tarball was copied into the store decompressed, without a bound, before
+    anything else looked at it: a 3 MB zstd of zeros wrote 4 GiB in 15 s and would have
+    filled the disk. The copy stops at the image's uncompressed bound (here 1 MiB)."""
+    import zstandard
+
+    from tkbox.image import tarball
+
+    monkeypatch.setattr(tarball, "MAX_TARBALL", 1024 * 1024, raising=False)
+    bomb = tmp_path / "bomb.tar.zst"
+    bomb.write_bytes(zstandard.ZstdCompressor().compress(
+        L().file("zeros", b"\0" * (4 * 1024 * 1024)).tar()))
+    with pytest.raises(UserError, match="decompresses to more than 1048576 bytes"):
+        store.import_tar(bomb, "me/bomb")
+    assert store.ls() == [] and not list(store.root.glob("blobs/sha256/*"))
+    assert not [p for p in store.root.glob("tmp/*/*") if p.is_file()]
+
+
 def test_rm_and_prune(store: ImageStore, tmp_path: Path) -> None:
     a = store.import_tar(rootfs_tar(tmp_path / "r.tar"), "me/a")
     store.import_tar(rootfs_tar(tmp_path / "r2.tar"), "me/b")
