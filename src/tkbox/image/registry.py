@@ -87,6 +87,11 @@ def _https_url(base: str, ref: str, what: str) -> str:
     return url
 
 
+def _shown(s: str) -> str:
+    """`s` as is if it is printable (a host name), else quoted with its escapes."""
+    return s if s.isprintable() else repr(s[:100])
+
+
 def _now() -> float:
     return time.monotonic()
 
@@ -201,7 +206,7 @@ class RegistryClient:
             except httpx.TransportError as e:
                 if _bad_certificate(e):
                     raise RegistryError(
-                        f"the TLS certificate of {urlsplit(url).netloc!r} does not verify; "
+                        f"the TLS certificate of {_shown(urlsplit(url).netloc)} does not verify; "
                         "if it is a private CA, pass its bundle with --ca-bundle or "
                         "SSL_CERT_FILE") from None
                 attempts[0] += 1
