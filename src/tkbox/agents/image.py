@@ -34,6 +34,7 @@ from pathlib import Path
 
 from tkbox import paths
 from tkbox.errors import HostError, TkboxError, UserError
+from tkbox.image.flatten import BoundedTarInfo
 from tkbox.sdk import Client
 
 IMAGE = "tkbox/claude-code"
@@ -42,6 +43,8 @@ PACKAGE = "@anthropic-ai/claude-code"
 #: the version measured in docs/agents.md; TKBOX_CLAUDE_CODE_VERSION overrides it
 VERSION = os.environ.get("TKBOX_CLAUDE_CODE_VERSION", "2.1.328")
 EXTRA_PACKAGES = ("nodejs", "npm")
+#: files the layer installed in the box may hold (Claude Code's are a few hundred)
+MAX_LAYER_MEMBERS = 100_000
 
 INSTALL = r"""set -eu
 cd /workspace
@@ -178,10 +181,17 @@ def merge(base: Path, layer: Path, out: Path) -> None:
     names, are taken; anything else refuses the build.
     """
     try:
-        with tarfile.open(layer) as lt:
-            members = lt.getmembers()
+        # members one by one, with the image layers' bounds on extended headers (a
+        # chain of them raised RecursionError; global PAX headers added up without
+        # bound), and at most MAX_LAYER_MEMBERS of them (`getmembers` had no bound)
+        with tarfile.open(layer, tarinfo=BoundedTarInfo) as lt:
+            members: list[tarfile.TarInfo] = []
             names = set()
-            for m in members:
+            for m in lt:
+                if len(members) >= MAX_LAYER_MEMBERS:
+                    raise HostError(f"the installed layer holds more than {MAX_LAYER_MEMBERS} "
+                                    "files; refused")
+                members.append(m)
                 n = m.name
                 if not n.startswith("usr/local/") or ".." in n.split("/") or \
                         not (m.isfile() or m.isdir() or m.issym()):
