@@ -21,6 +21,11 @@ against every implementation:
 - Once the VM has ended, `ports.connect` raises `TransportClosed` (the VM's
   end, not the guest's fault) and `pause`/`resume` raise `VMEnded`.
 - Every task a VM starts is owned by it and has ended once `wait` returns.
+- Nothing the guest can make its VMM write grows a host file without bound: the
+  VMM's stdout and stderr (where QEMU reports the guest's device errors, one
+  line each, as often as the guest makes them) and the guest's console go
+  through pipes or sockets into files capped at `LOG_CAP` bytes each
+  (`drain_to_file`); the rest is read and dropped, so the VMM never blocks.
 """
 
 from __future__ import annotations
@@ -40,6 +45,30 @@ from tkbox.protocol.ports import Ports
 
 #: Called with the new VM's ports before its guest can open a stream: serve there.
 BeforeBoot = Callable[[Ports], None]
+
+#: Bytes kept of each file a VMM's output goes to (its stdout/stderr, the console).
+LOG_CAP = 16 << 20
+#: What ends a capped file once its output was cut.
+DROPPED = b"\n[tkbox: output past this point was dropped]\n"
+
+
+async def drain_to_file(stream: asyncio.StreamReader | None, path: Path, cap: int) -> None:
+    """Copy `stream` into `path` (0600, made anew), keeping at most `cap` bytes and then
+    `DROPPED`; the rest is read and dropped until EOF, so the writer never blocks."""
+    if stream is None:
+        return
+    kept = 0
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
+    try:
+        while chunk := await stream.read(65536):
+            if kept < cap:
+                part = chunk[: cap - kept]
+                os.write(fd, part)
+                kept += len(part)
+                if kept >= cap:
+                    os.write(fd, DROPPED)
+    finally:
+        os.close(fd)
 
 
 @dataclass(frozen=True)

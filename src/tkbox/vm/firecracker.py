@@ -59,7 +59,8 @@ from tkbox.protocol.vsock import (
     HybridVsockHostPorts,
     listener_path,
 )
-from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec
+from tkbox.vm import base
+from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec, drain_to_file
 from tkbox.vm.errors import VMEnded, VMError
 
 FIRECRACKER = "firecracker"
@@ -72,7 +73,7 @@ BOOT_ARGS = "console=ttyS0 reboot=k panic=1 pci=off"
 #: Tells the guest agent its ports are AF_VSOCK, not the serial mux.
 VSOCK_ARG = "tkbox.ports=vsock"
 #: Bytes kept of each of the VMM's output streams; the rest is read and dropped.
-LOG_CAP = 16 << 20
+LOG_CAP = base.LOG_CAP
 #: Bytes read of an API response body (Firecracker's are a few hundred).
 MAX_API_BODY = 64 << 10
 #: Characters of a fault message put into an error.
@@ -278,24 +279,6 @@ def _make_pdeathsig() -> Callable[[], None] | None:
     return set_pdeathsig
 
 
-async def _drain(stream: asyncio.StreamReader | None, path: Path, cap: int) -> None:
-    """Copy `stream` into `path`, keeping at most `cap` bytes; read the rest and drop it."""
-    if stream is None:
-        return
-    kept = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC | os.O_CLOEXEC, 0o600)
-    try:
-        while chunk := await stream.read(65536):
-            if kept < cap:
-                part = chunk[: cap - kept]
-                os.write(fd, part)
-                kept += len(part)
-                if kept >= cap:
-                    os.write(fd, b"\n[tkbox: output past this point was dropped]\n")
-    finally:
-        os.close(fd)
-
-
 def _tail(path: Path, limit: int = 400) -> str:
     try:
         with open(path, "rb") as f:
@@ -327,8 +310,8 @@ class FirecrackerVM(ProcessVM):
         self._tasks = TaskOwner(f"tkbox-firecracker-{spec.name}")
         self._ended = self._tasks.spawn(proc.wait())
         self._drains = [
-            self._tasks.spawn(_drain(proc.stdout, spec.workdir / CONSOLE_LOG, LOG_CAP)),
-            self._tasks.spawn(_drain(proc.stderr, spec.workdir / VMM_LOG, LOG_CAP)),
+            self._tasks.spawn(drain_to_file(proc.stdout, spec.workdir / CONSOLE_LOG, LOG_CAP)),
+            self._tasks.spawn(drain_to_file(proc.stderr, spec.workdir / VMM_LOG, LOG_CAP)),
         ]
 
     @property

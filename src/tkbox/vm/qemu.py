@@ -12,7 +12,11 @@ guest kernel's config; otherwise we use software emulation (TCG) and say so.
 
 The VMM process gets a private 0700 working directory, no inherited file
 descriptors, its own session, and `PR_SET_PDEATHSIG` so that it cannot outlive
-the daemon; it is reaped however it ends.
+the daemon; it is reaped however it ends. Its stdout and stderr are a pipe
+drained into `qemu.log`, capped at `QEMU_LOG_CAP`: QEMU reports a guest's
+device errors there (`Guest says index 5 is available`, one line per fault,
+as often as a guest kernel that drives a virtio device's registers makes
+them), so a file it wrote itself would grow without bound.
 
 Booted templates (`tkbox.vm.template`): where a template matches the VM's key,
 the VM starts with `-incoming` from it and is woken on the mux port; where none
@@ -62,7 +66,16 @@ from tkbox.protocol.streams import AsyncioStream
 from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import VhostVsockHostPorts
 from tkbox.vm import template as tpl
-from tkbox.vm.base import BeforeBoot, Disk, Launcher, ProcessVM, VMSpec, check_boot_files
+from tkbox.vm.base import (
+    LOG_CAP,
+    BeforeBoot,
+    Disk,
+    Launcher,
+    ProcessVM,
+    VMSpec,
+    check_boot_files,
+    drain_to_file,
+)
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
 from tkbox.vm.cid import claim_cid
 from tkbox.vm.errors import VMEnded, VMError
@@ -72,6 +85,10 @@ log = logging.getLogger("tkbox.vm.qemu")
 QEMU = "qemu-system-x86_64"
 PR_SET_PDEATHSIG = 1
 CONSOLE_CAP = 16 * 1024 * 1024
+#: Bytes kept of QEMU's own output (stdout and stderr) in qemu.log; the rest is dropped.
+QEMU_LOG_CAP = LOG_CAP
+#: Seconds to wait, once QEMU has ended, for the last of its output to reach qemu.log.
+LOG_SETTLE = 2.0
 TEMPLATE_BOOT_TIMEOUT = 300.0
 #: The guest agent's side of the template handshake (tkbox.guest.agent).
 PARKED, WAKE = b"tkbox-parked\n", b"W"
@@ -388,6 +405,7 @@ class QemuVM(ProcessVM):
         self._last: dict[str, object] = {}
         self._tasks = TaskOwner(f"tkbox-qemu-{spec.name}")
         self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._log = _drain_log(proc, spec.workdir, self._tasks)
         self._tasks.spawn(self._reap())
 
     @property
@@ -515,6 +533,8 @@ class QemuVM(ProcessVM):
         if qmp is not None:
             with contextlib.suppress(Exception):
                 await qmp.disconnect()  # type: ignore[attr-defined]
+        # QEMU's last words (why it ended) reach qemu.log before its drain is ended.
+        await asyncio.wait({self._log}, timeout=LOG_SETTLE)
         self._tasks.cancel()  # the console drain and the mux engine end with the VM
         try:
             if hasattr(self, "ports"):
@@ -531,19 +551,27 @@ class QemuVM(ProcessVM):
 async def _spawn(argv: list[str], workdir: Path,
                  pass_fds: tuple[int, ...] = ()) -> asyncio.subprocess.Process:
     """Start QEMU: private cwd, stdin from /dev/null, no inherited descriptors but
-    `pass_fds` (the vhost-vsock device holding the box's CID), its own session."""
+    `pass_fds` (the vhost-vsock device holding the box's CID), its own session.
+
+    Its stdout and stderr are one pipe: the caller must drain it (`_drain_log`) from
+    now on, or QEMU blocks once the pipe is full."""
     (workdir / "argv.json").write_text(json.dumps(argv))
-    log_file = open(workdir / "qemu.log", "wb")  # noqa: SIM115 - handed to the child
     try:
         return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=log_file, stderr=log_file,
-            cwd=workdir, close_fds=True, pass_fds=pass_fds, start_new_session=True,
+            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+            stderr=asyncio.subprocess.STDOUT, cwd=workdir, close_fds=True,
+            pass_fds=pass_fds, start_new_session=True,
             preexec_fn=_pdeathsig,  # noqa: PLW1509 - async-signal-safe prctl only
         )
     except OSError as exc:
         raise VMError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
-    finally:
-        log_file.close()
+
+
+def _drain_log(proc: asyncio.subprocess.Process, workdir: Path,
+               owner: TaskOwner) -> asyncio.Task[None]:
+    """QEMU's output into `workdir/qemu.log`, capped at QEMU_LOG_CAP; a task of `owner`."""
+    return owner.spawn(drain_to_file(proc.stdout, workdir / "qemu.log", QEMU_LOG_CAP),
+                       "tkbox-qemu-log")
 
 
 def _private(workdir: Path) -> None:
@@ -717,6 +745,7 @@ class QemuLauncher(Launcher):
                     proc = await _spawn(build_argv(tspec, self.decision.accel, qemu,
                                                    template=True, ram=ram, share_ram=True), work)
                     waiting = TaskOwner("tkbox-template-qemu")
+                    _drain_log(proc, work, waiting)
                     try:
                         await _save_parked(proc, work, saved, listeners,
                                            _ending(proc, waiting))
