@@ -56,7 +56,7 @@ import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tkbox import paths
 from tkbox.errors import HostError, InternalError
@@ -79,6 +79,9 @@ from tkbox.vm.base import (
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
 from tkbox.vm.cid import claim_cid
 from tkbox.vm.errors import VMEnded, VMError
+
+if TYPE_CHECKING:
+    from qemu.qmp import QMPClient
 
 log = logging.getLogger("tkbox.vm.qemu")
 
@@ -378,6 +381,25 @@ async def _accept_from(loop: asyncio.AbstractEventLoop, listener: socket.socket,
         conn.close()
 
 
+def _no_event(event: object) -> bool:
+    return False
+
+
+def _qmp_client(name: str) -> QMPClient:
+    """A QMP client that keeps no event.
+
+    qemu.qmp's client queues every event QEMU sends, and keeps a history of all of
+    them, for a reader tkbox never is; and a guest decides how many QEMU sends (each
+    write to a read-only disk is a `BLOCK_IO_ERROR`, not rate-limited). Kept, they
+    grew the daemon by about 2 KiB per write for the box's life. The default
+    listener is filtered to accept none, so each event is read and dropped."""
+    from qemu.qmp import QMPClient as Client
+
+    client = Client(name)
+    client.events.event_filter = _no_event
+    return client
+
+
 def _ending(proc: asyncio.subprocess.Process, owner: TaskOwner) -> asyncio.Future[int]:
     """A future that is done when `proc` ends, its waiting task held by `owner`."""
     return owner.spawn(proc.wait())
@@ -401,7 +423,7 @@ class QemuVM(ProcessVM):
         if ports is not None:  # vhost vsock: the ports exist before the VMM
             self.ports = ports
         self._mux: MuxPorts | None = None
-        self._qmp: object | None = None
+        self._qmp: QMPClient | None = None
         self._last: dict[str, object] = {}
         self._tasks = TaskOwner(f"tkbox-qemu-{spec.name}")
         self._ended: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -458,7 +480,7 @@ class QemuVM(ProcessVM):
         return str(self._last.get("status", "unknown"))
 
     async def _qmp_exec(self, cmd: str, args: dict[str, object] | None = None) -> None:
-        from qemu.qmp import QMPClient, QMPError
+        from qemu.qmp import QMPError
 
         if self.proc.returncode is not None or self._closed:
             raise VMEnded(f"QEMU of {self.spec.name} has ended (status "
@@ -470,7 +492,7 @@ class QemuVM(ProcessVM):
             await _wait_path(sock, self.proc, 10)
             deadline = time.monotonic() + 10
             while True:  # the socket exists from bind(); QEMU may not listen() yet
-                client = QMPClient(self.spec.name)
+                client = _qmp_client(self.spec.name)
                 try:
                     await client.connect(str(sock))
                     break
@@ -481,7 +503,7 @@ class QemuVM(ProcessVM):
                     await asyncio.sleep(0.01)
             self._qmp = client
         try:
-            result = await self._qmp.execute(cmd, args)  # type: ignore[attr-defined]
+            result = await self._qmp.execute(cmd, args)
         except (QMPError, OSError, EOFError) as exc:
             if self.proc.returncode is not None:
                 raise VMEnded(f"QEMU of {self.spec.name} ended during {cmd} (status "
@@ -532,7 +554,7 @@ class QemuVM(ProcessVM):
         qmp, self._qmp = self._qmp, None
         if qmp is not None:
             with contextlib.suppress(Exception):
-                await qmp.disconnect()  # type: ignore[attr-defined]
+                await qmp.disconnect()
         # QEMU's last words (why it ended) reach qemu.log before its drain is ended.
         await asyncio.wait({self._log}, timeout=LOG_SETTLE)
         self._tasks.cancel()  # the console drain and the mux engine end with the VM
@@ -776,8 +798,6 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
 
     The template guest's console is accepted and dropped (nobody reads it; QEMU
     must not block on it)."""
-    from qemu.qmp import QMPClient
-
     _con_reader, con_writer = await listeners.accept("console.sock", ended, proc.pid)
     con_writer.close()
     reader, writer = await listeners.accept("mux.sock", ended, proc.pid)
@@ -797,7 +817,7 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
                 raise HostError(f"the template guest ended before it parked "
                                 f"(QEMU status {proc.returncode})")
             got = (got + chunk)[-4096:]
-        qmp = QMPClient("template")
+        qmp = _qmp_client("template")
         await qmp.connect(str(work / "qmp.sock"))
         try:
             # Migrated running, not stopped first: the destination takes the

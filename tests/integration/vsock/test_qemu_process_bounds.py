@@ -1,0 +1,184 @@
+"""What a guest can make its QEMU send the host is bounded: QEMU's own output
+(its stdout and stderr) on the host's disk, and QMP events in the daemon's memory.
+
+QEMU reports a guest's device faults on its stderr, one line each, as often as
+the guest makes them: a box whose root loads a kernel module that resets the
+virtio-rng device and offers it a ring entry past the ring's end, in a loop,
+made QEMU write `qemu-system-x86_64: Guest says index 5 is available` 400,000
+times (20,800,000 bytes of qemu.log in seconds, on a real box). A stand-in
+plays QEMU here: it connects to the chardev sockets as QEMU does (`server=off`),
+serves QMP on its `-qmp` socket, and writes or sends what such a guest makes QEMU
+write or send. No VM is booted.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import shutil
+import sys
+import tempfile
+import tracemalloc
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tkbox.vm import qemu
+from tkbox.vm.base import VMSpec
+
+pytestmark = pytest.mark.integration
+
+LINE = b"qemu-system-x86_64: Guest says index 5 is available\n"
+#: what ends a capped log (tkbox.vm.DROPPED)
+DROPPED = b"\n[tkbox: output past this point was dropped]\n"
+
+STAND_IN = r"""
+import json, os, socket, sys, time
+args = sys.argv[1:]
+keep = []
+for i, a in enumerate(args):
+    if a == "-chardev":
+        opts = dict(kv.split("=", 1) for kv in args[i + 1].split(",")[1:] if "=" in kv)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(opts["path"])
+        keep.append(s)
+line, count = os.environ["FLOOD_LINE"].encode(), int(os.environ["FLOOD_COUNT"])
+for _ in range(count):
+    os.write(2, line)
+os.write(1, b"stdout too\n")
+open(os.environ["FLOOD_DONE"], "w").close()  # every write returned: QEMU never blocked
+qmp_path = args[args.index("-qmp") + 1][len("unix:"):].split(",")[0]
+srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+srv.bind(qmp_path)
+srv.listen(1)
+conn, _ = srv.accept()
+def send(obj):
+    conn.sendall(json.dumps(obj).encode() + b"\r\n")
+def commands():  # QMP is a stream of JSON objects, not of lines
+    buf, dec = "", json.JSONDecoder()
+    while data := conn.recv(65536):
+        buf += data.decode()
+        while buf.strip():
+            try:
+                obj, end = dec.raw_decode(buf.lstrip())
+            except ValueError:
+                break
+            buf = buf.lstrip()[end:]
+            yield obj
+send({"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, "major": 7}, "package": ""},
+              "capabilities": []}})
+event = json.loads(os.environ["QMP_EVENT"])
+for cmd in commands():
+    if cmd["execute"] != "qmp_capabilities":
+        # What a guest made QEMU send since the last command.
+        for _ in range(int(os.environ["QMP_EVENTS"])):
+            send(event)
+    reply = {"return": {"status": "running", "running": True}
+             if cmd["execute"] == "query-status" else {}}
+    if "id" in cmd:
+        reply["id"] = cmd["id"]
+    send(reply)
+time.sleep(600)
+"""
+
+#: What QEMU sends for each write a guest issues to a read-only disk (not rate-limited).
+BLOCK_IO_ERROR = {"event": "BLOCK_IO_ERROR", "timestamp": {"seconds": 1796280000,
+                                                           "microseconds": 1},
+                  "data": {"device": "", "node-name": "#block123", "operation": "write",
+                           "action": "report", "nospace": False,
+                           "reason": "Permission denied"}}
+
+
+@pytest.fixture
+def short_dir() -> Iterator[Path]:
+    # Unix socket paths are short: the VM directory must be too.
+    d = Path(tempfile.mkdtemp(prefix="tkq-", dir="/tmp"))
+    yield d
+    shutil.rmtree(d, ignore_errors=True)
+
+
+@pytest.fixture
+def stand_in(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[VMSpec]:
+    """A stand-in `qemu-system-x86_64` first on PATH; the spec of a VM it plays."""
+    bindir = short_dir / "bin"
+    bindir.mkdir()
+    script = bindir / "stand_in.py"
+    script.write_text(STAND_IN)
+    binary = bindir / qemu.QEMU
+    binary.write_text(f"#!/bin/sh\nexec {sys.executable} {script} \"$@\"\n")
+    binary.chmod(0o755)
+    for name in ("vmlinux", "initramfs"):
+        (short_dir / name).write_bytes(b"x")
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    monkeypatch.setenv("FLOOD_LINE", LINE.decode())
+    monkeypatch.setenv("FLOOD_COUNT", "0")
+    monkeypatch.setenv("FLOOD_DONE", str(short_dir / "done"))
+    monkeypatch.setenv("QMP_EVENT", json.dumps(BLOCK_IO_ERROR))
+    monkeypatch.setenv("QMP_EVENTS", "0")
+    yield VMSpec(name="flood", kernel=short_dir / "vmlinux",
+                 initramfs=short_dir / "initramfs", workdir=short_dir / "vm")
+
+
+def launcher() -> qemu.QemuLauncher:
+    return qemu.QemuLauncher(qemu.AccelDecision("tcg", "test"), templates=None)
+
+
+def test_guest_flooding_qemus_stderr_cannot_grow_qemu_log_past_its_cap(
+        stand_in: VMSpec, short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: a guest kernel makes QEMU report a device fault in a loop, so that
+    qemu.log (written by QEMU itself) fills the host's disk. The host keeps at most
+    QEMU_LOG_CAP bytes of QEMU's output and reads the rest, so QEMU never blocks."""
+    done = short_dir / "done"
+    cap, count = 4096, 2000  # 2000 lines: 104,000 bytes, 25 times the cap
+    monkeypatch.setattr(qemu, "QEMU_LOG_CAP", cap, raising=False)  # absent before the bound
+    monkeypatch.setenv("FLOOD_COUNT", str(count))
+
+    async def main() -> None:
+        vm = await launcher().start(stand_in)
+        try:
+            async with asyncio.timeout(60):  # a guard: the stand-in writes at once
+                while not done.exists():
+                    await asyncio.sleep(0.02)
+        finally:
+            await vm.kill()
+
+    asyncio.run(main())
+    log = (stand_in.workdir / "qemu.log").read_bytes()
+    assert len(log) <= cap + len(DROPPED), len(log)
+    assert log.startswith(LINE)
+    assert log.endswith(DROPPED)
+
+
+def test_qmp_events_a_guest_provokes_are_not_kept_in_the_daemon(
+        stand_in: VMSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: a guest kernel writes to its read-only root disk in a loop; QEMU refuses
+    each write and sends a BLOCK_IO_ERROR event (not rate-limited) to the daemon's QMP
+    client, connected for the box's life once it has paused, resumed or restored the
+    VM. A client that kept every event (qemu.qmp's default listener queues each one and
+    keeps a history of all) grew the daemon by about 2 KiB per write: 20,000 writes
+    from one box, 33 MiB. No event is kept: the daemon never reads them."""
+    events = 5000
+    monkeypatch.setenv("QMP_EVENTS", str(events))
+
+    async def main() -> int:
+        vm = await launcher().start(stand_in)
+        try:
+            assert await vm.status() == "running"  # connects QMP; the first events come
+            tracemalloc.start()
+            try:
+                base = tracemalloc.get_traced_memory()[0]
+                for _ in range(2):  # each answer comes after its batch of events
+                    assert await vm.status() == "running"
+                kept = tracemalloc.get_traced_memory()[0] - base
+            finally:
+                tracemalloc.stop()
+        finally:
+            await vm.kill()
+        return kept
+
+    kept = asyncio.run(main())
+    # 10,000 events of about 300 bytes of JSON each arrived; far less than one
+    # event's worth per event may stay.
+    assert kept < 512 * 1024, f"{kept} bytes kept after {2 * events} QMP events"
