@@ -181,6 +181,12 @@ def qemu_binary() -> str:
     return path
 
 
+def qemu_value(path: Path | str) -> str:
+    """`path` as one value in QEMU's option syntax (`key=value,key=value`): each comma
+    doubled, so no part of it can become an option of its own."""
+    return str(path).replace(",", ",,")
+
+
 def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = False,
                ram: Path | None = None, share_ram: bool = False,
                incoming: bool = False, vsock: tuple[int, int] | None = None) -> list[str]:
@@ -193,6 +199,7 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
     `incoming`: wait for the state to load (`migrate-incoming` over QMP).
     `vsock`: (guest CID, vhost fd): the ports are a vhost-vsock device whose
     CID the fd already holds (`tkbox.vm.cid`), instead of the serial mux.
+    Every path inside an option goes through `qemu_value`.
     """
     d = spec.workdir
     if template:
@@ -228,13 +235,13 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
         # guest that floods its console cannot fill the host's disk.
         # The daemon listens and QEMU connects (server=off): the socket exists before
         # QEMU starts, so nothing waits for QEMU to bind it.
-        "-chardev", f"socket,id=con,path={d / 'console.sock'},server=off",
+        "-chardev", f"socket,id=con,path={qemu_value(d / 'console.sock')},server=off",
         "-serial", "chardev:con",
         "-device", "virtio-rng-device",
     ]
     if vsock is None:
         argv += [
-            "-chardev", f"socket,id=mux,path={d / 'mux.sock'},server=off",
+            "-chardev", f"socket,id=mux,path={qemu_value(d / 'mux.sock')},server=off",
             "-device", "virtio-serial-device,max_ports=2",
             "-device", "virtserialport,chardev=mux,name=tkbox.mux",
         ]
@@ -242,18 +249,21 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
         cid, fd = vsock
         argv += ["-device", f"vhost-vsock-device,guest-cid={cid},vhostfd={fd}"]
     argv += [
-        "-qmp", f"unix:{d / 'qmp.sock'},server=on,wait=off",
+        # QMP on a chardev of its own: `-qmp unix:PATH` takes the path as an implied
+        # first value, which an '=' in the path would turn into a key.
+        "-chardev", f"socket,id=qmp,path={qemu_value(d / 'qmp.sock')},server=on,wait=off",
+        "-mon", "chardev=qmp,mode=control",
     ]
     for i, disk in enumerate(spec.disks):
         ro = ",readonly=on" if disk.read_only else ""
-        argv += ["-drive", f"id=d{i},file={disk.path},format=raw,if=none,cache=unsafe{ro}"
+        path = qemu_value(disk.path)
+        argv += ["-drive", f"id=d{i},file={path},format=raw,if=none,cache=unsafe{ro}"
                  if not disk.read_only else
-                 f"id=d{i},file={disk.path},format=raw,if=none{ro}",
+                 f"id=d{i},file={path},format=raw,if=none{ro}",
                  "-device", f"virtio-blk-device,drive=d{i},serial={disk.role}"]
     if ram is not None:
-        path = str(ram).replace(",", ",,")  # QEMU option syntax
         argv += ["-object", f"memory-backend-file,id=ram,size={spec.memory_mib}M,"
-                            f"mem-path={path},share={'on' if share_ram else 'off'}",
+                            f"mem-path={qemu_value(ram)},share={'on' if share_ram else 'off'}",
                  "-machine", "memory-backend=ram"]
     if incoming:
         argv += ["-incoming", "defer"]

@@ -37,19 +37,23 @@ DROPPED = b"\n[tkbox: output past this point was dropped]\n"
 STAND_IN = r"""
 import json, os, socket, sys, time
 args = sys.argv[1:]
-keep = []
+keep, qmp_path = [], None
 for i, a in enumerate(args):
     if a == "-chardev":
         opts = dict(kv.split("=", 1) for kv in args[i + 1].split(",")[1:] if "=" in kv)
+        if opts["server"] == "on":  # QMP's: QEMU listens
+            qmp_path = opts["path"]
+            continue
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         s.connect(opts["path"])
         keep.append(s)
+    if a == "-qmp":  # the older form: -qmp unix:PATH,server=on,wait=off
+        qmp_path = args[i + 1][len("unix:"):].split(",")[0]
 line, count = os.environ["FLOOD_LINE"].encode(), int(os.environ["FLOOD_COUNT"])
 for _ in range(count):
     os.write(2, line)
 os.write(1, b"stdout too\n")
 open(os.environ["FLOOD_DONE"], "w").close()  # every write returned: QEMU never blocked
-qmp_path = args[args.index("-qmp") + 1][len("unix:"):].split(",")[0]
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 srv.bind(qmp_path)
 srv.listen(1)

@@ -110,3 +110,51 @@ def test_the_accel_decision_is_cached_per_kernel(pvm_host: Path, tmp_path: Path)
     (pvm_host / "config-6.1.0-pvm").write_text("")  # the cache answers, not the file
     assert qemu.decide_accel("6.1.0-pvm", cache).accel == "kvm"
     assert qemu.decide_accel("6.1.0-other", cache).accel == "tcg"
+
+
+def qemu_opts(text: str) -> list[tuple[str, str]]:
+    """QEMU's option syntax (util/qemu-option.c): key=value pairs split at each single
+    comma; a doubled comma is one comma inside a value."""
+    pairs, key, value, i = [], "", "", 0
+    part, in_value = "", False
+    while i <= len(text):
+        c = text[i] if i < len(text) else ","
+        if c == "," and text[i + 1:i + 2] == ",":
+            if in_value:
+                value += ","
+            else:
+                part += ","
+            i += 2
+            continue
+        if c == ",":
+            pairs.append((key, value) if in_value else ("", part))
+            key, value, part, in_value = "", "", "", False
+        elif c == "=" and not in_value:
+            key, in_value = part, True
+        elif in_value:
+            value += c
+        else:
+            part += c
+        i += 1
+    return pairs
+
+
+def test_paths_with_commas_cannot_add_qemu_options(tmp_path: Path) -> None:
+    """Attack: a path on QEMU's command line with a comma in it (a TKBOX_HOME such as
+    '/srv/tk,file=/etc') split its option in two: the rest of the path became QEMU
+    options of their own. Every path reaches QEMU as one value, commas doubled."""
+    odd = tmp_path / "a,file=x,readonly=off,b=c"
+    s = VMSpec(name="t", kernel=odd / "vmlinux", initramfs=odd / "initrd", workdir=odd,
+               disks=(Disk(odd / "r", True, "root"), Disk(odd / "u", False, "upper")))
+    argv = qemu.build_argv(s, "tcg", ram=odd / "ram")
+    drives = [dict(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-drive"]
+    assert [d["file"] for d in drives] == [str(odd / "r"), str(odd / "u")]
+    assert [len(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-drive"] == [5, 5]
+    assert drives[0]["readonly"] == "on" and "readonly" not in drives[1]
+    chardevs = [qemu_opts(argv[i + 1]) for i, a in enumerate(argv) if a == "-chardev"]
+    assert [dict(c)["path"] for c in chardevs] == [str(odd / "console.sock"),
+                                                   str(odd / "mux.sock"), str(odd / "qmp.sock")]
+    assert [len(c) for c in chardevs] == [4, 4, 5]  # socket, id, path, server(, wait)
+    assert "-qmp" not in argv  # its implied path would take an '=' for a key
+    ram = dict(qemu_opts(argv[argv.index("-object") + 1]))
+    assert ram["mem-path"] == str(odd / "ram")
