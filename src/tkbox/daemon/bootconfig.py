@@ -15,7 +15,7 @@ from typing import Any
 from tkbox.daemon.box import Box
 from tkbox.daemon.core import BoxSpec, Options
 from tkbox.daemon.roles import ResolvedImage
-from tkbox.image.runconfig import RunUser, image_env, user_of
+from tkbox.image.runconfig import RunUser, image_env, recorded_names, user_of
 
 PROXY_URL = "http://127.0.0.1:3128"
 
@@ -79,6 +79,6 @@ def image_config_facts(image: ResolvedImage, run_user: RunUser | None) -> dict[s
     config = image.config
     if config is None:
         return {}
-    return {"env_names": sorted(image_env(config.env)), "user": config.user[:256],
+    return {"env_names": recorded_names(image_env(config.env)), "user": config.user[:256],
             "run_as": run_user.to_json() if run_user else None,
             "working_dir": config.working_dir[:4096]}

@@ -36,6 +36,14 @@ from tkbox.errors import HostError, UserError
 MAX_DB = 1 << 20
 #: the most variables taken from an image's Env
 MAX_ENV = 512
+#: the longest name taken (a longer one is skipped, as a malformed one is)
+MAX_ENV_NAME = 256
+#: the most bytes of one `NAME=VALUE` (Linux's MAX_ARG_STRLEN: a longer one makes
+#: every exec in the box fail with E2BIG) and of all of them together
+MAX_ENV_ENTRY = 128 * 1024
+MAX_ENV_BYTES = 256 * 1024
+#: the most bytes of the Env's names put into the run's open record
+MAX_ENV_NAMES_RECORDED = 16 * 1024
 _NAME = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 
@@ -55,12 +63,39 @@ class RunUser:
 
 
 def image_env(entries: tuple[str, ...]) -> dict[str, str]:
-    """The image's `Env` as a map: `NAME=VALUE` entries with a valid name, in order."""
+    """The image's `Env` as a map: `NAME=VALUE` entries with a valid name, in order.
+
+    UserError for an entry, or all of them, beyond what a box can run with
+    (`MAX_ENV_ENTRY`, `MAX_ENV_BYTES`): refused whole rather than cut, since a
+    variable cut short or left out changes what runs."""
     out: dict[str, str] = {}
+    total = 0
     for e in entries[:MAX_ENV]:
         k, eq, v = e.partition("=")
-        if eq and _NAME.match(k) and "\x00" not in v:
-            out[k] = v
+        if not (eq and len(k) <= MAX_ENV_NAME and _NAME.match(k) and "\x00" not in v):
+            continue
+        size = len(e.encode("utf-8", "surrogateescape"))
+        total += size
+        if size > MAX_ENV_ENTRY or total > MAX_ENV_BYTES:
+            raise UserError(f"the image's Env sets {k[:60]} to more than a box can take "
+                            f"({MAX_ENV_ENTRY} bytes a variable, {MAX_ENV_BYTES} in all); "
+                            "tkbox does not run it: rebuild the image with a smaller Env")
+        out[k] = v
+    return out
+
+
+def recorded_names(env: dict[str, str]) -> list[str]:
+    """The names of `env`, sorted, as many as fit in `MAX_ENV_NAMES_RECORDED` bytes; the
+    rest counted in a last entry."""
+    names = sorted(env)
+    out: list[str] = []
+    used = 0
+    for i, n in enumerate(names):
+        used += len(n) + 1
+        if used > MAX_ENV_NAMES_RECORDED:
+            out.append(f"... and {len(names) - i} more")
+            break
+        out.append(n)
     return out
 
 

@@ -8,7 +8,16 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from tkbox.errors import UserError
-from tkbox.image.runconfig import MAX_ENV, image_env, resolve_user
+from tkbox.image.runconfig import (
+    MAX_ENV,
+    MAX_ENV_BYTES,
+    MAX_ENV_ENTRY,
+    MAX_ENV_NAME,
+    MAX_ENV_NAMES_RECORDED,
+    image_env,
+    recorded_names,
+    resolve_user,
+)
 
 PASSWD = ("root:x:0:0:root:/root:/bin/sh\n# a comment\nbroken line\n"
           "node:x:1000:1000::/home/node:/bin/sh\nsvc:x:998:997:svc:relative:/bin/false\n"
@@ -65,6 +74,30 @@ def test_env_keeps_valid_names_in_order_and_is_bounded() -> None:
     assert env == {"PATH": "/a:/b", "A": "3"}
     big = image_env(tuple(f"V{i}=x" for i in range(MAX_ENV * 2)))
     assert len(big) == MAX_ENV
+
+
+
+
+def test_env_beyond_what_a_box_can_run_with_is_refused_not_cut() -> None:
+    """A variable over Linux's MAX_ARG_STRLEN would make every exec fail with E2BIG,
+    and a huge Env would not fit the boot config: refused with one line naming the
+    variable and the limits; a name too long to be one is skipped, as a bad name is."""
+    with pytest.raises(UserError, match=f"BIG to more than a box can take \\({MAX_ENV_ENTRY}"):
+        image_env(("A=1", "BIG=" + "x" * MAX_ENV_ENTRY))
+    many = tuple(f"V{i}=" + "x" * 1000 for i in range(MAX_ENV_BYTES // 1000 + 1))
+    with pytest.raises(UserError, match="in all"):
+        image_env(many)
+    assert image_env(("N" * (MAX_ENV_NAME + 1) + "=1", "N=2")) == {"N": "2"}
+    assert len(image_env(tuple(f"V{i}=" + "x" * 400 for i in range(MAX_ENV)))) == MAX_ENV
+
+
+def test_the_recorded_names_are_bounded() -> None:
+    env = {f"{'N' * 250}{i:03d}": "" for i in range(MAX_ENV)}  # 128 KiB of names
+    names = recorded_names(env)
+    assert sum(len(n) + 1 for n in names) <= MAX_ENV_NAMES_RECORDED + 40
+    assert names[-1] == f"... and {MAX_ENV - len(names) + 1} more"
+    assert names[:-1] == sorted(env)[:len(names) - 1]
+    assert recorded_names({"B": "", "A": ""}) == ["A", "B"]
 
 
 @given(st.text(max_size=2000), st.text(max_size=2000), st.text(max_size=40))
