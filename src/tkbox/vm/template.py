@@ -29,6 +29,13 @@ What holds (docs/design.md, "Divergences"):
   line, devices). A key with no template, or a template whose metadata does
   not match its key, means a cold boot, and the VM says which it had and why
   (`VM.start_kind`, `VM.start_reason`).
+
+Each restore marks its template used (its metadata's mtime). When a template
+is committed, every other one no box restored from for `UNUSED_AFTER` (14
+days) is removed: each new guest build, memory size or QEMU makes a new key,
+and the old templates (about 170 MiB each) would pile up for ever. A template
+being built (its lock held) is left alone; a box running from a removed one
+keeps its open files.
 """
 
 from __future__ import annotations
@@ -39,6 +46,7 @@ import hashlib
 import json
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -50,6 +58,8 @@ from tkbox.vm.base import VMSpec
 TEMPLATE_VERSION = 1
 STATE, RAM, META = "state", "ram", "meta.json"
 DISABLE_ENV = "TKBOX_TEMPLATE"  # "0": always boot cold
+UNUSED_AFTER = 14 * 24 * 3600.0  # seconds since its last restore before a template goes
+_DIGEST_CHARS = frozenset("0123456789abcdef")
 
 _digests: dict[tuple[str, int, int, int], str] = {}
 _versions: dict[tuple[str, int, int], str] = {}
@@ -139,6 +149,8 @@ class TemplateStore:
         meta = self._meta(d)
         if meta is not None and meta.get("parts") == key.parts and (d / STATE).is_file() \
                 and (d / RAM).is_file():
+            with contextlib.suppress(OSError):
+                os.utime(d / META)  # used: kept by `prune`
             return Lookup(d / STATE, f"restored from template {key.digest[:12]}")
         if meta is not None:
             return Lookup(None, "cold boot: template {} does not match its key ({}); it is "
@@ -213,7 +225,37 @@ class TemplateStore:
         tmp.write_text(json.dumps({"parts": key.parts, "build_seconds": round(build_seconds, 3),
                                    "bytes": (d / STATE).stat().st_size}, indent=1))
         os.replace(tmp, d / META)
+        self.prune(key)
         return d / STATE
+
+    def prune(self, keep: Key, now: float | None = None) -> list[str]:
+        """Remove every template but `keep`'s that no box restored from for
+        `UNUSED_AFTER` and that nobody is building; the digests removed."""
+        cutoff = (time.time() if now is None else now) - UNUSED_AFTER
+        removed = []
+        for d in self.root.iterdir():
+            name = d.name
+            if name == keep.digest or len(name) != 32 or not set(name) <= _DIGEST_CHARS \
+                    or d.is_symlink() or not d.is_dir():
+                continue
+            try:
+                used = max(p.stat().st_mtime for p in (d, d / META) if p.exists())
+            except (OSError, ValueError):
+                continue
+            if used >= cutoff:
+                continue
+            with open(self.root / f".{name}.lock", "w") as lock:
+                try:
+                    fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    continue  # being built
+                for f in (META, STATE, RAM, STATE + ".partial", RAM + ".partial"):
+                    with contextlib.suppress(OSError):
+                        (d / f).unlink()
+                with contextlib.suppress(OSError):
+                    d.rmdir()  # anything else in it stays, and so does it
+                removed.append(name)
+        return removed
 
     def discard(self, key: Key) -> None:
         """Drop a template that would not restore: the next start rebuilds it."""

@@ -12,7 +12,10 @@ fail without the mechanism.
 from __future__ import annotations
 
 import dataclasses
+import fcntl
+import os
 import struct
+import time
 from pathlib import Path
 
 import pytest
@@ -207,3 +210,44 @@ def test_restored_guest_without_a_seed_or_a_reseed_refuses_to_start(
         agent.reseed(bytes(64), required=True)
     agent.reseed(bytes(64), required=False)
 
+
+
+def _commit(store: template.TemplateStore, k: template.Key) -> Path:
+    with store.building(k) as d:
+        assert d is not None
+        (d / "s.partial").write_bytes(b"state")
+        (d / "r.partial").write_bytes(b"ram")
+        return store.commit(d, k, d / "s.partial", d / "r.partial", 1.0).parent
+
+
+def _age(d: Path, days: float) -> None:
+    """`d` and its files as if last touched `days` ago."""
+    t = time.time() - days * 86400
+    for p in [*d.iterdir(), d]:
+        os.utime(p, (t, t))
+
+
+def test_templates_no_box_used_for_two_weeks_go_when_another_is_built(
+        spec: VMSpec, tmp_path: Path) -> None:
+    """Each guest build, memory size or QEMU makes a new key: without pruning, the old
+    templates (170 MiB each) pile up for ever."""
+    store = template.TemplateStore(tmp_path / "templates")
+    old, used, building = (key(spec, f"QEMU {v}") for v in ("1", "2", "3"))
+    for k in (old, used, building):
+        _commit(store, k)
+    for k in (old, used, building):
+        _age(store.root / k.digest, 20)
+    assert store.lookup(used).state is not None  # a restore marks it used
+    other = store.root / "not-a-template"
+    other.mkdir()
+    _age(other, 20)
+    with open(store.root / f".{building.digest}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # another daemon is building it
+        _commit(store, key(spec, "QEMU 4"))
+    left = {p.name for p in store.root.iterdir() if not p.name.startswith(".")}
+    assert left == {used.digest, building.digest, key(spec, "QEMU 4").digest,
+                    "not-a-template"}
+    assert store.lookup(old).state is None and store.lookup(used).state is not None
+    # the one kept is kept even when it is old itself
+    _age(store.root / used.digest, 20)
+    assert store.prune(used) == [building.digest]
