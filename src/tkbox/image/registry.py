@@ -43,6 +43,7 @@ MAX_ATTEMPTS = 5
 MAX_REDIRECTS = 5
 MAX_RETRY_AFTER = 30.0
 MAX_ERROR_BODY = 4096
+MAX_TOKEN_REFRESHES = 100  # new anonymous tokens in one pull, each after one that worked
 CONNECT_TIMEOUT = 15.0
 READ_TIMEOUT = 60.0
 # httpx's timeouts bound each read, not a transfer: a registry sending a byte every 59 s
@@ -125,6 +126,11 @@ class RegistryClient:
         )
         self._token: str | None = None
         self._token_tried = False
+        # A request with the current token succeeded: a 401 now means it expired (an
+        # anonymous token lasts minutes; a slow pull outlives it), not that the image
+        # is private. A new token is fetched then, at most MAX_TOKEN_REFRESHES times.
+        self._token_used = False
+        self._refreshes = 0
 
     async def __aenter__(self) -> RegistryClient:
         return self
@@ -149,9 +155,14 @@ class RegistryClient:
         for value in response.headers.get_list("www-authenticate"):
             challenges.extend(parse_challenges(value))
         bearer = next((c for c in challenges if c.scheme == "bearer"), None)
-        if bearer is None or self._token_tried:
+        if bearer is None:
             raise self._private()
+        if self._token_tried:
+            if not self._token_used or self._refreshes >= MAX_TOKEN_REFRESHES:
+                raise self._private()
+            self._refreshes += 1  # the token worked, then expired: a new one
         self._token_tried = True
+        self._token_used = False
         req = token_request(bearer, self.repository)
         url = _https_url(self.base, req.url, f"{self.host} sent its token service to")
         for attempt in range(self._max_attempts):
@@ -218,6 +229,8 @@ class RegistryClient:
                 await self._backoff(attempts[0])
                 continue
             status = r.status_code
+            if "Authorization" in headers and status not in (401, 403):
+                self._token_used = True  # the registry took it (an answer, a redirect)
             if status == 401 and _origin(url) == self._origin:
                 await r.aclose()
                 await self._fetch_token(r)

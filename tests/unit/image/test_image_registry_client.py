@@ -374,3 +374,52 @@ def test_a_slow_but_steady_blob_is_not_cut(store: ImageStore,
     fake.blobs[oci.sha256_digest(big)] = big
     path, _ = run(fake, lambda c: c.fetch_blob(desc(big), store, NullProgress()))
     assert Path(str(path)).read_bytes() == big
+
+
+class ExpiringTokens(FakeRegistry):
+    """Each anonymous token is good for `uses` authorized requests, as a 300 s token is
+    for a slow pull; a new token from the token service is good again."""
+
+    def __init__(self, uses: int) -> None:
+        super().__init__()
+        self.need_token = True
+        self.uses = uses
+        self.issued = 0
+        self.used: dict[str, int] = {}
+
+    def handler(self, request: httpx.Request) -> httpx.Response:
+        if request.url.host == "auth.test":
+            self.requests.append(request)
+            self.issued += 1
+            return httpx.Response(200, json={"token": f"tok-{self.issued}"})
+        auth = request.headers.get("authorization", "")
+        if request.url.host == "reg.test" and auth.startswith("Bearer tok-"):
+            n = self.used.get(auth, 0)
+            if n < self.uses:
+                self.used[auth] = n + 1
+                request.headers["authorization"] = f"Bearer {TOKEN}"  # good: as the base
+        return super().handler(request)
+
+
+def test_a_token_that_expires_mid_pull_is_fetched_again(store: ImageStore) -> None:
+    """An anonymous token lasts minutes; a pull of many layers on a slow link outlived
+    it, and the 401 was taken for a private image: the pull failed saying so."""
+    blobs = [b"layer %d " % i * 200 for i in range(5)]
+    fake = ExpiringTokens(uses=2)
+    for b in blobs:
+        fake.blobs[oci.sha256_digest(b)] = b
+
+    async def pull(c: RegistryClient) -> None:
+        for b in blobs:
+            await c.fetch_blob(desc(b), store, NullProgress())
+
+    run(fake, pull)
+    assert fake.issued == 3  # two blobs a token
+    assert all(store.has_blob(oci.sha256_digest(b)) for b in blobs)
+
+
+def test_a_new_token_refused_at_once_is_still_a_private_image(store: ImageStore) -> None:
+    fake = ExpiringTokens(uses=0)  # no token ever works
+    with pytest.raises(RegistryError, match="needs credentials"):
+        run(fake, lambda c: c.fetch_blob(desc(), store, NullProgress()))
+    assert fake.issued == 1, "asked once: a token that never worked is not an expired one"
