@@ -25,6 +25,8 @@ from tkbox.protocol.tasks import cancel_and_wait
 from tkbox.vm.errors import VMEnded
 
 NextFrame = Callable[[int], Awaitable[dict[str, Any]]]
+#: seconds a file copied out of the box (`read_file`, `tkbox cp`) may take in all
+READ_DEADLINE = 600.0
 
 OutputSink = Callable[[int, bytes], Awaitable[None]]
 #: what a running command is sent: a signal number, or `{"op": "stdin", "data"}` /
@@ -249,25 +251,10 @@ class GuestClient:
         ends in time. The stream is a reserved one: a guest holding every
         stream it may open cannot keep the host from asking.
         """
-        loop = asyncio.get_running_loop()
-
-        async def next_frame(total: int) -> dict[str, Any]:
-            late = GuestError(f"box {self.box}: the guest did not finish sending its "
-                              f"patch in time ({total} bytes came); it was not saved")
-            wait = timeout
-            if deadline is not None:
-                wait = deadline - loop.time()
-                if wait <= 0:
-                    raise late
-                wait = min(wait, timeout)
-            try:
-                return await self._recv(fs, wait, "diff")
-            except GuestError:
-                if deadline is not None and loop.time() >= deadline:
-                    raise late from None
-                raise
-
         fs = await self._open(reserved=True)
+        next_frame = self._paced(fs, "diff", timeout, deadline, lambda total: GuestError(
+            f"box {self.box}: the guest did not finish sending its patch in time ({total} "
+            "bytes came); it was not saved"))
         try:
             await fs.send({"op": "diff", "kill": kill})
             end, _ = await self._data_into(
@@ -278,13 +265,19 @@ class GuestClient:
             await fs.aclose()
 
     async def read_file(self, path: str, sink: BinaryIO, *, max_bytes: int = rpc.MAX_FILE,
-                        timeout: float = 120.0) -> int:
-        """Stream one file of the box into `sink`; bounded by `max_bytes`. Its size."""
+                        timeout: float = 120.0, deadline: float | None = None) -> int:
+        """Stream one file of the box into `sink`; bounded by `max_bytes`. Its size.
+
+        `timeout` bounds each wait for a frame, `deadline` (a `loop.time()`; by default
+        `READ_DEADLINE` from now) the whole file: a guest sending a byte a frame, each
+        inside `timeout`, would otherwise hold `tkbox cp` for ever."""
+        loop = asyncio.get_running_loop()
         fs = await self._open()
-
-        async def next_frame(total: int) -> dict[str, Any]:
-            return await self._recv(fs, timeout, "read")
-
+        next_frame = self._paced(
+            fs, "read", timeout, loop.time() + READ_DEADLINE if deadline is None else deadline,
+            lambda total: GuestError(f"box {self.box}: the guest did not finish sending "
+                                     f"{path[:200]!r} in time ({total} bytes came); nothing "
+                                     "was copied"))
         try:
             await fs.send({"op": "read", "path": path})
             _, size = await self._data_into(
@@ -293,6 +286,28 @@ class GuestClient:
             return size
         finally:
             await fs.aclose()
+
+    def _paced(self, fs: FramedStream, op: str, timeout: float, deadline: float | None,
+               late: Callable[[int], GuestError]) -> NextFrame:
+        """A reader of `fs`'s frames for `_data_into`: each within `timeout`, all before
+        `deadline` (a `loop.time()`; None: no overall bound), else `late(bytes so far)`."""
+        loop = asyncio.get_running_loop()
+
+        async def next_frame(total: int) -> dict[str, Any]:
+            wait = timeout
+            if deadline is not None:
+                wait = deadline - loop.time()
+                if wait <= 0:
+                    raise late(total)
+                wait = min(wait, timeout)
+            try:
+                return await self._recv(fs, wait, op)
+            except GuestError:
+                if deadline is not None and loop.time() >= deadline:
+                    raise late(total) from None
+                raise
+
+        return next_frame
 
     async def _data_into(self, sink: BinaryIO, next_frame: NextFrame, max_bytes: int, op: str,
                          what: str, too_big: str) -> tuple[dict[str, Any], int]:

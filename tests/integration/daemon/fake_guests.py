@@ -162,7 +162,7 @@ async def link_flooder(ports: MuxPorts, spec: VMSpec) -> None:
 
 
 def trickler(interval: float = 0.05) -> Any:
-    """Answers `diff` with its patch one byte a frame, slowly, for ever."""
+    """Answers `diff` (and `read`) with its patch one byte a frame, slowly, for ever."""
     done = asyncio.Event()
 
     async def rpc(stream: ByteStream) -> None:
@@ -174,7 +174,7 @@ def trickler(interval: float = 0.05) -> Any:
     async def polite_rpc_trickle(stream: ByteStream) -> None:
         fs = FramedStream(stream)
         req = await fs.receive()
-        if req is not None and req.get("op") == "diff":
+        if req is not None and req.get("op") in ("diff", "read"):
             for i in range(10**9):
                 await fs.send({"ev": "data", "data": PATCH[i % len(PATCH):][:1]})
                 await asyncio.sleep(interval)

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "signer"))
 from fake_guests import answering, flood_refusals, hog_streams, trickler  # noqa: E402
 
+from tkbox.daemon import guest_client  # noqa: E402
 from tkbox.daemon import manager as manager_mod  # noqa: E402
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options  # noqa: E402
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages, HoldingDoor  # noqa: E402
@@ -86,6 +87,27 @@ def test_guest_trickling_its_patch_cannot_hold_stop_and_the_lost_patch_is_a_gap(
         assert box.state == "failed" and not (box.dir / "patch.diff").exists()
         gaps = signer.of_run(box.run_id, "tkbox.gap")
         assert gaps and gaps[0]["body"]["reason"] == "patch lost at stop"
+        await cleanup(m)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_guest_trickling_a_file_copied_out_cannot_hold_cp(
+        tmp_path: Path, checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Attack: answer `tkbox cp BOX:FILE` one byte a frame, each inside the per-frame
+    timeout. The copy has one overall deadline, and nothing crosses: no Write decision."""
+    monkeypatch.setattr(guest_client, "READ_DEADLINE", 1.5)
+
+    async def main() -> None:
+        m, signer = make(tmp_path, trickler(0.05))
+        await create(m, "slow", checkout)
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
+        with pytest.raises(GuestError, match="did not finish sending '/workspace/notes.txt' "
+                                             "in time"):
+            await m.copy_out("slow", "notes.txt", str(tmp_path / "out.txt"))
+        assert loop.time() - t0 < 10
+        assert not signer.of_run(m.get("slow").run_id, "tkbox.decision")
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))
