@@ -13,6 +13,8 @@ ext4 file the guest mounts as the overlay's upper layer.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import io
 import os
 import re
@@ -209,6 +211,7 @@ def _tar_checkout(root: Path, out: io.RawIOBase, owner: tuple[int, int] = (0, 0)
                   stop: threading.Event | None = None) -> dict[str, int]:
     stats = {"files": 0, "skipped_credentials": 0, "bytes": 0, "git_config_sections_dropped": 0}
     configs, includes = _git_configs(root, stats)
+    inside = os.path.realpath(root).rstrip("/") + "/"
     with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
         def add(path: Path, rel: str) -> None:
             if stop is not None and stop.is_set():
@@ -232,7 +235,7 @@ def _tar_checkout(root: Path, out: io.RawIOBase, owner: tuple[int, int] = (0, 0)
                     tar.addfile(info, io.BytesIO(data))
                 else:
                     info.size = st.st_size
-                    with open(path, "rb") as f:
+                    with os.fdopen(_open_inside(path, rel, st, inside), "rb") as f:
                         tar.addfile(info, f)
                 stats["files"] += 1
                 stats["bytes"] += info.size
@@ -270,6 +273,37 @@ def _tar_checkout(root: Path, out: io.RawIOBase, owner: tuple[int, int] = (0, 0)
     return stats
 
 
+def _open_inside(path: Path, rel: str, st: os.stat_result, inside: str) -> int:
+    """`path`, the regular file `st` (its lstat) describes, opened for reading; a
+    `UserError` if it is no longer that file inside the checkout.
+
+    The walk looks at an entry, then opens it by its path: something that swaps the
+    file, or a directory above it, for a symlink in between (another user with write
+    access to a shared checkout, say) would have a file from elsewhere on the host
+    read into the box. The open follows no final symlink, must be the same inode,
+    and the kernel's own name for it (`/proc/self/fd`) must be inside the checkout."""
+    changed = UserError(f"the checkout changed while it was copied into the box "
+                        f"({rel[:200]!r} is no longer the file that was there, inside the "
+                        "checkout); nothing was copied: run again once nothing is moving "
+                        "files in it")
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:  # now a symlink
+            raise changed from None
+        raise
+    try:
+        now = os.fstat(fd)
+        where = os.readlink(f"/proc/self/fd/{fd}")
+        if not stat.S_ISREG(now.st_mode) or (now.st_dev, now.st_ino) != (st.st_dev, st.st_ino) \
+                or not where.startswith(inside):
+            raise changed
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
 def build_lower(checkout: Path, target: Path, owner: tuple[int, int] = (0, 0),
                 stop: threading.Event | None = None) -> dict[str, int]:
     """Squashfs of the filtered checkout at `target` (via tar2sqfs), every file owned by
@@ -293,11 +327,15 @@ def build_lower(checkout: Path, target: Path, owner: tuple[int, int] = (0, 0),
         try:
             stats = _tar_checkout(checkout, proc.stdin, owner, stop)  # type: ignore[arg-type]
             proc.stdin.close()
-        except (OSError, _Stopped) as exc:
+        except (OSError, _Stopped, UserError) as exc:
             proc.kill()
+            with contextlib.suppress(OSError):  # unflushed bytes for a killed tar2sqfs:
+                proc.stdin.close()              # Popen's exit would raise BrokenPipe
             proc.wait()
             reader.join()
             target.unlink(missing_ok=True)
+            if isinstance(exc, UserError):  # the checkout changed under the copy
+                raise
             if isinstance(exc, _Stopped):
                 raise HostError("the workspace copy was stopped") from None
             raise HostError(f"cannot copy the workspace: {exc}") from None
