@@ -116,10 +116,9 @@ def test_a_file_swapped_for_a_symlink_mid_copy_is_not_followed(
     assert b"PRIVATE" not in buf.getvalue()
 
 
-def test_a_directory_swapped_for_a_symlink_mid_copy_is_not_followed(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The walk lists `pkg` as a directory, then reads it by its path: swapped for a link
-    to a directory outside, its files would be the outside's."""
+def _pkg_swapped_mid_copy(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A checkout whose directory `pkg` becomes a link to a directory outside just
+    before the copy's walk lists it; the checkout."""
     outside = _outside(tmp_path)
     co = tmp_path / "co"
     (co / "pkg").mkdir(parents=True)
@@ -130,6 +129,14 @@ def test_a_directory_swapped_for_a_symlink_mid_copy_is_not_followed(
         (co / "pkg").symlink_to(outside)
 
     _swap_before_listing(monkeypatch, "pkg", swap)
+    return co
+
+
+def test_a_directory_swapped_for_a_symlink_mid_copy_is_not_followed(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The walk lists `pkg` as a directory, then reads it by its path: swapped for a link
+    to a directory outside, its files would be the outside's."""
+    co = _pkg_swapped_mid_copy(tmp_path, monkeypatch)
     buf = io.BytesIO()
     with pytest.raises(UserError, match="the checkout changed while it was copied"):
         _tar_checkout(co, buf)  # type: ignore[arg-type]
@@ -139,16 +146,7 @@ def test_a_directory_swapped_for_a_symlink_mid_copy_is_not_followed(
 def test_a_copy_refused_mid_way_leaves_no_disk_behind(tmp_path: Path,
                                                       monkeypatch: pytest.MonkeyPatch) -> None:
     """The refusal ends the real tar2sqfs and removes what it had written."""
-    outside = _outside(tmp_path)
-    co = tmp_path / "co"
-    (co / "pkg").mkdir(parents=True)
-    (co / "pkg" / "notes.txt").write_text("ordinary")
-
-    def swap() -> None:
-        shutil.rmtree(co / "pkg")
-        (co / "pkg").symlink_to(outside)
-
-    _swap_before_listing(monkeypatch, "pkg", swap)
+    co = _pkg_swapped_mid_copy(tmp_path, monkeypatch)
     target = tmp_path / "lower.sqfs"
     with pytest.raises(UserError, match="the checkout changed while it was copied"):
         build_lower(co, target)
