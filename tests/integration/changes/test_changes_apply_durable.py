@@ -29,17 +29,24 @@ from tkbox.record.testing import FakeSigner  # noqa: E402
 pytestmark = pytest.mark.integration
 
 
+def _patch_and_checkout(tmp: Path, lower: dict[str, Any], final: dict[str, Any]
+                        ) -> tuple[bytes, Path]:
+    """The guest's patch from `lower` to `final`, and a checkout at `tmp/co` holding
+    `lower`."""
+    make_tree(tmp / "lower", lower)
+    make_tree(tmp / "upper", final)
+    out = io.BytesIO()
+    write_patch(tmp / "lower", tmp / "upper", out, max_bytes=1 << 24)
+    make_tree(tmp / "co", lower)
+    return out.getvalue(), tmp / "co"
+
+
 def _apply(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch,
            placing: Any) -> tuple[list[str], Path, dict[str, Any]]:
     lower = {f"d{i % 7}/f{i}.txt": file(b"old %d\n" % i) for i in range(n)}
     final = {p: file(b"new %d\n" % i) for i, p in enumerate(lower)}
     final.update({f"new/n{i}": file(b"n\n") for i in range(n // 4)})
-    make_tree(tmp / "lower", lower)
-    make_tree(tmp / "upper", final)
-    out = io.BytesIO()
-    write_patch(tmp / "lower", tmp / "upper", out, max_bytes=1 << 24)
-    co = tmp / "co"
-    make_tree(co, lower)
+    patch, co = _patch_and_checkout(tmp, lower, final)
     events: list[str] = []
     real_fsync, real_syncfs = os.fsync, fs_mod._SYNCFS
     assert real_syncfs is not None, "this libc has syncfs"
@@ -61,7 +68,7 @@ def _apply(tmp: Path, n: int, monkeypatch: pytest.MonkeyPatch,
     async def go() -> None:
         signer = FakeSigner()
         await signer.open_run("r", {})
-        report = await apply_patch(out.getvalue(), co, signer, "r")
+        report = await apply_patch(patch, co, signer, "r")
         assert report.count("applied") == len(report.files)
 
     asyncio.run(go())
@@ -113,12 +120,7 @@ def test_many_files_failing_half_way_leave_the_checkout_as_it_was(
     n = fs_mod.SYNCFS_FROM * 2
     lower = {f"d{i % 7}/f{i}.txt": file(b"old %d\n" % i) for i in range(n)}
     final = {p: file(b"new %d\n" % i) for i, p in enumerate(lower)}
-    make_tree(tmp_path / "lower", lower)
-    make_tree(tmp_path / "upper", final)
-    out = io.BytesIO()
-    write_patch(tmp_path / "lower", tmp_path / "upper", out, max_bytes=1 << 24)
-    co = tmp_path / "co"
-    make_tree(co, lower)
+    patch, co = _patch_and_checkout(tmp_path, lower, final)
     calls = {"n": 0}
 
     def half_way() -> None:
@@ -131,7 +133,7 @@ def test_many_files_failing_half_way_leave_the_checkout_as_it_was(
     async def go() -> None:
         signer = FakeSigner()
         await signer.open_run("r", {})
-        await apply_patch(out.getvalue(), co, signer, "r")
+        await apply_patch(patch, co, signer, "r")
 
     with pytest.raises(ApplyFailed, match="No space left on device"):
         asyncio.run(go())
@@ -149,12 +151,7 @@ def test_deep_directories_are_each_walked_to_once_not_from_the_root_each(
     deep = "/".join(["d"] * 300)
     lower = {f"{deep}/old": file(b"old\n")}
     final = {**lower, f"{deep}/new": file(b"new\n")}
-    make_tree(tmp_path / "lower", lower)
-    make_tree(tmp_path / "upper", final)
-    out = io.BytesIO()
-    write_patch(tmp_path / "lower", tmp_path / "upper", out, max_bytes=1 << 24)
-    co = tmp_path / "co"
-    make_tree(co, lower)
+    patch, co = _patch_and_checkout(tmp_path, lower, final)
     opens = [0]
     real_open = os.open
 
@@ -167,7 +164,7 @@ def test_deep_directories_are_each_walked_to_once_not_from_the_root_each(
     async def go() -> None:
         signer = FakeSigner()
         await signer.open_run("r", {})
-        report = await apply_patch(out.getvalue(), co, signer, "r")
+        report = await apply_patch(patch, co, signer, "r")
         assert report.count("applied") == 1
 
     asyncio.run(go())
