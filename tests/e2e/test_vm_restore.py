@@ -1,5 +1,6 @@
 """QEMU's template restore, on real VMs: a good template restores, and a template
-whose state does not load is dropped and the VM boots cold, saying why."""
+whose state does not load is dropped and the VM boots cold, saying why. Either
+way QEMU runs in its seccomp sandbox with an empty environment."""
 
 from __future__ import annotations
 
@@ -7,6 +8,8 @@ import asyncio
 import shutil
 import tempfile
 from pathlib import Path
+
+import pytest
 
 from tkbox import paths
 from tkbox.image.initramfs import build
@@ -18,8 +21,19 @@ from tkbox.vm.qemu import QemuLauncher, decide_accel
 from tkbox.vm.template import TemplateStore
 
 
+def _confined(pid: int) -> None:
+    """QEMU `pid` is in a seccomp filter and holds none of the daemon's environment."""
+    status = dict(line.split(":", 1) for line in
+                  Path(f"/proc/{pid}/status").read_text().splitlines() if ":" in line)
+    assert status["Seccomp"].strip() == "2", status["Seccomp"]  # SECCOMP_MODE_FILTER
+    assert Path(f"/proc/{pid}/environ").read_bytes() == b""
+
+
 def test_a_template_that_does_not_load_is_dropped_and_the_vm_boots_cold(
-        tmp_path: Path) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # What a CI job's environment holds: QEMU, the process a guest that escapes a
+    # device model lands in, must not be given it.
+    monkeypatch.setenv("ANTHROPIC_API_KEY", "sk-ant-canary-not-for-qemu")
     kernel = find_kernel()
     cache = paths.private_dir(paths.guest_build())
     guest = build(cache, kernel=kernel)
@@ -45,6 +59,7 @@ def test_a_template_that_does_not_load_is_dropped_and_the_vm_boots_cold(
         vm = await launcher.start(spec(name), before_boot=serve)
         try:
             await asyncio.wait_for(reached.wait(), 300)  # the guest runs: it asked on 1026
+            _confined(vm.proc.pid)
         finally:
             await vm.kill()
         return vm.start_kind, vm.start_reason

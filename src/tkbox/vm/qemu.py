@@ -10,9 +10,11 @@ whose KVM is a paravirtual nested hypervisor (PVM, seen as
 `/sys/module/kvm_pvm`) runs only kernels built for it, which we read from the
 guest kernel's config; otherwise we use software emulation (TCG) and say so.
 
-The VMM process gets a private 0700 working directory, no inherited file
-descriptors, its own session, and `PR_SET_PDEATHSIG` so that it cannot outlive
-the daemon; it is reaped however it ends. Its stdout and stderr are a pipe
+The VMM process gets a private 0700 working directory, an empty environment
+(the daemon's may hold the values the secrets door keeps out of the box), no
+inherited file descriptors, its own session, QEMU's seccomp sandbox (`SANDBOX`),
+and `PR_SET_PDEATHSIG` so that it cannot outlive the daemon; it is reaped
+however it ends. Its stdout and stderr are a pipe
 drained into `qemu.log`, capped at `QEMU_LOG_CAP`: QEMU reports a guest's
 device errors there (`Guest says index 5 is available`, one line per fault,
 as often as a guest kernel that drives a virtio device's registers makes
@@ -23,8 +25,9 @@ the VM starts with `-incoming` from it and is woken on the mux port; where none
 does, it boots cold and one is built in the background (single flight), so
 later boxes restore. The template's memory is a RAM file (written through while
 it is saved, mapped private by each box); migration with `x-ignore-shared`
-carries only device state, saved with `exec:cat > FILE` and restored with
-`migrate-incoming exec:cat FILE` (QEMU 7.2 has no `file:` URI).
+carries only device state, saved and restored through a file the daemon
+opens and passes to QEMU over QMP (`getfd`, then `fd:` URIs; QEMU 7.2 has no
+`file:` URI, and its sandbox forbids `exec:`).
 
 Transports: the serial mux by default; with `transport="vhost-vsock"` a
 `vhost-vsock-device` whose guest CID the kernel gave to an fd QEMU inherits
@@ -47,7 +50,6 @@ import ctypes
 import json
 import logging
 import os
-import shlex
 import shutil
 import signal
 import socket
@@ -98,6 +100,11 @@ PARKED, WAKE = b"tkbox-parked\n", b"W"
 TEMPLATE_CMDLINE = "tkbox.template=1"
 #: Tells the guest agent its ports are AF_VSOCK, not the serial mux.
 VSOCK_CMDLINE = "tkbox.ports=vsock"
+#: QEMU's own seccomp filter: no exec or fork (`spawn`), no setuid (`elevateprivileges`),
+#: no scheduler or priority calls (`resourcecontrol`), no obsolete syscalls. A guest
+#: that exploits a device model runs inside it. Templates are saved and restored
+#: through files the daemon opens and passes over QMP (`getfd`), not `exec:cat`.
+SANDBOX = "on,obsolete=deny,elevateprivileges=deny,spawn=deny,resourcecontrol=deny"
 
 
 BOOT = Path("/boot")  # where a kernel's build config is read from: config-VERSION
@@ -226,6 +233,7 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
     cmdline = "quiet loglevel=1 " + cmdline if not os.environ.get("TKBOX_GUEST_DEBUG") else cmdline
     argv = [
         qemu, "-M", machine, "-nodefaults", "-no-user-config", "-display", "none",
+        "-sandbox", SANDBOX,
         "-no-reboot", "-nic", "none",
         "-accel", "kvm" if accel == "kvm" else "tcg",
         "-cpu", "host" if accel == "kvm" else "max",
@@ -526,8 +534,27 @@ class QemuVM(ProcessVM):
         """Load a template's device state (its memory is the file mapped by `-object`)."""
         await self._qmp_exec("migrate-set-capabilities", {"capabilities": [
             {"capability": "x-ignore-shared", "state": True}]})
-        await self._qmp_exec("migrate-incoming", {"uri": f"exec:cat {shlex.quote(str(state))}"})
+        fd = os.open(state, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        try:
+            await self._give_fd("state", fd)
+        finally:
+            os.close(fd)  # QEMU holds its own copy
+        await self._qmp_exec("migrate-incoming", {"uri": "fd:state"})
         await self.wait_incoming()
+
+    async def _give_fd(self, name: str, fd: int) -> None:
+        """Pass `fd` to QEMU over QMP as `name` (SCM_RIGHTS, then `getfd`)."""
+        if self._qmp is None:
+            await self._qmp_exec("query-status")  # connects
+        assert self._qmp is not None
+        try:
+            self._qmp.send_fd_scm(fd)
+        except OSError as exc:
+            if self.proc.returncode is not None:
+                raise VMEnded(f"QEMU of {self.spec.name} ended before it took the "
+                              f"template (status {self.proc.returncode})") from None
+            raise VMError(f"cannot pass the template to QEMU: {exc.strerror or exc}") from None
+        await self._qmp_exec("getfd", {"fdname": name})
 
     async def wait_incoming(self, timeout: float = 120.0) -> None:
         """Until QEMU has loaded the state it restores (`-incoming`); HostError if
@@ -582,8 +609,9 @@ class QemuVM(ProcessVM):
 
 async def _spawn(argv: list[str], workdir: Path,
                  pass_fds: tuple[int, ...] = ()) -> asyncio.subprocess.Process:
-    """Start QEMU: private cwd, stdin from /dev/null, no inherited descriptors but
-    `pass_fds` (the vhost-vsock device holding the box's CID), its own session.
+    """Start QEMU: private cwd, empty environment, stdin from /dev/null, no inherited
+    descriptors but `pass_fds` (the vhost-vsock device holding the box's CID), its
+    own session.
 
     Its stdout and stderr are one pipe: the caller must drain it (`_drain_log`) from
     now on, or QEMU blocks once the pipe is full."""
@@ -591,7 +619,7 @@ async def _spawn(argv: list[str], workdir: Path,
     try:
         return await asyncio.create_subprocess_exec(
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
-            stderr=asyncio.subprocess.STDOUT, cwd=workdir, close_fds=True,
+            stderr=asyncio.subprocess.STDOUT, cwd=workdir, env={}, close_fds=True,
             pass_fds=pass_fds, start_new_session=True,
             preexec_fn=_pdeathsig,  # noqa: PLW1509 - async-signal-safe prctl only
         )
@@ -838,7 +866,14 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
             await qmp.execute("migrate-set-capabilities", {"capabilities": [
                 {"capability": "x-ignore-shared", "state": True}]})
             await qmp.execute("migrate-set-parameters", {"max-bandwidth": 1 << 40})
-            await qmp.execute("migrate", {"uri": f"exec:cat > {shlex.quote(str(saved))}"})
+            fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
+                         | os.O_CLOEXEC, 0o600)
+            try:
+                qmp.send_fd_scm(fd)
+            finally:
+                os.close(fd)  # QEMU holds its own copy, and closes it once saved
+            await qmp.execute("getfd", {"fdname": "saved"})
+            await qmp.execute("migrate", {"uri": "fd:saved"})
             while True:
                 info = await qmp.execute("query-migrate")
                 facts: dict[str, object] = info if isinstance(info, dict) else {}

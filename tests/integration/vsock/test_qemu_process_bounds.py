@@ -8,7 +8,8 @@ made QEMU write `qemu-system-x86_64: Guest says index 5 is available` 400,000
 times (20,800,000 bytes of qemu.log in seconds, on a real box). A stand-in
 plays QEMU here: it connects to the chardev sockets as QEMU does (`server=off`),
 serves QMP on its `-qmp` socket, and writes or sends what such a guest makes QEMU
-write or send. No VM is booted.
+write or send. No VM is booted. QEMU is started with an empty environment, so
+the stand-in reads what to play from `settings.json` beside it.
 """
 
 from __future__ import annotations
@@ -49,11 +50,12 @@ for i, a in enumerate(args):
         keep.append(s)
     if a == "-qmp":  # the older form: -qmp unix:PATH,server=on,wait=off
         qmp_path = args[i + 1][len("unix:"):].split(",")[0]
-line, count = os.environ["FLOOD_LINE"].encode(), int(os.environ["FLOOD_COUNT"])
+env = json.load(open(os.path.join(os.path.dirname(__file__), "settings.json")))
+line, count = env["FLOOD_LINE"].encode(), int(env["FLOOD_COUNT"])
 for _ in range(count):
     os.write(2, line)
 os.write(1, b"stdout too\n")
-open(os.environ["FLOOD_DONE"], "w").close()  # every write returned: QEMU never blocked
+open(env["FLOOD_DONE"], "w").close()  # every write returned: QEMU never blocked
 srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
 srv.bind(qmp_path)
 srv.listen(1)
@@ -73,11 +75,11 @@ def commands():  # QMP is a stream of JSON objects, not of lines
             yield obj
 send({"QMP": {"version": {"qemu": {"micro": 0, "minor": 2, "major": 7}, "package": ""},
               "capabilities": []}})
-event = json.loads(os.environ["QMP_EVENT"])
+event = json.loads(env["QMP_EVENT"])
 for cmd in commands():
     if cmd["execute"] != "qmp_capabilities":
         # What a guest made QEMU send since the last command.
-        for _ in range(int(os.environ["QMP_EVENTS"])):
+        for _ in range(int(env["QMP_EVENTS"])):
             send(event)
     reply = {"return": {"status": "running", "running": True}
              if cmd["execute"] == "query-status" else {}}
@@ -116,13 +118,18 @@ def stand_in(short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[VMSpe
     for name in ("vmlinux", "initramfs"):
         (short_dir / name).write_bytes(b"x")
     monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
-    monkeypatch.setenv("FLOOD_LINE", LINE.decode())
-    monkeypatch.setenv("FLOOD_COUNT", "0")
-    monkeypatch.setenv("FLOOD_DONE", str(short_dir / "done"))
-    monkeypatch.setenv("QMP_EVENT", json.dumps(BLOCK_IO_ERROR))
-    monkeypatch.setenv("QMP_EVENTS", "0")
+    play(short_dir, FLOOD_LINE=LINE.decode(), FLOOD_COUNT="0",
+         FLOOD_DONE=str(short_dir / "done"), QMP_EVENT=json.dumps(BLOCK_IO_ERROR),
+         QMP_EVENTS="0")
     yield VMSpec(name="flood", kernel=short_dir / "vmlinux",
                  initramfs=short_dir / "initramfs", workdir=short_dir / "vm")
+
+
+def play(short_dir: Path, **settings: str) -> None:
+    """Set what the stand-in plays (it reads them when it starts)."""
+    path = short_dir / "bin" / "settings.json"
+    old = json.loads(path.read_text()) if path.exists() else {}
+    path.write_text(json.dumps({**old, **settings}))
 
 
 def launcher() -> qemu.QemuLauncher:
@@ -137,7 +144,7 @@ def test_guest_flooding_qemus_stderr_cannot_grow_qemu_log_past_its_cap(
     done = short_dir / "done"
     cap, count = 4096, 2000  # 2000 lines: 104,000 bytes, 25 times the cap
     monkeypatch.setattr(qemu, "QEMU_LOG_CAP", cap, raising=False)  # absent before the bound
-    monkeypatch.setenv("FLOOD_COUNT", str(count))
+    play(short_dir, FLOOD_COUNT=str(count))
 
     async def main() -> None:
         vm = await launcher().start(stand_in)
@@ -156,7 +163,7 @@ def test_guest_flooding_qemus_stderr_cannot_grow_qemu_log_past_its_cap(
 
 
 def test_qmp_events_a_guest_provokes_are_not_kept_in_the_daemon(
-        stand_in: VMSpec, monkeypatch: pytest.MonkeyPatch) -> None:
+        stand_in: VMSpec, short_dir: Path) -> None:
     """Attack: a guest kernel writes to its read-only root disk in a loop; QEMU refuses
     each write and sends a BLOCK_IO_ERROR event (not rate-limited) to the daemon's QMP
     client, connected for the box's life once it has paused, resumed or restored the
@@ -164,7 +171,7 @@ def test_qmp_events_a_guest_provokes_are_not_kept_in_the_daemon(
     keeps a history of all) grew the daemon by about 2 KiB per write: 20,000 writes
     from one box, 33 MiB. No event is kept: the daemon never reads them."""
     events = 5000
-    monkeypatch.setenv("QMP_EVENTS", str(events))
+    play(short_dir, QMP_EVENTS=str(events))
 
     async def main() -> int:
         vm = await launcher().start(stand_in)
