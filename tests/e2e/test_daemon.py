@@ -112,3 +112,19 @@ def test_missing_kernel_or_qemu_is_a_one_line_error(tmp_path: Path, what: str,
     assert lines and needle in lines[0], r.stderr
     assert not (home / "run" / "daemon.sock").exists()
     assert shutil.which("qemu-system-x86_64")  # the host itself still has it
+
+
+def test_the_daemon_and_the_signer_keep_other_processes_of_their_user_out(
+        stack: Stack) -> None:
+    """The daemon's environment holds the secrets door's real values and the signer
+    holds the key: another process of the same user (a VMM a guest has exploited)
+    must not read them through /proc/PID/environ, /proc/PID/mem or ptrace. Both
+    make themselves undumpable at start, and say so; before, both said nothing
+    and were readable."""
+    from tkbox.sdk import Client
+
+    signer = stack.tkjson("signer", "status")
+    assert signer["undumpable"] is True  # type: ignore[index]
+    assert "not readable by other processes" in stack.tk("signer", "status").stdout
+    with Client(stack.home / "run" / "daemon.sock") as client:
+        assert client.call("GET", "/v1/info")["undumpable"] is True

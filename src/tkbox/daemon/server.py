@@ -21,6 +21,7 @@ from typing import Any
 import uvicorn
 
 from tkbox import __version__, paths
+from tkbox._process import not_dumpable, undumpable
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
 from tkbox.errors import HostError, SignerUnavailable, UserError
@@ -133,7 +134,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
             "vmm": vmm, "transport": transport.kind, "transport_reason": transport.reason,
-            "network_door": True,
+            "network_door": True, "undumpable": undumpable(),
             "signer": {"backend": "none"} if opts.unrecorded else
             {"backend": "tracekit" if signer_backend.startswith("tracekit") else "tkbox",
              "key": str(who.get("key", "")), "isolation": str(who.get("isolation", ""))}}
@@ -184,6 +185,7 @@ def main(opts: Options, socket_path: Path | None = None,
          vmm: str = "qemu") -> None:
     logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
                         format="tkbox: %(levelname)s %(message)s")
+    not_dumpable("tkbox daemon")  # its environment holds the secrets door's values
     try:
         asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket,
                           signer_backend=signer_backend, vmm=vmm))

@@ -26,6 +26,7 @@ from typing import Annotated, Any
 import typer
 
 from tkbox import paths
+from tkbox._process import not_dumpable
 from tkbox.errors import SignerRefused, SignerUnavailable, TkboxError, UserError
 from tkbox.signer import config as config_mod
 
@@ -106,6 +107,7 @@ def serve_cmd(home: Home = None, socket: Socket = None,
               ) -> None:
     """Run the signer in the foreground (its own process; ideally its own user)."""
     _setup_logging(verbose)
+    not_dumpable("tkbox signer")  # it holds the signing key
     from tkbox.signer.server import serve
 
     try:
@@ -193,6 +195,10 @@ def status_cmd(socket: Socket = None, json_out: Json = False) -> None:
     typer.echo(f"signer:    {st['key']}")
     typer.echo(f"isolation: {st['isolation']} (you are uid {st['peer_uid']}, the signer "
                f"uid {st['uid']})")
+    typer.echo("memory:    " + ("not readable by other processes of its user (undumpable)"
+                             if st.get("undumpable") else
+                             "READABLE by other processes of its user (it could not make "
+                             "itself undumpable)"))
     typer.echo(f"log:       {st['size']} records")
     runs = ", ".join(f"{v} {k}" for k, v in sorted(st["runs"].items()))
     typer.echo(f"runs:      {runs or 'none'}")

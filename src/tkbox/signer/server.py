@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox import __version__
+from tkbox._process import undumpable
 from tkbox.errors import InternalError, UserError
 from tkbox.formats import bundle, note, record, wire
 from tkbox.formats.errors import FormatError
@@ -323,6 +324,7 @@ class Signer:
             **self._ping(conn, req),
             "size": self.log.tree.size,
             "durable": self.log.durable_size,
+            "undumpable": undumpable(),
             "runs": states,
             "held": sorted(r.run for r in self.log.runs.values() if r.state == "held"),
             "quarantined": sorted(r.run for r in self.log.runs.values()

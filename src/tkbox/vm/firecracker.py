@@ -35,20 +35,18 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import os
 import re
 import shutil
-import signal
 import stat
 import time
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, NamedTuple
 
 import httpx
 
+from tkbox._process import pdeathsig
 from tkbox.errors import HostError, InternalError, UserError
 from tkbox.paths import private_dir
 from tkbox.protocol.tasks import TaskOwner
@@ -85,7 +83,6 @@ API_TIMEOUT = 10.0
 #: Firecracker's limits on `vcpu_count` (machine-config).
 MAX_VCPUS = 32
 ELF_MAGIC = b"\x7fELF"
-PR_SET_PDEATHSIG = 1
 
 
 class ApiCall(NamedTuple):
@@ -266,19 +263,6 @@ def _check_readable(path: Path, what: str) -> None:
 # --- the process ---------------------------------------------------------------------
 
 
-def _make_pdeathsig() -> Callable[[], None] | None:
-    # Resolved before fork: the child only calls it (no dlopen after fork).
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
-        return None
-
-    def set_pdeathsig() -> None:
-        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-    return set_pdeathsig
-
-
 def _tail(path: Path, limit: int = 400) -> str:
     try:
         with open(path, "rb") as f:
@@ -436,7 +420,7 @@ class FirecrackerLauncher(Launcher):
             close_fds=True,
             pass_fds=(),
             start_new_session=True,
-            preexec_fn=_make_pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
+            preexec_fn=pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
         )
 
     async def start(

@@ -46,7 +46,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import ctypes
 import json
 import logging
 import os
@@ -61,6 +60,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from tkbox import paths
+from tkbox._process import pdeathsig
 from tkbox.errors import HostError, InternalError
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.ports import Ports
@@ -88,7 +88,6 @@ if TYPE_CHECKING:
 log = logging.getLogger("tkbox.vm.qemu")
 
 QEMU = "qemu-system-x86_64"
-PR_SET_PDEATHSIG = 1
 CONSOLE_CAP = 16 * 1024 * 1024
 #: Bytes kept of QEMU's own output (stdout and stderr) in qemu.log; the rest is dropped.
 QEMU_LOG_CAP = LOG_CAP
@@ -288,11 +287,6 @@ def template_argv(spec: VMSpec, accel: str, qemu: str) -> list[str]:
                           disks=tuple(replace(disk, path=Path(f"/DISK{i}"))
                                       for i, disk in enumerate(spec.disks)))
     return build_argv(placeholder, accel, qemu, template=True, ram=Path("/RAM"))
-
-
-def _pdeathsig() -> None:
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 async def _wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: float) -> None:
@@ -621,7 +615,7 @@ async def _spawn(argv: list[str], workdir: Path,
             *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, cwd=workdir, env={}, close_fds=True,
             pass_fds=pass_fds, start_new_session=True,
-            preexec_fn=_pdeathsig,  # noqa: PLW1509 - async-signal-safe prctl only
+            preexec_fn=pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
         )
     except OSError as exc:
         raise VMError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
