@@ -71,6 +71,28 @@ async def drain_to_file(stream: asyncio.StreamReader | None, path: Path, cap: in
         os.close(fd)
 
 
+#: Characters of a VMM's last words quoted in an error.
+MAX_LAST_WORDS = 300
+
+
+def last_words(path: Path, limit: int = 8192) -> str:
+    """The last non-empty line of a VMM's log (what it said as it ended), from its
+    start, as one line of printable characters cut at MAX_LAST_WORDS; "" if there is
+    none. Only the log's last `limit` bytes are read."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(0, os.SEEK_END)
+            f.seek(max(0, f.tell() - limit))
+            text = f.read().decode("utf-8", "replace")
+    except OSError:
+        return ""
+    lines = [line for line in text.splitlines() if line.strip()]
+    if not lines:
+        return ""
+    line = "".join(c if c.isprintable() else " " for c in lines[-1])
+    return " ".join(line.split())[:MAX_LAST_WORDS]
+
+
 @dataclass(frozen=True)
 class Disk:
     """A block device given to the guest, in order (vda, vdb, ...)."""

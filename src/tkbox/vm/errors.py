@@ -5,7 +5,9 @@ HostError (tkbox.errors)
 └── VMError            a VMM failed: it did not start, refused a request, or
     │                  its control socket broke
     └── VMEnded        the VM ended (its VMM exited, or was killed) while
-                       something still needed it
+        │              something still needed it
+        └── VMExitedAtStart  its VMM exited before the guest could run (its own
+                             last words say why: a bad option, no /dev/kvm access)
 ```
 
 A VM that ends under a box is the VM's story, told here, not a guest
@@ -26,3 +28,11 @@ class VMError(HostError):
 
 class VMEnded(VMError):
     """The VM ended (its VMM exited or was killed) while something still needed it."""
+
+
+class VMExitedAtStart(VMEnded):
+    """The VMM exited before its guest could run; `status` its exit status."""
+
+    def __init__(self, message: str, status: int | None = None) -> None:
+        super().__init__(message)
+        self.status = status

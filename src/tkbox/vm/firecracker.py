@@ -58,7 +58,7 @@ from tkbox.protocol.vsock import (
     listener_path,
 )
 from tkbox.vm import base
-from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec, drain_to_file
+from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec, drain_to_file, last_words
 from tkbox.vm.errors import VMEnded, VMError
 
 FIRECRACKER = "firecracker"
@@ -263,18 +263,6 @@ def _check_readable(path: Path, what: str) -> None:
 # --- the process ---------------------------------------------------------------------
 
 
-def _tail(path: Path, limit: int = 400) -> str:
-    try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            f.seek(max(0, f.tell() - limit))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
-        return ""
-    lines = [line for line in text.splitlines() if line.strip()]
-    return " ".join(lines[-1].split())[:MAX_FAULT] if lines else ""
-
-
 class FirecrackerVM(ProcessVM):
     """A Firecracker process and the API client that drives it."""
 
@@ -336,7 +324,7 @@ class FirecrackerVM(ProcessVM):
         while True:
             if not self.running:
                 await self._settle_logs()
-                detail = _tail(self.spec.workdir / VMM_LOG) or _tail(
+                detail = last_words(self.spec.workdir / VMM_LOG) or last_words(
                     self.spec.workdir / CONSOLE_LOG
                 )
                 raise VMError(

@@ -77,10 +77,11 @@ from tkbox.vm.base import (
     VMSpec,
     check_boot_files,
     drain_to_file,
+    last_words,
 )
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
 from tkbox.vm.cid import claim_cid
-from tkbox.vm.errors import VMEnded, VMError
+from tkbox.vm.errors import VMEnded, VMError, VMExitedAtStart
 
 if TYPE_CHECKING:
     from qemu.qmp import QMPClient
@@ -348,8 +349,8 @@ class _Listeners:
             if accepting in done and accepting.exception() is None:
                 conn, _peer = accepting.result()
             elif ended.done() and not ended.cancelled():
-                raise VMError(f"QEMU exited at start (status {ended.result()}); see "
-                              f"{self._workdir / 'qemu.log'}")
+                raise VMExitedAtStart(f"QEMU exited at start (status {ended.result()}); "
+                                      f"see {self._workdir / 'qemu.log'}", ended.result())
             else:
                 raise VMError(f"QEMU did not connect to {name} within {timeout:.0f}s; see "
                               f"{self._workdir / 'qemu.log'}")
@@ -738,6 +739,13 @@ class QemuLauncher(Launcher):
             await vm._connect(wake=kind == "template", before_boot=before_boot)
             if state is not None:
                 await vm.restore(state)
+        except VMExitedAtStart as exc:
+            await vm.kill()  # QEMU's output has reached qemu.log once this returns
+            log_path = spec.workdir / "qemu.log"
+            said = last_words(log_path)
+            raise VMExitedAtStart(f"QEMU exited at start (status {exc.status})"
+                                  + (f": {said}" if said else "") + f"; see {log_path}",
+                                  exc.status) from None
         except BaseException:
             await vm.kill()
             raise

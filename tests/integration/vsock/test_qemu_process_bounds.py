@@ -27,7 +27,8 @@ from pathlib import Path
 import pytest
 
 from tkbox.vm import qemu
-from tkbox.vm.base import VMSpec
+from tkbox.vm.base import MAX_LAST_WORDS, VMSpec
+from tkbox.vm.errors import VMExitedAtStart
 
 pytestmark = pytest.mark.integration
 
@@ -193,3 +194,35 @@ def test_qmp_events_a_guest_provokes_are_not_kept_in_the_daemon(
     # 10,000 events of about 300 bytes of JSON each arrived; far less than one
     # event's worth per event may stay.
     assert kept < 512 * 1024, f"{kept} bytes kept after {2 * events} QMP events"
+
+
+def test_qemu_that_exits_at_start_is_quoted_in_one_bounded_printable_line(
+        short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A QEMU that refuses its command line (a build without seccomp refuses
+    `-sandbox`; a user without access to /dev/kvm is refused too) says why on its
+    stderr: the error says it too, instead of only naming qemu.log; bounded, and
+    without its control characters."""
+    bindir = short_dir / "bin"
+    bindir.mkdir()
+    binary = bindir / qemu.QEMU
+    binary.write_text("#!/bin/sh\necho 'qemu-system-x86_64: starting' >&2\n"
+                      "printf 'qemu-system-x86_64: -sandbox on: There is no option group "
+                      "\\033[31msandbox\\033[0m %0500d\\n' 7 >&2\nexit 1\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    for name in ("vmlinux", "initramfs"):
+        (short_dir / name).write_bytes(b"x")
+    spec = VMSpec(name="refused", kernel=short_dir / "vmlinux",
+                  initramfs=short_dir / "initramfs", workdir=short_dir / "vm")
+
+    async def main() -> str:
+        with pytest.raises(VMExitedAtStart) as caught:
+            await launcher().start(spec)
+        return str(caught.value)
+
+    message = asyncio.run(main())
+    said = message.split(": ", 1)[1].rsplit("; see ", 1)[0]
+    assert said.startswith("qemu-system-x86_64: -sandbox on: There is no option group")
+    assert "sandbox" in said and "\x1b" not in said
+    assert len(said) == MAX_LAST_WORDS
+    assert message.endswith(f"; see {spec.workdir / 'qemu.log'}")
