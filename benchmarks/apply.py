@@ -17,6 +17,12 @@ is still in the page cache, on both sides), then times, in the same run:
   signer serve` over its Unix socket): the same plus every decision and
   completion durable in the signer's log before the files are written.
 
+Once a round, untimed against the others, the door's patch parser alone
+(`parse_patch`, in this process) beside `git apply`: one of the door's steps,
+which by design also has git read the patch and build it in a scratch copy, so
+the two together are a floor under the door's ratio before it reads or writes
+a file of the checkout.
+
 Before each timed step everything written so far is flushed, untimed: a
 syncfs in one step must not pay for the pages an earlier step left dirty (git
 apply does not flush its own). The order of the steps rotates from round to
@@ -52,6 +58,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from disk import filesystem  # noqa: E402
 
 from tkbox.doors.changes import apply_patch
+from tkbox.doors.changes.patch import parse_patch
 from tkbox.guest.diff import write_patch
 from tkbox.record.client import SignerClient
 from tkbox.record.testing import FakeSigner
@@ -132,6 +139,7 @@ def main() -> None:
         (root / "p.diff").write_bytes(patch)
         sections = patch.count(b"\ndiff --git ") + 1
         times: dict[str, list[float]] = {"git": [], "git+sync": [], **{k: [] for k in kinds}}
+        parsing: list[float] = []  # the door's parser alone, once a round
         for r in range(args.repeat):
             copies = {k: root / f"{k}{r}" for k in times}
             for k, co in copies.items():
@@ -155,6 +163,9 @@ def main() -> None:
                 times[k].append(time.perf_counter() - t)
             for k in kinds:
                 assert tree(copies["git"]) == tree(copies[k]), f"git apply and {k} disagree"
+            t = time.perf_counter()
+            parse_patch(patch)
+            parsing.append(time.perf_counter() - t)
     g, gs = min(times["git"]), min(times["git+sync"])
     print(f"patch: {len(patch)} bytes, {sections} sections, {args.files} files in the checkout"
           + (" (page cache only: --cached)" if args.cached else " (on disk)"))
@@ -172,6 +183,10 @@ def main() -> None:
         print(f"apply_patch, {k} signer:    {t * 1000:8.1f} ms   ratio to git apply "
               f"{t / g:5.1f}x (rounds' median {per_round:.1f}x), to git apply + syncfs "
               f"{t / gs:5.1f}x (median {per_round_s:.1f}x)  ({what[k]})")
+    p = min(parsing)
+    print(f"the door's parser alone:    {p * 1000:8.1f} ms   ratio to git apply "
+          f"{p / g:5.1f}x  (one step of the door, by design beside git's own reading "
+          "and its scratch build of the same patch)")
     print("apply_patch includes: parse, git's reading compared (git apply --numstat), "
           "the plan, git's scratch build compared, one Write decision per file and its "
           "completion, the writes made durable (one syncfs from 64 files), the originals "

@@ -24,6 +24,12 @@ this process on the same disk:
   record and group commit, without a policy to evaluate (an `event` call, as
   the network door records a connection): what the record path alone can
   carry. Same baseline.
+- CPU per new decision, by process: one more round of all-different requests
+  with `--concurrency` in flight, each process's user and system CPU divided
+  by the decisions: the client (this process), the signer (its event loop and
+  log writer) and its policy workers; and the most decisions/s the host's
+  cores could carry at that cost, all of them busy (the kernel's own share,
+  the disk's threads among it, not counted).
 - policy evaluation alone, µs per request: `PolicyEngine.decide` in this
   process over the same all-different requests (the shell reader and Cedar,
   no cache hits, no socket, no record): the CPU a new decision costs before
@@ -70,6 +76,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import base64
+import contextlib
 import hashlib
 import json
 import os
@@ -241,6 +248,54 @@ async def decisions_with(c: Any, n: int, concurrency: int, tag: str = "",
                 "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000}
     finally:
         await c.aclose()
+
+
+def _cpu_seconds(pid: int) -> float:
+    """User and system CPU of process `pid` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def _children(pid: int) -> list[int]:
+    out: list[int] = []
+    for task in Path(f"/proc/{pid}/task").iterdir():
+        with contextlib.suppress(OSError):
+            out += [int(c) for c in (task / "children").read_text().split()]
+    return out
+
+
+def cpu_per_decision(signer: Signer, n: int, concurrency: int) -> dict[str, float]:
+    """µs of CPU per new decision in each process, over one more round of `n`
+    all-different requests with `concurrency` in flight (no one-at-a-time calls):
+    the client (this process), the signer (its event loop and its log writer) and
+    its policy workers."""
+
+    async def burst() -> None:
+        c: Any = UnixSignerClient(signer.socket, timeout=30)
+        try:
+            await c.open_run("bench-cpu", {})
+            counter = iter(range(n))
+            make = shifted(30_000_000)
+
+            async def worker() -> None:
+                for i in counter:
+                    await c.decide("bench-cpu", *make(i))
+
+            await asyncio.gather(*(worker() for _ in range(concurrency)))
+        finally:
+            await c.aclose()
+
+    pid = signer.proc.pid
+    kids = _children(pid)
+    before = {p: _cpu_seconds(p) for p in (pid, *kids)}
+    t0 = os.times()
+    asyncio.run(burst())
+    t1 = os.times()
+    us = {"signer": (_cpu_seconds(pid) - before[pid]) / n * 1e6,
+          "workers": sum(_cpu_seconds(k) - before[k] for k in kids) / n * 1e6,
+          "client": ((t1.user - t0.user) + (t1.system - t0.system)) / n * 1e6}
+    us["total"] = us["signer"] + us["workers"] + us["client"]
+    return us
 
 
 def decisions_beside_inserts(signer: Signer, n: int, concurrency: int,
@@ -532,6 +587,7 @@ def main() -> None:
         sign = raw_ed25519()
         sync = raw_fdatasync(signer.root)
         dec, insert = decisions_beside_inserts(signer, args.decisions, args.concurrency)
+        cpu = cpu_per_decision(signer, args.decisions, args.concurrency)
         agent = asyncio.run(agent_like(signer.socket, args.decisions, args.concurrency))
         ev = asyncio.run(events(signer.socket, args.decisions, args.concurrency))
         evaluate = evaluation(args.decisions)
@@ -575,6 +631,7 @@ def main() -> None:
         "raw_fdatasync_p50_ms": sync["p50_ms"],
         "raw_fdatasync_p99_ms": sync["p99_ms"],
         "decisions_per_second": dec["per_second"],
+        "cpu_per_decision_us": cpu,
         "policy_workers": workers,
         "worker_decisions_per_second": with_workers,
         "loop_only_decisions_per_second": loop_only,
@@ -631,6 +688,12 @@ def main() -> None:
     print(f"(policy evaluation alone, in this process: {us:.0f} µs of CPU per new request, "
           f"the shell reader and Cedar; one core evaluates at most {1e6 / us:.0f} new "
           "decisions/s)")
+    cores = os.cpu_count() or 1
+    print(f"(CPU per new decision, one more round: the client {cpu['client']:.0f} µs, the "
+          f"signer's loop and log writer {cpu['signer']:.0f} µs, its policy workers "
+          f"{cpu['workers']:.0f} µs: {cpu['total']:.0f} µs in all; at that cost {cores} "
+          f"core(s) carry at most {cores * 1e6 / cpu['total']:.0f} decisions/s, every one "
+          "of them busy)")
     if tk is None:
         return
     print()
