@@ -82,6 +82,16 @@ def vmm_checks() -> list[dict[str, Any]]:
                     if vmm == "firecracker" else f"{APT} qemu-system-x86"),
             "vmm": vmm, "transport": d["transport"],
         })
+        if vmm == "qemu" and ready:
+            from tkbox.vm.qemu import qemu_binary, sandbox_refusal
+
+            refusal = sandbox_refusal(qemu_binary())
+            out.append({"what": "QEMU seccomp sandbox", "ok": refusal is None,
+                        "detail": "each box's QEMU runs in it (no exec, fork or setuid)"
+                                  if refusal is None else
+                                  f"this QEMU refuses it, so every box would fail: {refusal}",
+                        "fix": f"a QEMU built with seccomp ({APT} qemu-system-x86: "
+                               "Debian's and Ubuntu's are)"})
         if vmm == "qemu" and d["transport"] != VHOST_VSOCK:
             out.append({"what": "vhost vsock for QEMU", "ok": False, "optional": True,
                         "detail": f"not used: {d['transport_reason']}",

@@ -86,6 +86,11 @@ def last_words(path: Path, limit: int = 8192) -> str:
             text = f.read().decode("utf-8", "replace")
     except OSError:
         return ""
+    return last_line(text)
+
+
+def last_line(text: str) -> str:
+    """`text`'s last non-empty line, printable and cut at MAX_LAST_WORDS ("" if none)."""
     lines = [line for line in text.splitlines() if line.strip()]
     if not lines:
         return ""

@@ -53,6 +53,7 @@ import shutil
 import signal
 import socket
 import struct
+import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, replace
@@ -77,6 +78,7 @@ from tkbox.vm.base import (
     VMSpec,
     check_boot_files,
     drain_to_file,
+    last_line,
     last_words,
 )
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
@@ -186,6 +188,20 @@ def qemu_binary() -> str:
     if not path:
         raise HostError(f"{QEMU} is not installed; run 'sudo apt-get install qemu-system-x86'")
     return path
+
+
+def sandbox_refusal(qemu: str) -> str | None:
+    """Why `qemu` cannot start in its seccomp sandbox (`SANDBOX`), in its own words;
+    None when it can. A QEMU built without seccomp refuses the option while it
+    reads its command line, before `-version` would print and exit."""
+    try:
+        r = subprocess.run([qemu, "-sandbox", SANDBOX, "-version"], capture_output=True,
+                           env={}, timeout=30, check=False)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return f"cannot run {qemu}: {exc.__class__.__name__}"
+    if r.returncode == 0:
+        return None
+    return last_line(r.stderr.decode("utf-8", "replace")) or f"exit status {r.returncode}"
 
 
 def qemu_value(path: Path | str) -> str:

@@ -226,3 +226,31 @@ def test_qemu_that_exits_at_start_is_quoted_in_one_bounded_printable_line(
     assert "sandbox" in said and "\x1b" not in said
     assert len(said) == MAX_LAST_WORDS
     assert message.endswith(f"; see {spec.workdir / 'qemu.log'}")
+
+
+def test_doctor_says_when_qemu_cannot_run_in_its_sandbox(
+        short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every box's QEMU runs under `-sandbox on`; a QEMU built without seccomp refuses
+    the option, and every box would fail. `tkbox doctor` asks QEMU itself, and says
+    so in QEMU's words; the host's own QEMU (Debian's) has it."""
+    from tkbox.cli.doctor import vmm_checks
+
+    def row() -> dict[str, object]:
+        rows = [r for r in vmm_checks() if r["what"] == "QEMU seccomp sandbox"]
+        assert len(rows) == 1
+        return rows[0]
+
+    real = row()
+    assert real["ok"] is True, real
+    bindir = short_dir / "bin"
+    bindir.mkdir()
+    binary = bindir / qemu.QEMU
+    binary.write_text("#!/bin/sh\ncase \"$*\" in *-sandbox*) echo \"qemu-system-x86_64: "
+                      "-sandbox $2: There is no option group 'sandbox'\" >&2; exit 1;; esac\n"
+                      "echo 'QEMU emulator version 7.2.0'\n")
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    refused = row()
+    assert refused["ok"] is False
+    assert "There is no option group 'sandbox'" in str(refused["detail"])
+    assert "seccomp" in str(refused["fix"])
