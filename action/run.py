@@ -44,8 +44,9 @@ def fail(message: str, code: int = 1) -> None:
 
 
 def code_span(text: str) -> str:
-    """A name from the box as inline code in the summary (Markdown): no backtick, no
-    control character, bounded, so it cannot end the span or the line."""
+    """Text the box had a say in (a file name, an error quoting its patch) as inline
+    code in the summary (Markdown): no backtick, no control character, bounded, so it
+    cannot end the span or the line, and renders as text, never as a link or image."""
     clean = "".join(c if c.isprintable() and c != "`" else "?" for c in text[:300])
     return f"`{clean}`" + ("…" if len(text) > 300 else "")
 
@@ -198,7 +199,7 @@ def main() -> None:
                 f"- patch: `{outcome.get('patch')}` ({outcome.get('patch_bytes')} bytes)\n"
                 + did + "".join(f"{line}\n" for line in lines) +
                 f"- bundle: `{outcome.get('bundle')}` (verify: `tkbox verify BUNDLE "
-                f"--trust TRUST`)\n" + (f"- **failed**: {outcome['error']}\n"
+                f"--trust TRUST`)\n" + (f"- **failed**: {code_span(str(outcome['error']))}\n"
                                         if outcome.get("error") else ""))
         if outcome.get("error"):
             fail(f"{outcome['error']}; the bundle is {outcome.get('bundle')}", proc.returncode or 1)

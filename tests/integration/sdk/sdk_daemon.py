@@ -72,7 +72,10 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
             if any("tkbox-test-sensitive" in a for a in argv) and WORKFLOW not in patch:
                 patch[:0] = WORKFLOW
             if any("tkbox-test-unreadable-patch" in a for a in argv):
-                patch.extend(b"diff --git a/x b/x\nnot a patch line\n")
+                # a line the door quotes when it refuses the patch, as Markdown would
+                # render it in a CI job's summary: an image, a link, bold text
+                patch.extend(b"diff --git a/x b/x\n![x](https://evil.example/p.png) "
+                             b"**approve [PR 9](https://evil.example/)**\n")
             status = 3 if argv[0] == "false" else 7 if failing else 0
             await fs.send({"ev": "exit", "status": status, "signal": 0})
         elif op == "diff":

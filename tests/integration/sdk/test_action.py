@@ -104,6 +104,13 @@ def test_the_action_fails_the_step_when_the_door_refuses_the_patch(
     assert r.returncode == 5, "a door said no (docs/exit-status.md)"
     assert "::error title=tkbox::the patch was not applied: " in r.stdout
     assert not (ws / "hello.txt").exists(), "refused as a whole: nothing written"
+    # The door quotes the patch's line; in the job summary (Markdown) it is one code
+    # span, so the box's text renders as text: no image, link or bold of its choosing.
+    failed = [line for line in (tmp_path / "summary.md").read_text().splitlines()
+              if line.startswith("- **failed**: ")]
+    assert len(failed) == 1 and "evil.example" in failed[0]
+    span = failed[0][len("- **failed**: "):].removesuffix("…")
+    assert span.startswith("`") and span.endswith("`") and span.count("`") == 2
     assert Path(o["bundle"]).is_file() and o["applied-patch"] == ""
 
 
