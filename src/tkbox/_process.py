@@ -1,6 +1,10 @@
 """What the host processes tkbox runs ask of the kernel for themselves (Linux `prctl`).
 
 - `pdeathsig()`: for a VMM's `preexec_fn`, so that it cannot outlive the daemon.
+- `tool_env()`: the environment of a tool run on what a registry, an image or a
+  checkout supplies (tar2sqfs, rdsquashfs, mkfs.ext4): PATH and nothing more,
+  as QEMU's is empty and git's built from nothing, so that the values in the
+  daemon's environment are not in a process that parses hostile bytes.
 - `not_dumpable()`: for the daemon and the signer, which hold what a box must
   never get (the secrets door's real values, in the daemon's environment; the
   signer's key). A process that is not dumpable cannot be attached to or read
@@ -13,6 +17,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import signal
 from collections.abc import Callable
 
@@ -41,6 +46,11 @@ def pdeathsig() -> Callable[[], None] | None:
         prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
     return set_pdeathsig
+
+
+def tool_env() -> dict[str, str]:
+    """PATH (the caller's) and the C locale: all a tool on hostile bytes is given."""
+    return {"PATH": os.environ.get("PATH") or os.defpath, "LC_ALL": "C"}
 
 
 def not_dumpable(what: str) -> None:

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from tkbox._process import tool_env
 from tkbox.doors.secrets.credentials import is_credential
 from tkbox.errors import HostError, UserError
 from tkbox.gitconfig import Entry, parse_list, render, same
@@ -319,7 +320,7 @@ def build_lower(checkout: Path, target: Path, owner: tuple[int, int] = (0, 0),
     err: list[bytes] = []
     with subprocess.Popen([tool, "-q", "-f", "-c", "zstd", "-s", str(target)],
                           stdin=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.PIPE) as proc:
+                          stderr=subprocess.PIPE, env=tool_env()) as proc:
         assert proc.stdin is not None and proc.stderr is not None
         stderr = proc.stderr
         reader = threading.Thread(target=lambda: err.append(stderr.read()))
@@ -357,7 +358,7 @@ def build_upper(target: Path, size_mib: int) -> None:
         f.truncate(size_mib * 1024 * 1024)
     proc = subprocess.run([tool, "-q", "-F", "-m", "0", "-O", "^has_journal",
                            "-E", "lazy_itable_init=1,root_owner=0:0", str(target)],
-                          capture_output=True, text=True, check=False)
+                          capture_output=True, text=True, check=False, env=tool_env())
     if proc.returncode != 0:
         target.unlink(missing_ok=True)
         raise HostError(f"mkfs.ext4 failed: {proc.stderr.strip()}")

@@ -30,6 +30,7 @@ import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tkbox._process import tool_env
 from tkbox.errors import HostError, UserError
 
 #: the most of /etc/passwd or /etc/group read from an image
@@ -159,7 +160,8 @@ def read_from_rootfs(rootfs: Path, path: str) -> str:
     if tool is None:
         raise HostError("rdsquashfs is missing; run 'sudo apt-get install squashfs-tools-ng'")
     with subprocess.Popen([tool, "-c", path, str(rootfs)], stdout=subprocess.PIPE,
-                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL) as proc:
+                          stderr=subprocess.DEVNULL, stdin=subprocess.DEVNULL,
+                          env=tool_env()) as proc:
         assert proc.stdout is not None
         data = proc.stdout.read(MAX_DB + 1)
         proc.kill()

@@ -19,6 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO
 
+from tkbox._process import tool_env
 from tkbox.errors import HostError
 
 ZSTD_LEVEL = 6
@@ -48,7 +49,7 @@ def pack(write: Callable[[IO[bytes]], object], dest: Path, *, jobs: int | None =
     ]
     proc = subprocess.Popen(
         cmd, stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-        close_fds=True, cwd="/",
+        close_fds=True, cwd="/", env=tool_env(),
     )
     assert proc.stdin is not None and proc.stderr is not None
     err = bytearray()
