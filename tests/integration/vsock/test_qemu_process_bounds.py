@@ -196,20 +196,26 @@ def test_qmp_events_a_guest_provokes_are_not_kept_in_the_daemon(
     assert kept < 512 * 1024, f"{kept} bytes kept after {2 * events} QMP events"
 
 
+def qemu_script(short_dir: Path, monkeypatch: pytest.MonkeyPatch, script: str) -> None:
+    """A `qemu-system-x86_64` first on PATH that runs `script` (sh)."""
+    bindir = short_dir / "bin"
+    bindir.mkdir()
+    binary = bindir / qemu.QEMU
+    binary.write_text("#!/bin/sh\n" + script)
+    binary.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+
+
 def test_qemu_that_exits_at_start_is_quoted_in_one_bounded_printable_line(
         short_dir: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A QEMU that refuses its command line (a build without seccomp refuses
     `-sandbox`; a user without access to /dev/kvm is refused too) says why on its
     stderr: the error says it too, instead of only naming qemu.log; bounded, and
     without its control characters."""
-    bindir = short_dir / "bin"
-    bindir.mkdir()
-    binary = bindir / qemu.QEMU
-    binary.write_text("#!/bin/sh\necho 'qemu-system-x86_64: starting' >&2\n"
-                      "printf 'qemu-system-x86_64: -sandbox on: There is no option group "
-                      "\\033[31msandbox\\033[0m %0500d\\n' 7 >&2\nexit 1\n")
-    binary.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    qemu_script(short_dir, monkeypatch,
+                "echo 'qemu-system-x86_64: starting' >&2\n"
+                "printf 'qemu-system-x86_64: -sandbox on: There is no option group "
+                "\\033[31msandbox\\033[0m %0500d\\n' 7 >&2\nexit 1\n")
     for name in ("vmlinux", "initramfs"):
         (short_dir / name).write_bytes(b"x")
     spec = VMSpec(name="refused", kernel=short_dir / "vmlinux",
@@ -242,14 +248,10 @@ def test_doctor_says_when_qemu_cannot_run_in_its_sandbox(
 
     real = row()
     assert real["ok"] is True, real
-    bindir = short_dir / "bin"
-    bindir.mkdir()
-    binary = bindir / qemu.QEMU
-    binary.write_text("#!/bin/sh\ncase \"$*\" in *-sandbox*) echo \"qemu-system-x86_64: "
-                      "-sandbox $2: There is no option group 'sandbox'\" >&2; exit 1;; esac\n"
-                      "echo 'QEMU emulator version 7.2.0'\n")
-    binary.chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bindir}:{os.environ['PATH']}")
+    qemu_script(short_dir, monkeypatch,
+                "case \"$*\" in *-sandbox*) echo \"qemu-system-x86_64: -sandbox $2: There is "
+                "no option group 'sandbox'\" >&2; exit 1;; esac\n"
+                "echo 'QEMU emulator version 7.2.0'\n")
     refused = row()
     assert refused["ok"] is False
     assert "There is no option group 'sandbox'" in str(refused["detail"])
