@@ -31,8 +31,10 @@ class VMEnded(VMError):
 
 
 class VMExitedAtStart(VMEnded):
-    """The VMM exited before its guest could run; `status` its exit status."""
+    """The VMM (`vmm`, its name) exited before its guest could run, with `status`; `said`
+    its last words (one bounded printable line, `vm.base.last_words`), `see` its log."""
 
-    def __init__(self, message: str, status: int | None = None) -> None:
-        super().__init__(message)
-        self.status = status
+    def __init__(self, vmm: str, status: int | None, see: str, said: str = "") -> None:
+        super().__init__(f"{vmm} exited at start (status {status})"
+                         + (f": {said}" if said else "") + f"; see {see}")
+        self.vmm, self.status, self.see = vmm, status, see

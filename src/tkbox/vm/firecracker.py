@@ -59,7 +59,7 @@ from tkbox.protocol.vsock import (
 )
 from tkbox.vm import base
 from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec, drain_to_file, last_words
-from tkbox.vm.errors import VMEnded, VMError
+from tkbox.vm.errors import VMEnded, VMError, VMExitedAtStart
 
 FIRECRACKER = "firecracker"
 API_SOCKET = "fc.sock"
@@ -327,11 +327,8 @@ class FirecrackerVM(ProcessVM):
                 detail = last_words(self.spec.workdir / VMM_LOG) or last_words(
                     self.spec.workdir / CONSOLE_LOG
                 )
-                raise VMError(
-                    f"Firecracker exited at start (status {self.proc.returncode})"
-                    + (f": {detail}" if detail else "")
-                    + f"; see {self._log_hint()}"
-                )
+                raise VMExitedAtStart("Firecracker", self.proc.returncode,
+                                      str(self._log_hint()), detail)
             if self.api_socket.exists():
                 try:
                     response = await self._client.get("/", timeout=1.0)

@@ -306,6 +306,17 @@ def template_argv(spec: VMSpec, accel: str, qemu: str) -> list[str]:
     return build_argv(placeholder, accel, qemu, template=True, ram=Path("/RAM"))
 
 
+def _send_file(qmp: QMPClient, path: Path, flags: int) -> None:
+    """Open `path` here (no final symlink followed; created 0600) and send it to QEMU
+    over QMP (SCM_RIGHTS); a `getfd` must name it next. QEMU opens no template file
+    itself, and spawns nothing to read or write one (its sandbox forbids it)."""
+    fd = os.open(path, flags | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        qmp.send_fd_scm(fd)
+    finally:
+        os.close(fd)  # QEMU holds its own copy
+
+
 async def _wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: float) -> None:
     deadline = time.monotonic() + timeout
     while not path.exists():
@@ -365,8 +376,7 @@ class _Listeners:
             if accepting in done and accepting.exception() is None:
                 conn, _peer = accepting.result()
             elif ended.done() and not ended.cancelled():
-                raise VMExitedAtStart(f"QEMU exited at start (status {ended.result()}); "
-                                      f"see {self._workdir / 'qemu.log'}", ended.result())
+                raise VMExitedAtStart("QEMU", ended.result(), str(self._workdir / "qemu.log"))
             else:
                 raise VMError(f"QEMU did not connect to {name} within {timeout:.0f}s; see "
                               f"{self._workdir / 'qemu.log'}")
@@ -545,27 +555,17 @@ class QemuVM(ProcessVM):
         """Load a template's device state (its memory is the file mapped by `-object`)."""
         await self._qmp_exec("migrate-set-capabilities", {"capabilities": [
             {"capability": "x-ignore-shared", "state": True}]})
-        fd = os.open(state, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        assert self._qmp is not None  # connected by the call above
         try:
-            await self._give_fd("state", fd)
-        finally:
-            os.close(fd)  # QEMU holds its own copy
-        await self._qmp_exec("migrate-incoming", {"uri": "fd:state"})
-        await self.wait_incoming()
-
-    async def _give_fd(self, name: str, fd: int) -> None:
-        """Pass `fd` to QEMU over QMP as `name` (SCM_RIGHTS, then `getfd`)."""
-        if self._qmp is None:
-            await self._qmp_exec("query-status")  # connects
-        assert self._qmp is not None
-        try:
-            self._qmp.send_fd_scm(fd)
+            _send_file(self._qmp, state, os.O_RDONLY)
         except OSError as exc:
             if self.proc.returncode is not None:
                 raise VMEnded(f"QEMU of {self.spec.name} ended before it took the "
                               f"template (status {self.proc.returncode})") from None
             raise VMError(f"cannot pass the template to QEMU: {exc.strerror or exc}") from None
-        await self._qmp_exec("getfd", {"fdname": name})
+        await self._qmp_exec("getfd", {"fdname": "state"})
+        await self._qmp_exec("migrate-incoming", {"uri": "fd:state"})
+        await self.wait_incoming()
 
     async def wait_incoming(self, timeout: float = 120.0) -> None:
         """Until QEMU has loaded the state it restores (`-incoming`); HostError if
@@ -757,11 +757,8 @@ class QemuLauncher(Launcher):
                 await vm.restore(state)
         except VMExitedAtStart as exc:
             await vm.kill()  # QEMU's output has reached qemu.log once this returns
-            log_path = spec.workdir / "qemu.log"
-            said = last_words(log_path)
-            raise VMExitedAtStart(f"QEMU exited at start (status {exc.status})"
-                                  + (f": {said}" if said else "") + f"; see {log_path}",
-                                  exc.status) from None
+            raise VMExitedAtStart("QEMU", exc.status, exc.see,
+                                  last_words(Path(exc.see))) from None
         except BaseException:
             await vm.kill()
             raise
@@ -884,12 +881,7 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
             await qmp.execute("migrate-set-capabilities", {"capabilities": [
                 {"capability": "x-ignore-shared", "state": True}]})
             await qmp.execute("migrate-set-parameters", {"max-bandwidth": 1 << 40})
-            fd = os.open(saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW
-                         | os.O_CLOEXEC, 0o600)
-            try:
-                qmp.send_fd_scm(fd)
-            finally:
-                os.close(fd)  # QEMU holds its own copy, and closes it once saved
+            _send_file(qmp, saved, os.O_WRONLY | os.O_CREAT | os.O_EXCL)
             await qmp.execute("getfd", {"fdname": "saved"})
             await qmp.execute("migrate", {"uri": "fd:saved"})
             while True:

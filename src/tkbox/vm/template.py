@@ -57,6 +57,8 @@ from tkbox.vm.base import VMSpec
 #: Bump when the guest's template handshake or the saved state's meaning changes.
 TEMPLATE_VERSION = 1
 STATE, RAM, META = "state", "ram", "meta.json"
+#: every file a template's directory holds, a build's partial ones included
+FILES = (META, STATE, RAM, STATE + ".partial", RAM + ".partial")
 DISABLE_ENV = "TKBOX_TEMPLATE"  # "0": always boot cold
 UNUSED_AFTER = 14 * 24 * 3600.0  # seconds since its last restore before a template goes
 _DIGEST_CHARS = frozenset("0123456789abcdef")
@@ -205,9 +207,8 @@ class TemplateStore:
                 return
             # A build cut short (the daemon killed) leaves partial files: a RAM file
             # is never reused, so the new guest starts on zeroed memory.
-            for stale in (d / STATE, d / META, d / RAM, d / (STATE + ".partial"),
-                          d / (RAM + ".partial")):
-                stale.unlink(missing_ok=True)
+            for name in FILES:
+                (d / name).unlink(missing_ok=True)
             yield d
 
     def commit(self, d: Path, key: Key, saved: Path, ram: Path, build_seconds: float) -> Path:
@@ -249,7 +250,7 @@ class TemplateStore:
                     fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     continue  # being built
-                for f in (META, STATE, RAM, STATE + ".partial", RAM + ".partial"):
+                for f in FILES:
                     with contextlib.suppress(OSError):
                         (d / f).unlink()
                 with contextlib.suppress(OSError):
