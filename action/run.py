@@ -183,13 +183,29 @@ def main() -> None:
                trust=str(outcome.get("trust") or ""), status=str(outcome.get("status")),
                box=str(outcome.get("box") or ""),
                **{"applied-patch": str(outcome.get("applied_patch") or ""),
-                  "held-back": str((applied or {}).get("held back", 0))})
+                  "held-back": str((applied or {}).get("held back", 0)),
+                  "set-apart": str(int(outcome.get("set_apart_count") or 0))})
         lines = [f"- **held back**: {code_span(str(h.get('path')))}: "
                  f"{code_span(str(h.get('reason')))}" if h.get("path")
                  else f"- **held back**: {code_span(str(h.get('reason')))}" for h in held]
         for h in held:
             print(f"::warning title=tkbox held back::{command_data(str(h.get('path')))}: "
                   f"{command_data(str(h.get('reason')))}", flush=True)
+        apart = [a for a in outcome.get("set_apart") or [] if isinstance(a, dict)]
+        lines += [f"- **set apart** (not in the patch): {code_span(str(a.get('path')))}, "
+                  f"{int(a.get('size') or 0)} bytes, sha256 "
+                  f"{code_span(str(a.get('sha256') or 'not hashed')[:16])}: "
+                  f"{code_span(str(a.get('why')))}" for a in apart]
+        more = int(outcome.get("set_apart_count") or 0) - len(apart)
+        if more > 0:
+            lines.append(f"- **set apart**: {more} more (`tkbox inspect` in the job lists "
+                         "the first 1000)")
+        for a in apart:
+            if a.get("why") != "ignored":
+                print(f"::warning title=tkbox set apart::{command_data(str(a.get('path')))} "
+                      f"is not in the patch: {command_data(str(a.get('why')))}", flush=True)
+        if outcome.get("patch_partial"):
+            lines.append("- **partial patch**: only the files that arrived whole were kept")
         counts = ", ".join(f"{v} {k}" for k, v in (applied or {}).items())
         did = "" if not isinstance(applied, dict) else (
             f"- applied to the workspace: {counts or 'nothing to apply'}"

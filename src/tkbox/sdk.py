@@ -89,6 +89,18 @@ class BoxInfo:
     error: str | None
     raw: dict[str, Any] = field(repr=False)
 
+    @property
+    def patch_partial(self) -> bool:
+        """The box stopped but its patch is partial: the diff was cut off, and only the
+        files that arrived whole were kept (`raw["patch"]["error"]` says why)."""
+        return bool((self.raw.get("patch") or {}).get("partial"))
+
+    @property
+    def set_apart(self) -> list[dict[str, Any]]:
+        """The changes the box's patch left out (path, change, size, sha256, why), the
+        first ones listed; `raw["patch"]["apart"]` counts them all by why."""
+        return list((self.raw.get("patch") or {}).get("set_apart") or [])
+
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> BoxInfo:
         return cls(name=str(d.get("name", "")), state=str(d.get("state", "")),
@@ -240,7 +252,8 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
              secrets: Mapping[str, str] | Sequence[str] | None = None,
              memory_mib: int = 1024, vcpus: int = 1, inspect: str = "",
              model_hosts: Sequence[str] = (), timeout_s: int | None = None,
-             disk_mib: int = 4096) -> dict[str, Any]:
+             disk_mib: int = 4096,
+             workspace_owner: tuple[int, int] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": name or "", "image": image,  # "": the daemon picks a name
         "workspace": str(Path(workspace).expanduser().resolve()), "allow": list(allow),
@@ -256,6 +269,8 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
         body["model_hosts"] = list(model_hosts)
     if timeout_s is not None:
         body["timeout_s"] = timeout_s
+    if workspace_owner is not None:
+        body["workspace_owner"] = list(workspace_owner)
     return body
 
 
@@ -394,13 +409,14 @@ class Client:
             secrets: Mapping[str, str] | Sequence[str] | None = None, name: str | None = None,
             memory_mib: int = 1024, vcpus: int = 1, inspect: str = "",
             model_hosts: Sequence[str] = (), timeout_s: int | None = None,
-            disk_mib: int = 4096) -> Box:
+            disk_mib: int = 4096, workspace_owner: tuple[int, int] | None = None) -> Box:
         """Create and boot a box; returns when it is ready. `secrets` are references
         (`{"NAME": "env:VAR@host[,host];header=H"}`); their values are read here and
         sent only over the daemon's private socket; the box gets placeholders."""
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
                         secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
-                        model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib)
+                        model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib,
+                        workspace_owner=workspace_owner)
         return Box(self, BoxInfo.from_json(self.call("POST", "/v1/boxes", json=body)))
 
     def export(self, box: Box | str, path: str | Path | None = None) -> ExportResult:
@@ -578,10 +594,12 @@ class AsyncClient:
                   secrets: Mapping[str, str] | Sequence[str] | None = None,
                   name: str | None = None, memory_mib: int = 1024, vcpus: int = 1,
                   inspect: str = "", model_hosts: Sequence[str] = (),
-                  timeout_s: int | None = None, disk_mib: int = 4096) -> AsyncBox:
+                  timeout_s: int | None = None, disk_mib: int = 4096,
+                  workspace_owner: tuple[int, int] | None = None) -> AsyncBox:
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
                         secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
-                        model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib)
+                        model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib,
+                        workspace_owner=workspace_owner)
         return AsyncBox(self, BoxInfo.from_json(await self.call("POST", "/v1/boxes", json=body)))
 
     async def export(self, box: AsyncBox | str, path: str | Path | None = None) -> ExportResult:

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox.errors import GuestError, Refused, TkboxError, UserError
-from tkbox.sdk import Box, Client
+from tkbox.sdk import Box, BoxInfo, Client
 
 MAX_PROMPT = 64 * 1024
 MAX_AGENT_STDOUT = 8 * 1024 * 1024
@@ -52,15 +52,16 @@ KILL_GRACE = 10.0
 
 #: Runs as root in the box, then becomes an ordinary uid for the agent. Claude Code
 #: refuses to skip its permission prompts as root, and an agent has no business
-#: being root anyway. /workspace is handed to that uid (only content and mode
-#: changes reach the patch, so the ownership change does not).
+#: being root anyway. The workspace's files already belong to that uid (the box is
+#: made with `workspace_owner`): a `chown -R` here would copy every file of the
+#: checkout up into the overlay's upper layer, a multi-gigabyte tool or dataset
+#: included, for nothing.
 AS_AGENT = f"""set -eu
 grep -q '^tkbox-agent:' /etc/passwd || \\
   echo 'tkbox-agent:x:{AGENT_UID}:{AGENT_UID}:tkbox agent:/home/tkbox-agent:/bin/sh' >> /etc/passwd
 grep -q '^tkbox-agent:' /etc/group || echo 'tkbox-agent:x:{AGENT_UID}:' >> /etc/group
 mkdir -p /home/tkbox-agent
 chown {AGENT_UID}:{AGENT_UID} /home/tkbox-agent
-chown -R {AGENT_UID}:{AGENT_UID} /workspace
 cd /workspace
 exec setpriv --reuid={AGENT_UID} --regid={AGENT_UID} --clear-groups \\
   env HOME=/home/tkbox-agent USER=tkbox-agent LOGNAME=tkbox-agent "$@"
@@ -103,6 +104,10 @@ class AgentOutcome:
     applied_patch: str | None = None  # --apply: the sections of the files written
     applied: dict[str, int] | None = None  # --apply: files by status (applied, held back…)
     held_back: list[dict[str, str]] = field(default_factory=list)  # path, reason (bounded)
+    #: changes the box's patch left out (path, change, size, sha256, why), bounded
+    set_apart: list[dict[str, Any]] = field(default_factory=list)
+    set_apart_count: int = 0  # all of them, listed or not
+    patch_partial: bool = False  # the diff was cut off: only whole files were kept
     bundle: str | None = None
     trust: str | None = None
     error: str | None = None
@@ -178,7 +183,8 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
     name = spec.name or f"agent-{_random.token_hex(4)}"
     opts: dict[str, Any] = {"name": name, "image": image, "workspace": spec.workspace,
                             "allow": allow, "env": env, "secrets": secrets,
-                            "memory_mib": spec.memory_mib, "vcpus": spec.vcpus}
+                            "memory_mib": spec.memory_mib, "vcpus": spec.vcpus,
+                            "workspace_owner": (AGENT_UID, AGENT_UID)}
     if spec.agent == "claude-code":
         # recorded as model calls even when the host is not a preset's (a proxy, a stand-in)
         opts["model_hosts"] = [spec.model_host.partition(":")[0]]
@@ -310,16 +316,36 @@ def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
         p = spec.out_dir / f"{box.name}.patch"
         p.write_bytes(data)
         out.patch, out.patch_bytes = str(p), len(data)
+        _patch_facts(box.refresh(), out, log)
     except TkboxError as exc:
         log(f"tkbox: no patch: {exc}")
     if spec.apply and out.patch is not None:
         _apply(box, spec, out, log)
+    if out.patch_partial:
+        why = str((box.info.raw.get("patch") or {}).get("error", ""))[:300]
+        out.error = out.error or f"the box's patch is partial ({why}): only the files that " \
+            "arrived whole were kept"
     try:
         r = client.export(box, spec.out_dir / f"{box.name}.tkb")
         out.bundle, out.trust = str(r.bundle), str(r.trust)
     except TkboxError as exc:
         out.error = out.error or f"the bundle could not be exported: {exc}"
         log(f"tkbox: no bundle: {exc}")
+
+
+def _patch_facts(info: BoxInfo, out: AgentOutcome, log: Callable[[str], None]) -> None:
+    """What the box's patch left out, and whether it is partial, into the outcome."""
+    p = info.raw.get("patch") or {}
+    out.patch_partial = info.patch_partial
+    out.set_apart = info.set_apart[:MAX_HELD_LISTED]
+    out.set_apart_count = sum(int(v.get("count", 0)) for v in (p.get("apart") or {}).values()
+                              if isinstance(v, dict))
+    if out.patch_partial:
+        log(f"tkbox: the patch is partial: {str(p.get('error', ''))[:300]}")
+    sized = [a for a in info.set_apart if a.get("why") != "ignored"]
+    for a in sized[:MAX_HELD_LISTED]:
+        log(f"tkbox: set apart, not in the patch: {a.get('path')} ({a.get('size')} bytes, "
+            f"{a.get('why')})")
 
 
 def _apply(box: Box, spec: AgentSpec, out: AgentOutcome, log: Callable[[str], None]) -> None:

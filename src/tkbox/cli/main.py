@@ -31,7 +31,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tkbox import __version__
-from tkbox.errors import Refused, TkboxError, UserError
+from tkbox.errors import GuestError, Refused, TkboxError, UserError
 
 app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -140,6 +140,9 @@ def run(
              "the anthropic and openai presets' hosts)")] = [],  # noqa: B006
     timeout: Annotated[str | None, typer.Option(
         help="stop the box by itself after this long: 90, 90s, 15m, 2h")] = None,
+    workspace_owner: Annotated[str | None, typer.Option(
+        help="UID:GID owning the workspace's files in the box (default: the image's "
+             "user, else root)")] = None,
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
@@ -151,18 +154,29 @@ def run(
                   "door; clients that pin certificates will fail")
     envs = _env_pairs(env)
     timeout_s = parse_duration(timeout) if timeout is not None else None
+    owner = parse_owner(workspace_owner) if workspace_owner is not None else None
     _pull_first(image, as_json)
     with err.status(f"booting {name or 'a box'}…") if not as_json and sys.stderr.isatty() \
             else contextlib.nullcontext():
         b = _client().run(name=name or None, workspace=workspace, image=image, allow=allow,
                           env=envs, memory_mib=memory, vcpus=cpus, secrets=secret,
                           inspect=inspect, model_hosts=model_host,
-                          timeout_s=timeout_s, disk_mib=disk).info.raw
+                          timeout_s=timeout_s, disk_mib=disk,
+                          workspace_owner=owner).info.raw
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"
         + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
            and b["start"].get("reason") else "")))
+
+
+def parse_owner(text: str) -> tuple[int, int]:
+    """(uid, gid) from `UID:GID` (a one-line error otherwise)."""
+    uid, sep, gid = text.partition(":")
+    if not (sep and uid.isascii() and uid.isdigit() and gid.isascii() and gid.isdigit()
+            and int(uid) < 2**32 - 1 and int(gid) < 2**32 - 1):
+        raise UserError(f"--workspace-owner {text[:40]!r} must be UID:GID, two numbers")
+    return int(uid), int(gid)
 
 
 def parse_duration(text: str) -> int:
@@ -300,16 +314,44 @@ def _send_signal(name: str, exec_id: str, sig: int) -> None:
 def stop(name: str, as_json: JsonOpt = False) -> None:
     """Stop a box: egress closes at once, the workspace patch is saved, the VM ends."""
     b = _client().box(name, fetch=False).stop().raw
-    p = b.get("patch", {})
-    _emit(b, as_json, lambda b: out.print(
-        f"{b['display_name']}: stopped; patch saved ({p.get('bytes', 0)} bytes, "
-        f"sha256 {str(p.get('sha256', ''))[:16]}…). Next: 'tkbox apply {name}'"))
+    p = b.get("patch") or {}
+
+    def human(b: dict[str, Any]) -> None:
+        what = "a PARTIAL patch saved" if p.get("partial") else "patch saved"
+        out.print(Text(f"{b['display_name']}: stopped; {what} ({p.get('bytes', 0)} bytes, "
+                       f"sha256 {str(p.get('sha256', ''))[:16]}…). Next: 'tkbox apply {name}'"))
+        _say_apart(p)
+
+    _emit(b, as_json, human)
+    if p.get("partial"):
+        err.print(Text(f"tkbox: error: box {name}: the patch is partial, it holds only the "
+                       f"files that arrived whole: {str(p.get('error', ''))[:300]}"))
+        raise typer.Exit(GuestError.exit_code)
+
+
+def _say_apart(p: dict[str, Any]) -> None:
+    """What the box's patch left out, on stderr: a line per change (the first 20)."""
+    from tkbox.daemon.patches import apart_lines
+
+    lines = apart_lines(p)
+    if lines:
+        err.print(Text(f"tkbox: set apart, not in the patch ({len(lines)} shown):",
+                       style="yellow"))
+        for line in lines:
+            err.print(Text(f"  {line}", style="yellow"))
 
 
 @app.command()
 def patch(name: str) -> None:
-    """Print the patch saved when the box stopped."""
-    sys.stdout.buffer.write(_client().box(name, fetch=False).patch())
+    """Print the patch saved when the box stopped (what it left out goes to stderr)."""
+    box = _client().box(name)
+    p = box.info.raw.get("patch") or {}
+    sys.stdout.buffer.write(box.patch())
+    sys.stdout.buffer.flush()
+    if p.get("partial"):
+        err.print(Text(f"tkbox: this patch is partial: {str(p.get('error', ''))[:300]}",
+                       style="yellow"))
+    _say_apart(p)
 
 
 @app.command()

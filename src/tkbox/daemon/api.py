@@ -21,7 +21,7 @@ import os
 import socket
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Any, cast
+from typing import Annotated, Any, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -65,6 +65,9 @@ class RunBody(BaseModel):
     inspect: str = Field(default="", max_length=16)
     model_hosts: list[str] = Field(default_factory=list, max_length=64)
     timeout_s: int | None = Field(default=None, ge=1)
+    #: uid and gid that own the workspace's files (default: the image's user, else root)
+    workspace_owner: list[Annotated[int, Field(ge=0, lt=2**32 - 1)]] | None = Field(
+        default=None, min_length=2, max_length=2)
 
 
 class CopyInBody(BaseModel):

@@ -74,6 +74,8 @@ class BoxSpec:
     inspect: str = ""
     model_hosts: list[str] = field(default_factory=list)  # recorded as model calls
     timeout_s: int | None = None  # the box stops by itself after this long (recorded)
+    #: (uid, gid) owning the workspace's files; None: the image's user, else root
+    workspace_owner: list[int] | None = None
 
 
 class ManagerCore:

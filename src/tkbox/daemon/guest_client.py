@@ -12,12 +12,14 @@ has an overall deadline, so a guest trickling its patch cannot hold `stop`.
 from __future__ import annotations
 
 import asyncio
+import re
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
+from tkbox.guest.diff import CHANGES, WHY
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_RPC, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import StreamClosed
@@ -63,7 +65,11 @@ SCHEMAS: dict[str, Schema] = {
     "exec": {"started": ({}, {"pid": _int}),
              "out": ({"fd": _int, "data": _bin}, {}),
              "exit": ({"status": _int}, {"signal": _int, "error": _text}), **_ERROR},
-    "diff": {"data": ({"data": _bin}, {}), "end": ({}, {"stats": _map}), **_ERROR},
+    "diff": {"paths": ({"data": _bin}, {}), "paths_end": ({"count": _int}, {}),
+             "apart": ({"path": _bin, "change": _text, "size": _int, "sha256": _text,
+                        "why": _text}, {}),
+             "data": ({"data": _bin}, {}), "mark": ({}, {}), "end": ({}, {"stats": _map}),
+             **_ERROR},
     "shutdown": {"ok": ({}, {}), **_ERROR},
     "read": {"data": ({"data": _bin}, {}), "end": ({"size": _int}, {}), **_ERROR},
     "write": {"ok": ({"size": _int}, {}), **_ERROR},
@@ -115,6 +121,53 @@ def seconds(v: Any) -> float | None:
     if isinstance(v, bool) or not isinstance(v, (int, float)):
         return None
     return float(v) if 0 <= v < 86400 else None  # NaN and inf fail the comparison
+
+
+_SHA256 = re.compile(r"[0-9a-f]{64}")
+IgnoredCheck = Callable[[list[bytes]], Awaitable[set[bytes]]]
+
+
+def shown_path(raw: bytes, limit: int = 1024) -> str:
+    """A path from the guest as one printable line: UTF-8 where it is, every other byte
+    and every control character escaped (`\\xNN`), cut at `limit` characters."""
+    text = raw.decode("utf-8", errors="backslashreplace")
+    out = "".join(c if c.isprintable() else f"\\x{ord(c):02x}" for c in text)
+    return out if len(out) <= limit else out[:limit - 1] + "…"
+
+
+def _checkable(path: bytes) -> bool:
+    """A path git may be asked about: relative, normal, inside the checkout, not git's."""
+    parts = path.split(b"/")
+    return all(p and p not in (b".", b"..") and p.lower() != b".git" for p in parts) \
+        and b"\x00" not in path and len(path) <= 4096
+
+
+@dataclass(frozen=True)
+class SetApart:
+    """A change the box's patch does not carry (`tkbox.guest.diff`), as the host shows
+    it: `path` printable and bounded."""
+
+    path: str
+    change: str
+    size: int
+    sha256: str
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"path": self.path, "change": self.change, "size": self.size,
+                "sha256": self.sha256, "why": self.why}
+
+
+@dataclass
+class PatchProgress:
+    """What a `diff` has delivered, kept true whatever ends it."""
+
+    bytes: int = 0
+    marked: int = 0  # bytes that are whole files
+    set_apart: list[SetApart] = field(default_factory=list)
+    stats: dict[str, int | str] = field(default_factory=dict)
+    done: bool = False
+
 
 
 def safe_stats(v: Any) -> dict[str, int | str]:
@@ -242,27 +295,90 @@ class GuestClient:
             raise self._bad("a malformed exit status")
         return ExecResult(status, sig, guest_text(msg.get("error"), 500))
 
-    async def diff(self, sink: BinaryIO, *, kill: bool, max_bytes: int = rpc.MAX_PATCH,
-                   timeout: float = 300.0, deadline: float | None = None) -> dict[str, Any]:
-        """Stream the workspace patch into `sink`; bounded by `max_bytes`.
+    async def diff(self, sink: BinaryIO, progress: PatchProgress, *, kill: bool,
+                   ignored: IgnoredCheck | None = None, max_bytes: int = rpc.MAX_PATCH,
+                   timeout: float = 300.0, deadline: float | None = None) -> None:
+        """Stream the workspace patch into `sink`, bounded by `max_bytes`; `progress`
+        says what arrived, and stays true when this raises: `progress.marked` bytes of
+        `sink` are whole files (a patch cut there applies).
 
-        `timeout` bounds each wait for a frame; `deadline` (a `loop.time()`)
-        bounds the whole transfer, so a guest sending one byte a second still
-        ends in time. The stream is a reserved one: a guest holding every
-        stream it may open cannot keep the host from asking.
+        `ignored(paths)` says which changed paths the checkout's git ignores (the
+        guest then sets them apart); without it the guest asks nothing. `timeout`
+        bounds each wait for a frame; `deadline` (a `loop.time()`) bounds the whole
+        transfer, so a guest sending one byte a second still ends in time. The stream
+        is a reserved one: a guest holding every stream it may open cannot keep the
+        host from asking.
         """
         fs = await self._open(reserved=True)
         next_frame = self._paced(fs, "diff", timeout, deadline, lambda total: GuestError(
             f"box {self.box}: the guest did not finish sending its patch in time ({total} "
-            "bytes came); it was not saved"))
+            "bytes came)"))
         try:
-            await fs.send({"op": "diff", "kill": kill})
-            end, _ = await self._data_into(
-                sink, next_frame, max_bytes, "diff", "patch",
-                f"box {self.box}: the patch exceeds {max_bytes} bytes; it was not saved")
-            return safe_stats(end.get("stats"))
+            await fs.send({"op": "diff", "kill": kill, "ask_ignored": ignored is not None})
+            if ignored is not None:
+                paths = await self._changed_paths(next_frame)
+                valid = [p for p in paths if _checkable(p)]
+                hits = await ignored(valid) if valid else set()
+                bits = bytearray((len(paths) + 7) // 8)
+                for i, p in enumerate(paths):
+                    if p in hits:
+                        bits[i >> 3] |= 1 << (i & 7)
+                await fs.send({"ev": "ignored", "bits": bytes(bits)})
+            while True:
+                msg = await next_frame(progress.bytes)
+                ev = msg.get("ev")
+                if ev == "data":
+                    data = msg["data"]
+                    if progress.bytes + len(data) > max_bytes:
+                        raise GuestError(f"box {self.box}: the patch exceeds {max_bytes} bytes")
+                    sink.write(data)
+                    progress.bytes += len(data)
+                elif ev == "mark":
+                    progress.marked = progress.bytes
+                elif ev == "apart" and progress.bytes == 0:
+                    if len(progress.set_apart) >= rpc.MAX_APART:
+                        raise self._bad(f"more than {rpc.MAX_APART} set-apart entries")
+                    progress.set_apart.append(self._apart(msg))
+                elif ev == "end":
+                    if progress.marked != progress.bytes:
+                        raise self._bad("a patch that ends inside a file")
+                    progress.stats = safe_stats(msg.get("stats"))
+                    progress.done = True
+                    return
+                else:
+                    raise self._bad(f"an unexpected {guest_text(ev, 20)} frame in its patch")
         finally:
             await fs.aclose()
+
+    async def _changed_paths(self, next_frame: NextFrame) -> list[bytes]:
+        """The guest's `paths` frames up to `paths_end`, within `rpc.MAX_ASKED` paths and
+        `rpc.MAX_ASKED_BYTES`."""
+        paths: list[bytes] = []
+        size = 0
+        while True:
+            msg = await next_frame(0)
+            ev = msg.get("ev")
+            if ev == "paths_end":
+                if msg["count"] != len(paths):
+                    raise self._bad("a count of changed paths that is not the paths' count")
+                return paths
+            if ev != "paths":
+                raise self._bad(f"a {guest_text(ev, 20)} frame before its changed paths ended")
+            data = msg["data"]
+            size += len(data)
+            if not data.endswith(b"\x00") or size > rpc.MAX_ASKED_BYTES:
+                raise self._bad("a malformed or oversized list of changed paths")
+            paths.extend(data[:-1].split(b"\x00"))
+            if len(paths) > rpc.MAX_ASKED:
+                raise self._bad(f"more than {rpc.MAX_ASKED} changed paths to ask about")
+
+    def _apart(self, msg: dict[str, Any]) -> SetApart:
+        path, change, size, digest, why = (msg["path"], msg["change"], msg["size"],
+                                           msg["sha256"], msg["why"])
+        if not 0 < len(path) <= 4096 or change not in CHANGES or why not in WHY \
+                or not 0 <= size < 2**63 or not (digest == "" or _SHA256.fullmatch(digest)):
+            raise self._bad("a malformed set-apart entry")
+        return SetApart(shown_path(path), change, size, digest, why)
 
     async def read_file(self, path: str, sink: BinaryIO, *, max_bytes: int = rpc.MAX_FILE,
                         timeout: float = 120.0, deadline: float | None = None) -> int:

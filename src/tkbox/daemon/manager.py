@@ -37,8 +37,15 @@ from tkbox.daemon.boxstate import BoxState
 from tkbox.daemon.commands import CommandVerbs
 from tkbox.daemon.copies import CopyVerbs
 from tkbox.daemon.core import BoxSpec, Options
-from tkbox.daemon.guest_client import GuestClient, guest_text, seconds
+from tkbox.daemon.guest_client import (
+    GuestClient,
+    IgnoredCheck,
+    PatchProgress,
+    guest_text,
+    seconds,
+)
 from tkbox.daemon.lifecycle import Event, State
+from tkbox.daemon.patches import box_apart, patch_info, patch_record
 from tkbox.daemon.roles import GuestBuildInfo, ResolvedImage
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.secrets import prestart
@@ -138,7 +145,8 @@ class BoxManager(CommandVerbs, CopyVerbs):
             image_config=image_config_facts(image, run_user), timeout_s=spec.timeout_s))
         box.secrets = loaded
         box.dir = staging
-        facts = {"box": spec.name, "image": spec.image, "image_digest": image.digest,
+        facts: dict[str, Any] = {
+                 "box": spec.name, "image": spec.image, "image_digest": image.digest,
                  "workspace": box.info.workspace, "allowlist": list(spec.allow),
                  "limits": {**box.info.limits, "timeout_s": spec.timeout_s},
                  "env_names": sorted(spec.env),
@@ -151,6 +159,8 @@ class BoxManager(CommandVerbs, CopyVerbs):
                  "secrets": box.info.secrets, "inspect": box.info.inspect,
                  "model_hosts": box.info.model_hosts,
                  "image_config": box.info.image_config}
+        if spec.workspace_owner is not None:
+            facts["workspace_owner"] = list(spec.workspace_owner)
         opened = False
         try:
             if self.door_factory is not None:
@@ -158,13 +168,15 @@ class BoxManager(CommandVerbs, CopyVerbs):
             if not self.opts.unrecorded:
                 await self.signer.open_run(run_id, facts)
                 opened = True
-            owner = (run_user.uid, run_user.gid) if run_user else (0, 0)
+            owner = (spec.workspace_owner[0], spec.workspace_owner[1]) \
+                if spec.workspace_owner else (run_user.uid, run_user.gid) if run_user \
+                else (0, 0)
             # The disks are built in threads that write into `staging`: a cancellation
             # (the daemon stopping) stops the copy and waits for them before removing it.
             stats = await run_through(build_lower, ws, staging / "lower.sqfs", owner,
                                       stop=threading.Event())
             box.info.workspace_copy = stats
-            await run_through(build_upper, staging / "upper.ext4", spec.disk_mib)
+            await run_through(build_upper, staging / "upper.ext4", spec.disk_mib, owner)
             box.save()
             final = self.root / spec.name
             if final.exists():
@@ -377,16 +389,24 @@ class BoxManager(CommandVerbs, CopyVerbs):
             tmp = box.dir / ".patch.diff.tmp"
             # The whole diff has one deadline (a guest trickling its patch cannot hold
             # `stop`), and travels on a reserved stream (a guest holding every stream
-            # cannot keep the host from asking for it).
+            # cannot keep the host from asking for it). Whatever ends it, the whole
+            # files that arrived are kept: a partial patch, said so, never nothing.
             deadline = asyncio.get_running_loop().time() + STOP_DEADLINE
+            progress = PatchProgress()
+            cut: str | None = None
             try:
                 with open(tmp, "wb") as f:
-                    stats = await guest.diff(f, kill=True, deadline=deadline,
-                                             timeout=min(300.0, STOP_DEADLINE))
+                    try:
+                        await guest.diff(f, progress, kill=True, deadline=deadline,
+                                         timeout=min(300.0, STOP_DEADLINE),
+                                         ignored=self._ignored_in(box))
+                    except TkboxError as exc:
+                        cut = str(exc)
+                    f.truncate(progress.marked)
                     f.flush()
                     os.fsync(f.fileno())
                 os.replace(tmp, patch_path)
-            except TkboxError as exc:
+            except OSError as exc:
                 tmp.unlink(missing_ok=True)
                 box.info.error = f"the patch could not be saved: {exc}"
                 await vm.kill()
@@ -395,12 +415,16 @@ class BoxManager(CommandVerbs, CopyVerbs):
                 # The run has lost the box's changes: that is a gap in what it shows.
                 self._gap(box, {"reason": "patch lost at stop", "error": str(exc)[:500]})
                 await self.flush_gaps()
-                raise
+                raise HostError(f"box {name}: {box.info.error}") from exc
             data = patch_path.read_bytes()
             patch_sha256 = hashlib.sha256(data).hexdigest()
-            box.info.patch = {"sha256": patch_sha256, "bytes": len(data), "stats": stats}
-            with contextlib.suppress(TkboxError):
-                await guest.shutdown()
+            box.info.patch = patch_info(data, progress, cut)
+            if cut is None:
+                with contextlib.suppress(TkboxError):
+                    await guest.shutdown()
+            else:
+                box.info.error = f"the patch is partial: {cut[:500]}"
+                await vm.kill()  # a guest that could not finish its patch is not asked more
             ended = box.tasks.spawn(vm.wait(), name="VM end", awaited=True)  # never cut short
             try:
                 await asyncio.wait_for(asyncio.shield(ended), 20)
@@ -412,10 +436,28 @@ class BoxManager(CommandVerbs, CopyVerbs):
             if box.expiry is not None:
                 box.expiry.cancel()  # stopped before its --timeout
                 box.expiry = None
+        await self.record(box, "tkbox.patch", patch_record(box.info.patch))
         await self.record(box, "tkbox.box.stop", {"patch_sha256": patch_sha256,
-                                                  "patch_bytes": len(data)})
+                                                  "patch_bytes": len(data),
+                                                  "partial": cut is not None})
         shutil.rmtree(self.vms_root / box.run_id, ignore_errors=True)
         return box
+
+    def _ignored_in(self, box: Box) -> IgnoredCheck:
+        """Which changed paths the box's checkout's git ignores, as `tkbox apply` decides
+        it; nothing when that cannot be told (the box's patch then carries them, and
+        apply sets them apart)."""
+        async def check(paths: list[bytes]) -> set[bytes]:
+            from tkbox.doors.changes import ignored_paths
+
+            checkout = Path(box.info.workspace)
+            try:
+                return await ignored_paths(checkout, paths)
+            except (TkboxError, OSError) as exc:
+                log.warning("box %s: cannot ask %s's git what it ignores: %s", box.name,
+                            checkout, str(exc)[:300])
+                return set()
+        return check
 
     def patch(self, name: str) -> bytes:
         box = self.get(name)
@@ -446,6 +488,7 @@ class BoxManager(CommandVerbs, CopyVerbs):
         report = await apply_patch(data, target, self.signer, box.run_id,
                                    allow_sensitive=allow_sensitive, dry_run=dry_run)
         result: dict[str, Any] = report.to_json()
+        box_apart(result, box.info.patch)
         if with_patch:
             result["patch_b64"] = base64.b64encode(report.patch).decode()
         if not dry_run:

@@ -349,15 +349,17 @@ def build_lower(checkout: Path, target: Path, owner: tuple[int, int] = (0, 0),
     return stats
 
 
-def build_upper(target: Path, size_mib: int) -> None:
-    """A sparse ext4 disk of `size_mib` for the overlay's upper layer."""
+def build_upper(target: Path, size_mib: int, owner: tuple[int, int] = (0, 0)) -> None:
+    """A sparse ext4 disk of `size_mib` for the overlay's upper layer, its root owned by
+    `owner` (as the lower copy's files are: the box's user may add files at the top)."""
     tool = shutil.which("mkfs.ext4") or "/usr/sbin/mkfs.ext4"
     if not os.path.exists(tool):
         raise HostError("mkfs.ext4 is missing; run 'sudo apt-get install e2fsprogs'")
     with open(target, "wb") as f:
         f.truncate(size_mib * 1024 * 1024)
     proc = subprocess.run([tool, "-q", "-F", "-m", "0", "-O", "^has_journal",
-                           "-E", "lazy_itable_init=1,root_owner=0:0", str(target)],
+                           "-E", f"lazy_itable_init=1,root_owner={owner[0]}:{owner[1]}",
+                           str(target)],
                           capture_output=True, text=True, check=False, env=tool_env())
     if proc.returncode != 0:
         target.unlink(missing_ok=True)

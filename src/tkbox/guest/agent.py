@@ -43,7 +43,6 @@ import socket
 import struct
 import subprocess
 import sys
-import tempfile
 import termios
 import time
 from pathlib import Path
@@ -819,7 +818,7 @@ class Agent:
         await fs.send({"ev": "ok", "size": size})
 
     async def op_diff(self, fs: FramedStream, req: dict[str, Any]) -> None:
-        from tkbox.guest.diff import write_patch
+        from tkbox.guest.diff import WorkspaceDiff
 
         if req.get("kill"):
             # Stop: no process may change the workspace while it is read.
@@ -828,13 +827,23 @@ class Agent:
             await asyncio.sleep(0.05)
             self.reaper.reap()
         os.sync()
-        with tempfile.TemporaryFile(dir="/run") as out:
-            stats = write_patch(LOWER, UPPER, out, max_bytes=rpc.MAX_PATCH)
-            out.seek(0)
-            while chunk := out.read(rpc.CHUNK):
-                await fs.send({"ev": "data", "data": chunk})
-        info = stats.to_dict() if hasattr(stats, "to_dict") else {}
-        await fs.send({"ev": "end", "stats": info})
+        loop = asyncio.get_running_loop()
+        # The walk, the comparisons and the hashes read the disks: off the loop, so
+        # the transport keeps moving.
+        with WorkspaceDiff(LOWER, UPPER, max_bytes=rpc.MAX_PATCH,
+                           max_file=rpc.MAX_PATCH_FILE, max_listed=rpc.MAX_APART) as d:
+            paths = await loop.run_in_executor(None, d.changes)
+            ignored = await _ask_ignored(fs, paths) if req.get("ask_ignored") else set()
+            for a in await loop.run_in_executor(None, d.plan, ignored):
+                await fs.send({"ev": "apart", "path": a.path, "change": a.change,
+                               "size": a.size, "sha256": a.sha256, "why": a.why})
+            sections = d.sections()
+            while (section := await loop.run_in_executor(None, next, sections, None)) \
+                    is not None:
+                for i in range(0, len(section), rpc.CHUNK):
+                    await fs.send({"ev": "data", "data": section[i:i + rpc.CHUNK]})
+                await fs.send({"ev": "mark"})  # a whole file: a cut here still applies
+            await fs.send({"ev": "end", "stats": d.stats.to_dict()})
 
     async def op_shutdown(self, fs: FramedStream, req: dict[str, Any]) -> None:
         with contextlib.suppress(ProcessLookupError):
@@ -842,6 +851,34 @@ class Agent:
         os.sync()
         await fs.send({"ev": "ok"})
         self.shutting_down.set()
+
+
+async def _ask_ignored(fs: FramedStream, paths: list[bytes]) -> set[bytes]:
+    """Which of `paths` the checkout's git ignores: the host decides, with the same
+    check `tkbox apply` makes (docs/changes.md). At most `rpc.MAX_ASKED` paths are
+    asked about, in frames of NUL-separated paths; the host answers with one bit per
+    path asked. Paths past the bound go on as not ignored (apply sets them apart)."""
+    asked: list[bytes] = []
+    chunk: list[bytes] = []
+    size = total = 0
+    for p in paths:
+        if len(asked) >= rpc.MAX_ASKED or total + len(p) + 1 > rpc.MAX_ASKED_BYTES:
+            break
+        asked.append(p)
+        chunk.append(p)
+        size += len(p) + 1
+        total += len(p) + 1
+        if size >= rpc.CHUNK:
+            await fs.send({"ev": "paths", "data": b"\x00".join(chunk) + b"\x00"})
+            chunk, size = [], 0
+    if chunk:
+        await fs.send({"ev": "paths", "data": b"\x00".join(chunk) + b"\x00"})
+    await fs.send({"ev": "paths_end", "count": len(asked)})
+    answer = await fs.receive()
+    bits = answer.get("bits") if isinstance(answer, dict) else None
+    if not isinstance(bits, bytes) or len(bits) != (len(asked) + 7) // 8:
+        raise ValueError("the host's answer about ignored paths is malformed")
+    return {p for i, p in enumerate(asked) if bits[i >> 3] & (1 << (i & 7))}
 
 
 def power_off() -> None:

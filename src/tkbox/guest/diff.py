@@ -26,23 +26,35 @@ file holding a NUL byte, C-style quoted names as git quotes them
 (`quote_c_style` with `core.quotePath` on), a TAB after a name holding a space
 on `---`/`+++` lines (as git writes them), sections sorted by path bytes, a
 type change (file <-> symlink) written as a deletion then a creation, as git
-does. Files whose final content and mode equal LOWER's are omitted. Entries
-named `.git` (git's own state, not code) and special files (fifos, sockets,
-devices) are skipped and listed in `PatchStats.skipped`.
+does. Files whose final content, mode and link target equal LOWER's are
+omitted, compared a chunk at a time (a file copied up unchanged, by `chown -R`
+say, costs neither memory nor a place in the patch). Entries named `.git`
+(git's own state, not code) and special files (fifos, sockets, devices) are
+skipped and listed in `PatchStats.skipped`.
+
+Nothing one file does costs the rest of the patch. A change is *set apart*
+(left out, and listed with its path, size, SHA-256 and why) when the host says
+the checkout's git ignores its path (`WHY_IGNORED`: `tkbox apply` would not
+write it either), when the file is larger than `max_file` (`WHY_FILE`: the
+changes door's own per-file limit), or when the patch would pass `max_bytes`
+with it: sections are sized smallest first and the first that does not fit is
+set apart, so what is left out is the largest (`WHY_TOTAL`). The kept sections
+are then written in path order, each whole, so a patch cut off between two of
+them still applies. At most `MAX_LISTED` entries are listed (hashed up to
+`MAX_HASHED_BYTES` in all); the rest are counted by reason.
 
 Never follows a symlink: every directory is opened with `O_NOFOLLOW` relative
 to its parent's descriptor, every entry is `lstat`ed, every file opened with
-`O_NOFOLLOW`. Output is streamed; past `max_bytes` it stops with
-`PatchTooLarge` (the caller discards what was written).
+`O_NOFOLLOW`.
 
 Standard library only: this module runs inside the VM as part of PID 1. The
 git patch writer (hunks from `difflib`, git's quoting and base85 line format)
 is written here because no standard-library module writes git patches.
 
-Why one module (about 520 lines): the upper-layer walk and the patch writer
-share one private record of each change (path, old and new mode and content)
-and must agree byte for byte with `tkbox.doors.changes.patch`, which reads
-what this writes.
+Why one module (about 700 lines): the upper-layer walk, the decision of what
+is set apart and the patch writer share one private record of each change
+(path, old and new mode and content), and the writer must agree byte for byte
+with `tkbox.doors.changes.patch`, which reads what this writes.
 """
 
 from __future__ import annotations
@@ -54,16 +66,21 @@ import hashlib
 import os
 import stat
 import zlib
-from collections.abc import Iterator
-from dataclasses import dataclass, field
+from collections.abc import Collection, Iterator
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
 __all__ = [
+    "CHANGES",
+    "WHY",
     "DiffError",
+    "PatchLimits",
     "PatchStats",
     "PatchTooLarge",
+    "SetApart",
     "UnsupportedOverlay",
+    "WorkspaceDiff",
     "git_blob_sha1",
     "quote_path",
     "write_patch",
@@ -81,6 +98,18 @@ _CONTEXT = 3
 # then the whole file (still exact; just not minimal).
 _DIFFLIB_MAX_LINES = 20_000
 _READ_CHUNK = 1 << 16
+_COMPARE_CHUNK = 1 << 20
+#: sections kept in memory between sizing them and writing them (the rest are
+#: rendered again: the guest has stopped every process, so they come out the same)
+_CACHE_BYTES = 64 << 20
+MAX_LISTED = 1000  # set-apart changes listed one by one; the rest are counted
+MAX_HASHED_BYTES = 4 << 30  # content hashed for the listed entries, in all
+
+WHY_IGNORED = "ignored"  # the checkout's git ignores the path
+WHY_FILE = "file-too-large"  # larger than the per-file limit
+WHY_TOTAL = "patch-too-large"  # the patch's limit was reached: the largest left out
+WHY = (WHY_IGNORED, WHY_FILE, WHY_TOTAL)
+CHANGES = ("added", "modified", "deleted")
 _BINARY_LINE = 52  # bytes per base85 line, as git writes them
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -92,26 +121,53 @@ class DiffError(Exception):
 
 
 class PatchTooLarge(DiffError):
-    """The patch would exceed `max_bytes`."""
+    """A file is larger than the limit it is read with."""
 
 
 class UnsupportedOverlay(DiffError):
     """The upper layer uses an overlayfs feature this module does not read."""
 
 
+@dataclass(frozen=True)
+class SetApart:
+    """A change the patch does not carry, and why (one of `WHY`)."""
+
+    path: bytes
+    change: str  # added, modified, deleted
+    size: int  # of the new content (of the old, for a deletion)
+    sha256: str  # of that content; "" past MAX_HASHED_BYTES
+    why: str
+
+
 @dataclass
 class PatchStats:
-    """What `write_patch` wrote."""
+    """What `write_patch` wrote, and what it set apart."""
 
     added: int = 0
     modified: int = 0
     deleted: int = 0
     bytes: int = 0
     skipped: list[tuple[str, str]] = field(default_factory=list)
+    set_apart: list[SetApart] = field(default_factory=list)  # the listed ones
+    apart: dict[str, list[int]] = field(default_factory=dict)  # why -> [count, bytes]
 
     @property
     def files(self) -> int:
         return self.added + self.modified + self.deleted
+
+    def count_apart(self, why: str, size: int) -> None:
+        n = self.apart.setdefault(why, [0, 0])
+        n[0] += 1
+        n[1] += size
+
+    def to_dict(self) -> dict[str, int]:
+        """The counts, flat (the `end` frame of the `diff` RPC)."""
+        out = {"added": self.added, "modified": self.modified, "deleted": self.deleted,
+               "bytes": self.bytes, "skipped": len(self.skipped)}
+        for why, (count, size) in self.apart.items():
+            out[f"apart_{why}"] = count
+            out[f"apart_{why}_bytes"] = size
+        return out
 
 
 def git_blob_sha1(content: bytes) -> str:
@@ -361,19 +417,6 @@ class _Walker:
 # --- writing the patch ------------------------------------------------------
 
 
-class _Out:
-    def __init__(self, out: BinaryIO, max_bytes: int, stats: PatchStats) -> None:
-        self.out = out
-        self.max_bytes = max_bytes
-        self.stats = stats
-
-    def write(self, data: bytes) -> None:
-        if self.stats.bytes + len(data) > self.max_bytes:
-            raise PatchTooLarge(f"the patch is larger than the limit of {self.max_bytes} bytes")
-        self.out.write(data)
-        self.stats.bytes += len(data)
-
-
 def _is_binary(content: bytes) -> bool:
     return b"\x00" in content
 
@@ -441,7 +484,7 @@ def _names(path: bytes) -> tuple[bytes, bytes]:
     return quote_path(b"a/" + path), quote_path(b"b/" + path)
 
 
-def _section(out: _Out, path: bytes, old: tuple[int, bytes] | None,
+def _section(out: _Buf, path: bytes, old: tuple[int, bytes] | None,
              new: tuple[int, bytes] | None) -> None:
     """One `diff --git` section; `old`/`new` are (mode, content) or None."""
     qa, qb = _names(path)
@@ -478,49 +521,318 @@ def _section(out: _Out, path: bytes, old: tuple[int, bytes] | None,
         out.write(chunk)
 
 
-def write_patch(lower: Path, upper: Path, out: BinaryIO, *, max_bytes: int,
-                xattr_prefix: str = "trusted.overlay.") -> PatchStats:
-    """Write the git-format patch that turns `lower` into `overlay(lower, upper)`.
+# --- deciding what the patch carries ---------------------------------------------
 
-    `xattr_prefix` is `user.overlay.` for an overlay mounted with `userxattr`.
-    Raises `PatchTooLarge` past `max_bytes`, `UnsupportedOverlay` for layers
-    using redirects or metacopy, `DiffError` when a file changes under it.
-    """
-    stats = PatchStats()
-    lroot = os.open(lower, _DIR_FLAGS)
+
+class _Buf:
+    """A section rendered into memory (its size decides whether it fits the patch)."""
+
+    def __init__(self) -> None:
+        self.parts: list[bytes] = []
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self.parts.append(data)
+        self.size += len(data)
+
+    def getvalue(self) -> bytes:
+        return b"".join(self.parts)
+
+
+@dataclass
+class _Unit:
+    """One path's change: one section, or two for a type change (file <-> symlink)."""
+
+    path: bytes
+    old: _Entry | None
+    new: _Entry | None
+
+    @property
+    def change(self) -> str:
+        return "added" if self.old is None else "deleted" if self.new is None else "modified"
+
+    @property
+    def size(self) -> int:
+        """The larger side: what the per-file limit is checked against."""
+        return max(self.old.size if self.old else 0, self.new.size if self.new else 0)
+
+    @property
+    def shown(self) -> _Entry:
+        """The content named in a set-apart entry: the new one, or the deleted one."""
+        e = self.new or self.old
+        assert e is not None
+        return e
+
+
+@dataclass(frozen=True)
+class PatchLimits:
+    """What the changes door reads of one patch (`tkbox.doors.changes.patch.Limits`,
+    checked equal by a test): a patch past any of them would be refused whole."""
+
+    size: int = 256 << 20  # bytes of the patch
+    sections: int = 100_000
+    lines: int = 2_000_000
+    binary_bytes: int = 512 << 20  # binary literals' content, decoded
+    content_bytes: int = 1 << 30  # old and new contents together
+
+
+@dataclass(frozen=True)
+class _Cost:
+    size: int = 0
+    sections: int = 0
+    lines: int = 0
+    binary_bytes: int = 0
+    content_bytes: int = 0
+
+    @classmethod
+    def of(cls, u: _Unit, section: bytes) -> _Cost:
+        old = u.old.size if u.old else 0
+        new = u.new.size if u.new else 0
+        binary = b"\nGIT binary patch\n" in section
+        # a section starts each line that begins "diff --git " (a hunk's lines begin
+        # with " ", "+", "-" or "\\", a binary literal's with its length letter)
+        sections = section.count(b"\ndiff --git ") + section.startswith(b"diff --git ")
+        return cls(len(section), sections, section.count(b"\n"),
+                   new if binary else 0, old + new)
+
+    def __add__(self, other: _Cost) -> _Cost:
+        return _Cost(self.size + other.size, self.sections + other.sections,
+                     self.lines + other.lines, self.binary_bytes + other.binary_bytes,
+                     self.content_bytes + other.content_bytes)
+
+    def within(self, limits: PatchLimits) -> bool:
+        return (self.size <= limits.size and self.sections <= limits.sections
+                and self.lines <= limits.lines and self.binary_bytes <= limits.binary_bytes
+                and self.content_bytes <= limits.content_bytes)
+
+
+class _FileTooLarge(Exception):
+    """A file is (or grew) past the per-file limit while it was read."""
+
+
+def _read_bounded(entry: _Entry, limit: int) -> bytes:
     try:
-        uroot = os.open(upper, _DIR_FLAGS)
-        try:
-            walker = _Walker(lroot, uroot, xattr_prefix, stats)
-            opaque = _xattr(uroot, xattr_prefix + "opaque") == b"y"
-            walker.walk(b"", uroot, lroot, opaque)
-            sink = _Out(out, max_bytes, stats)
-            for path, old, new in sorted(walker.changes, key=lambda c: c[0]):
-                _emit(sink, stats, path, old, new, max_bytes)
-        finally:
-            os.close(uroot)
-    finally:
-        os.close(lroot)
-    return stats
+        return _read(entry, limit)
+    except PatchTooLarge:
+        raise _FileTooLarge() from None
 
 
-def _emit(out: _Out, stats: PatchStats, path: bytes, old: _Entry | None,
-          new: _Entry | None, limit: int) -> None:
-    o = (old.mode, _read(old, limit)) if old else None
-    n = (new.mode, _read(new, limit)) if new else None
-    if o == n:
-        return  # copied up but unchanged (e.g. touched, or changed back)
+def _render(unit: _Unit, limit: int) -> bytes:
+    """The unit's section(s); raises `_FileTooLarge` past `limit` bytes of a file."""
+    o = (unit.old.mode, _read_bounded(unit.old, limit)) if unit.old else None
+    n = (unit.new.mode, _read_bounded(unit.new, limit)) if unit.new else None
+    buf = _Buf()
     if o is not None and n is not None and (o[0] == MODE_LINK) != (n[0] == MODE_LINK):
         # a type change is a deletion and a creation, as git writes it
-        _section(out, path, o, None)
-        _section(out, path, None, n)
-        stats.deleted += 1
-        stats.added += 1
-        return
-    _section(out, path, o, n)
-    if o is None:
-        stats.added += 1
-    elif n is None:
-        stats.deleted += 1
+        _section(buf, unit.path, o, None)
+        _section(buf, unit.path, None, n)
     else:
-        stats.modified += 1
+        _section(buf, unit.path, o, n)
+    return buf.getvalue()
+
+
+def _same(old: _Entry, new: _Entry) -> bool:
+    """Equal mode and content, compared a chunk at a time (a copied-up file of any size
+    costs no memory: `chown`, `touch` or an open for writing copy a file up unchanged)."""
+    if old.mode != new.mode or old.size != new.size:
+        return False
+    if old.mode == MODE_LINK:
+        return _read(old, 1 << 16) == _read(new, 1 << 16)
+    fds: list[int] = []
+    try:
+        for e in (old, new):
+            pfd, name = _open_parent(e.root, e.path)
+            try:
+                fds.append(os.open(name, _FILE_FLAGS, dir_fd=pfd))
+            finally:
+                os.close(pfd)
+        while True:
+            a = os.read(fds[0], _COMPARE_CHUNK)
+            b = os.read(fds[1], _COMPARE_CHUNK)
+            if a != b:
+                return False
+            if not a:
+                return True
+    finally:
+        for fd in fds:
+            os.close(fd)
+
+
+def _sha256(entry: _Entry) -> str:
+    if entry.mode == MODE_LINK:
+        return hashlib.sha256(_read(entry, 1 << 16)).hexdigest()
+    pfd, name = _open_parent(entry.root, entry.path)
+    try:
+        fd = os.open(name, _FILE_FLAGS, dir_fd=pfd)
+    finally:
+        os.close(pfd)
+    try:
+        h = hashlib.sha256()
+        while chunk := os.read(fd, _COMPARE_CHUNK):
+            h.update(chunk)
+        return h.hexdigest()
+    finally:
+        os.close(fd)
+
+
+class WorkspaceDiff:
+    """The patch of `overlay(lower, upper)`, in three steps the guest agent interleaves
+    with questions to the host:
+
+    1. `changes()`: walk the upper layer; the paths whose content, mode or link target
+       differ from the lower layer's (a file merely copied up is not a change);
+    2. `plan(ignored)`: set apart what the patch will not carry (the paths the host says
+       the checkout's git ignores; files past `max_file`; then, while the sections left
+       exceed `max_bytes`, the largest of them), and say which;
+    3. `sections()`: the kept changes' sections, in path order, one unit at a time.
+
+    A context manager: it holds the two layers' directory descriptors.
+    """
+
+    def __init__(self, lower: Path, upper: Path, *, max_bytes: int, max_file: int,
+                 xattr_prefix: str = "trusted.overlay.", max_listed: int = MAX_LISTED,
+                 max_hashed: int = MAX_HASHED_BYTES, limits: PatchLimits | None = None) -> None:
+        self.lower, self.upper = lower, upper
+        self.max_bytes, self.max_file = max_bytes, max_file
+        self.limits = replace(limits or PatchLimits(), size=max_bytes)
+        self.prefix = xattr_prefix
+        self.max_listed, self.max_hashed = max_listed, max_hashed
+        self.stats = PatchStats()
+        self.units: list[_Unit] = []
+        self._kept: list[_Unit] = []
+        self._cache: dict[bytes, bytes] = {}
+        self._roots: tuple[int, int] | None = None
+
+    def __enter__(self) -> WorkspaceDiff:
+        lroot = os.open(self.lower, _DIR_FLAGS)
+        try:
+            uroot = os.open(self.upper, _DIR_FLAGS)
+        except BaseException:
+            os.close(lroot)
+            raise
+        self._roots = (lroot, uroot)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self._roots is not None:
+            for fd in self._roots:
+                os.close(fd)
+            self._roots = None
+
+    def changes(self) -> list[bytes]:
+        """Step 1: the changed paths, sorted by bytes."""
+        assert self._roots is not None, "use WorkspaceDiff as a context manager"
+        lroot, uroot = self._roots
+        walker = _Walker(lroot, uroot, self.prefix, self.stats)
+        walker.walk(b"", uroot, lroot, _xattr(uroot, self.prefix + "opaque") == b"y")
+        units: list[_Unit] = []
+        for path, old, new in sorted(walker.changes, key=lambda c: c[0]):
+            if old is not None and new is not None and _same(old, new):
+                continue  # copied up but unchanged (chown, touch, or changed back)
+            units.append(_Unit(path, old, new))
+        self.units = units
+        return [u.path for u in units]
+
+    def plan(self, ignored: Collection[bytes] = ()) -> list[SetApart]:
+        """Step 2: decide; the set-apart entries listed (the rest only counted)."""
+        ignored = set(ignored)
+        apart: list[tuple[_Unit, str]] = []
+        candidates: list[_Unit] = []
+        for u in self.units:
+            if u.path in ignored:
+                apart.append((u, WHY_IGNORED))
+            elif u.size > self.max_file:
+                apart.append((u, WHY_FILE))
+            else:
+                candidates.append(u)
+        # Smallest first: when one of the patch's limits is reached, what is left out
+        # is the largest (a one-line fix survives a dataset written beside it).
+        used = _Cost()
+        cached = 0
+        kept: list[_Unit] = []
+        for u in sorted(candidates, key=lambda u: (u.size, u.path)):
+            try:
+                section = _render(u, self.max_file)
+            except _FileTooLarge:
+                apart.append((u, WHY_FILE))
+                continue
+            total = used + _Cost.of(u, section)
+            if not total.within(self.limits):
+                apart.append((u, WHY_TOTAL))
+                continue
+            used = total
+            kept.append(u)
+            if cached + len(section) <= _CACHE_BYTES:
+                self._cache[u.path] = section
+                cached += len(section)
+        self._kept = sorted(kept, key=lambda u: u.path)
+        return self._list(apart)
+
+    def _list(self, apart: list[tuple[_Unit, str]]) -> list[SetApart]:
+        # What a person must hear of first: changes left out for their size (largest
+        # first), then what the checkout ignores anyway.
+        apart.sort(key=lambda a: (a[1] == WHY_IGNORED, -a[0].shown.size, a[0].path))
+        listed: list[SetApart] = []
+        hashed = 0
+        for u, why in apart:
+            e = u.shown
+            self.stats.count_apart(why, e.size)
+            if len(listed) >= self.max_listed:
+                continue
+            digest = ""
+            if hashed + e.size <= self.max_hashed:
+                hashed += e.size
+                digest = _sha256(e)
+            listed.append(SetApart(u.path, u.change, e.size, digest, why))
+        self.stats.set_apart = listed
+        return listed
+
+    def sections(self) -> Iterator[bytes]:
+        """Step 3: each kept change's section(s), in path order, as whole units."""
+        used = 0
+        for u in self._kept:
+            section = self._cache.pop(u.path, None)
+            if section is None:
+                try:
+                    section = _render(u, self.max_file)
+                except _FileTooLarge:
+                    raise DiffError(f"{u.path.decode(errors='replace')} changed while "
+                                    "the patch was written") from None
+            used += len(section)
+            if used > self.max_bytes:
+                raise DiffError("the workspace changed while the patch was written")
+            self._count(u)
+            self.stats.bytes += len(section)
+            yield section
+
+    def _count(self, u: _Unit) -> None:
+        if u.old is not None and u.new is not None and \
+                (u.old.mode == MODE_LINK) != (u.new.mode == MODE_LINK):
+            self.stats.deleted += 1
+            self.stats.added += 1
+        elif u.old is None:
+            self.stats.added += 1
+        elif u.new is None:
+            self.stats.deleted += 1
+        else:
+            self.stats.modified += 1
+
+
+def write_patch(lower: Path, upper: Path, out: BinaryIO, *, max_bytes: int,
+                max_file: int | None = None, ignored: Collection[bytes] = (),
+                xattr_prefix: str = "trusted.overlay.") -> PatchStats:
+    """Write the git-format patch that turns `lower` into `overlay(lower, upper)`, all
+    three steps of `WorkspaceDiff` at once; `stats.set_apart` lists what it left out.
+
+    `xattr_prefix` is `user.overlay.` for an overlay mounted with `userxattr`.
+    Raises `UnsupportedOverlay` for layers using redirects or metacopy, `DiffError`
+    when a file changes under it.
+    """
+    with WorkspaceDiff(lower, upper, max_bytes=max_bytes,
+                       max_file=max_bytes if max_file is None else max_file,
+                       xattr_prefix=xattr_prefix) as d:
+        d.changes()
+        d.plan(ignored)
+        for section in d.sections():
+            out.write(section)
+        return d.stats

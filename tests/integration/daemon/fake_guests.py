@@ -9,6 +9,7 @@ from typing import Any
 
 import msgpack
 
+from tkbox.guest.testing import answer_diff
 from tkbox.protocol.framing import FramedStream, encode
 from tkbox.protocol.mux import HEADER, MuxPorts, T
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC
@@ -53,8 +54,7 @@ async def polite_rpc(stream: ByteStream, patch: bytes = PATCH) -> None:
             await fs.send({"ev": "out", "fd": 1, "data": " ".join(req["argv"]).encode() + b"\n"})
         await fs.send({"ev": "exit", "status": 0, "signal": 0})
     elif op == "diff":
-        await fs.send({"ev": "data", "data": patch})
-        await fs.send({"ev": "end", "stats": {}})
+        await answer_diff(fs, req, patch)
     elif op == "shutdown":
         await fs.send({"ev": "ok"})
         raise SystemExit
@@ -114,16 +114,14 @@ def hostile(kind: str) -> Any:
             await fs.send({"ev": "out", "fd": 7, "data": "not bytes"})
         elif kind == "not-a-patch":
             if req.get("op") == "diff":
-                await fs.send({"ev": "data", "data": b"this is not a patch\n\x00\xff"})
-                await fs.send({"ev": "end", "stats": {}})
+                await answer_diff(fs, req, b"this is not a patch\n\x00\xff")
             else:
                 await polite_rpc_again(fs, req)
         await asyncio.sleep(0.1)
 
     async def polite_rpc_again(fs: FramedStream, req: dict[str, Any]) -> None:
         if req.get("op") == "diff":
-            await fs.send({"ev": "data", "data": PATCH})
-            await fs.send({"ev": "end", "stats": {}})
+            await answer_diff(fs, req, PATCH)
         elif req.get("op") == "shutdown":
             await fs.send({"ev": "ok"})
             done.set()
@@ -175,6 +173,9 @@ def trickler(interval: float = 0.05) -> Any:
         fs = FramedStream(stream)
         req = await fs.receive()
         if req is not None and req.get("op") in ("diff", "read"):
+            if req.get("op") == "diff":
+                # one whole file first: a stop cut short keeps it
+                await answer_diff_start(fs, req, PATCH)
             for i in range(10**9):
                 await fs.send({"ev": "data", "data": PATCH[i % len(PATCH):][:1]})
                 await asyncio.sleep(interval)
@@ -189,14 +190,61 @@ def trickler(interval: float = 0.05) -> Any:
     return agent
 
 
+async def answer_diff_start(fs: FramedStream, req: dict[str, Any], *whole: bytes) -> None:
+    """The start of a `diff` answer: no changed paths to ask about, then each of `whole`
+    as one file (a `mark` after it); the caller sends what comes next."""
+    if req.get("ask_ignored"):
+        await fs.send({"ev": "paths_end", "count": 0})
+        await fs.receive()
+    for data in whole:
+        await fs.send({"ev": "data", "data": data})
+        await fs.send({"ev": "mark"})
+
+
+def diff_by(answer: Any) -> Any:
+    """A polite guest whose `diff` is answered by `await answer(fs, req)`, which may
+    return early or break the stream (the connection is closed after it)."""
+    done = asyncio.Event()
+
+    async def rpc(stream: ByteStream) -> None:
+        fs = FramedStream(stream)
+        req = await fs.receive()
+        if req is not None and req.get("op") == "diff":
+            try:
+                await answer(fs, req)
+            finally:
+                await fs.aclose()
+        elif req is not None:
+            try:
+                await _answer(fs, req)
+            except SystemExit:
+                done.set()
+
+    async def agent(ports: MuxPorts, spec: VMSpec) -> None:
+        await boot(ports)
+        ports.serve(PORT_RPC, rpc)
+        await done.wait()
+
+    return agent
+
+
+def cut_off(*whole: bytes, then: bytes) -> Any:
+    """Answers `diff` with each of `whole` as a file, then `then` (the start of another
+    file), then closes the connection: a guest that dies in the middle of its patch."""
+    async def answer(fs: FramedStream, req: dict[str, Any]) -> None:
+        await answer_diff_start(fs, req, *whole)
+        await fs.send({"ev": "data", "data": then})
+
+    return diff_by(answer)
+
+
 async def _answer(fs: FramedStream, req: dict[str, Any]) -> None:
     op = req.get("op")
     if op == "exec":
         await fs.send({"ev": "started", "pid": 2})
         await fs.send({"ev": "exit", "status": 0, "signal": 0})
     elif op == "diff":
-        await fs.send({"ev": "data", "data": PATCH})
-        await fs.send({"ev": "end", "stats": {}})
+        await answer_diff(fs, req, PATCH)
     elif op == "shutdown":
         await fs.send({"ev": "ok"})
         raise SystemExit

@@ -18,6 +18,7 @@ from fake_guests import boot, polite  # noqa: E402
 from tkbox.daemon.lifecycle import State  # noqa: E402
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options  # noqa: E402
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages  # noqa: E402
+from tkbox.guest.testing import answer_diff  # noqa: E402
 from tkbox.protocol.framing import FramedStream  # noqa: E402
 from tkbox.protocol.mux import MuxPorts  # noqa: E402
 from tkbox.protocol.ports import PORT_RPC  # noqa: E402
@@ -48,8 +49,7 @@ async def deaf(ports: MuxPorts, spec: VMSpec) -> None:
 
 async def polite_rpc_answer(fs: FramedStream, req: dict[str, object]) -> None:
     if req.get("op") == "diff":
-        await fs.send({"ev": "data", "data": b""})
-        await fs.send({"ev": "end", "stats": {}})
+        await answer_diff(fs, req, b"")
     else:
         await fs.send({"ev": "ok"})
 

@@ -17,7 +17,14 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 sys.path.insert(0, str(Path(__file__).parent.parent / "signer"))
-from fake_guests import answering, flood_refusals, hog_streams, trickler  # noqa: E402
+from fake_guests import (  # noqa: E402
+    PATCH,
+    answering,
+    cut_off,
+    flood_refusals,
+    hog_streams,
+    trickler,
+)
 
 from tkbox.daemon import guest_client  # noqa: E402
 from tkbox.daemon import manager as manager_mod  # noqa: E402
@@ -69,10 +76,11 @@ async def cleanup(m: BoxManager) -> None:
         await m.rm(name, force=True)
 
 
-def test_guest_trickling_its_patch_cannot_hold_stop_and_the_lost_patch_is_a_gap(
+def test_guest_trickling_its_patch_cannot_hold_stop_and_the_whole_files_are_kept(
         tmp_path: Path, checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Attack: send the diff one byte at a time, each frame inside the per-frame timeout,
-    so `tkbox stop` never returns. Stop has one overall deadline; the loss is recorded."""
+    so `tkbox stop` never returns. Stop has one overall deadline; the files that arrived
+    whole are kept as a partial patch, said so in the box and in the run."""
     monkeypatch.setattr(manager_mod, "STOP_DEADLINE", 1.5)
 
     async def main() -> None:
@@ -80,13 +88,43 @@ def test_guest_trickling_its_patch_cannot_hold_stop_and_the_lost_patch_is_a_gap(
         await create(m, "slow", checkout)
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        with pytest.raises(GuestError, match="did not finish sending its patch in time"):
-            await m.stop("slow")
+        box = await m.stop("slow")
         assert loop.time() - t0 < 10
-        box = m.get("slow")
-        assert box.state == "failed" and not (box.dir / "patch.diff").exists()
-        gaps = signer.of_run(box.run_id, "tkbox.gap")
-        assert gaps and gaps[0]["body"]["reason"] == "patch lost at stop"
+        assert box.state == "stopped"
+        assert (box.dir / "patch.diff").read_bytes() == PATCH  # the trickled bytes: cut
+        assert box.info.patch["partial"] is True
+        assert "did not finish sending its patch in time" in box.info.patch["error"]
+        rec = signer.of_run(box.run_id, "tkbox.patch")[0]["body"]
+        assert rec["partial"] is True and rec["bytes"] == len(PATCH)
+        assert "did not finish sending its patch in time" in rec["error"]
+        await cleanup(m)
+
+    asyncio.run(asyncio.wait_for(main(), 60))
+
+
+def test_guest_dying_mid_patch_leaves_a_partial_patch_that_applies(
+        tmp_path: Path, checkout: Path) -> None:
+    """The guest ends in the middle of its third file: the two whole files are kept, the
+    box is stopped (not failed), and the changes door applies what was kept."""
+    one = (b"diff --git a/one.txt b/one.txt\nnew file mode 100644\n"
+           b"index 0000000000000000000000000000000000000000.."
+           b"5626abf0f72e58d7a153368ba57db4c673c0e171\n"
+           b"--- /dev/null\n+++ b/one.txt\n@@ -0,0 +1 @@\n+one\n")
+    third = PATCH.replace(b"hello", b"three")[:60]
+
+    async def main() -> None:
+        m, signer = make(tmp_path, cut_off(one, PATCH, then=third))
+        await create(m, "cut", checkout)
+        box = await m.stop("cut")
+        assert box.state == "stopped" and box.info.patch["partial"] is True
+        assert (box.dir / "patch.diff").read_bytes() == one + PATCH
+        report = await m.apply("cut", None, allow_sensitive=False, dry_run=False)
+        assert {f["path"]: f["status"] for f in report["files"]} == {
+            "one.txt": "applied", "hello.txt": "applied"}
+        assert any("partial" in n for n in report["notes"])
+        assert (checkout / "one.txt").read_text() == "one\n"
+        assert (checkout / "hello.txt").read_text() == "hello\n"
+        assert signer.of_run(box.run_id, "tkbox.patch")[0]["body"]["partial"] is True
         await cleanup(m)
 
     asyncio.run(asyncio.wait_for(main(), 60))

@@ -22,6 +22,7 @@ from fake_guests import hostile, link_flooder, polite  # noqa: E402
 from tkbox.daemon.manager import BoxManager, BoxSpec, Options  # noqa: E402
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages  # noqa: E402
 from tkbox.errors import GuestError, Refused, UserError  # noqa: E402
+from tkbox.guest.testing import answer_diff  # noqa: E402
 from tkbox.record.testing import FakeSigner  # noqa: E402
 from tkbox.vm.fake import FakeLauncher  # noqa: E402
 
@@ -297,9 +298,8 @@ def test_hostile_values_in_well_formed_frames_are_sanitised(tmp_path: Path,
                 await fs.send({"ev": "exit", "status": 1, "signal": 0,
                                "error": "bad\n\x1b[31mtkbox: error: fake\x07"})
             elif req["op"] == "diff":
-                await fs.send({"ev": "data", "data": PATCH})
-                await fs.send({"ev": "end", "stats": {"files": 1, "evil": b"\xff",
-                                                      "huge": 2**60, "n": float("nan")}})
+                await answer_diff(fs, req, PATCH, stats={"files": 1, "evil": b"\xff",
+                                                        "huge": 2**60, "n": float("nan")})
             elif req["op"] == "shutdown":
                 await fs.send({"ev": "ok"})
                 done.set()

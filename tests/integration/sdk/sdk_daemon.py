@@ -23,6 +23,7 @@ from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages
 from tkbox.doors.network import ApprovalBoard, SystemClock
+from tkbox.guest.testing import answer_diff
 from tkbox.protocol.framing import FramedStream
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_RPC
@@ -79,8 +80,7 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
             status = 3 if argv[0] == "false" else 7 if failing else 0
             await fs.send({"ev": "exit", "status": status, "signal": 0})
         elif op == "diff":
-            await fs.send({"ev": "data", "data": bytes(patch)})
-            await fs.send({"ev": "end", "stats": {}})
+            await answer_diff(fs, req, bytes(patch))
         elif op == "shutdown":
             await fs.send({"ev": "ok"})
             done.set()

@@ -8,6 +8,7 @@ exact applier; `tests/integration/changes/` also applies them with git.
 
 from __future__ import annotations
 
+import hashlib
 import io
 import os
 import stat
@@ -16,10 +17,17 @@ from pathlib import Path
 import pytest
 from changes_trees import Tree, build_upper, file, link, make_tree, opaque, whiteout
 
-from tkbox.doors.changes.patch import MODE_LINK, apply_section, git_blob_sha1, parse_patch
+from tkbox.doors.changes.patch import MODE_LINK, Limits, apply_section, git_blob_sha1, parse_patch
+from tkbox.guest import rpc
 from tkbox.guest.diff import (
-    PatchTooLarge,
+    WHY_FILE,
+    WHY_IGNORED,
+    WHY_TOTAL,
+    PatchLimits,
+    PatchStats,
+    SetApart,
     UnsupportedOverlay,
+    WorkspaceDiff,
     quote_path,
     write_patch,
 )
@@ -177,11 +185,109 @@ def test_never_follows_a_symlink_in_the_upper(tmp_path: Path) -> None:
     assert b"host secret" not in patch and str(secret).encode() in patch
 
 
-def test_patch_too_large_is_refused(tmp_path: Path) -> None:
+def set_apart_patch(tmp: Path, lower: Tree, final: Tree, *, max_bytes: int = 1 << 20,
+                    max_file: int = 1 << 20, ignored: frozenset[bytes] = frozenset(),
+                    **kw: object) -> tuple[bytes, PatchStats]:
+    """The patch and its stats; the patch must apply and give `final` with every
+    set-apart path left as it was in `lower`."""
+    make_tree(tmp / "lower", lower)
+    build_upper(tmp / "upper", lower, final, **kw)  # type: ignore[arg-type]
+    out = io.BytesIO()
+    stats = write_patch(tmp / "lower", tmp / "upper", out, max_bytes=max_bytes,
+                        max_file=max_file, ignored=ignored)
+    apart = {a.path.decode() for a in stats.set_apart}
+    expected = {p: e for p, e in final.items() if p not in apart}
+    expected.update({p: e for p, e in lower.items() if p in apart})
+    assert pure_apply(lower, out.getvalue()) == expected
+    assert len(out.getvalue()) <= max_bytes
+    return out.getvalue(), stats
+
+
+def test_a_file_past_the_per_file_limit_is_set_apart_and_the_fix_kept(tmp_path: Path) -> None:
+    """A 373 MB binary beside a one-line fix once cost the whole patch (issue 37)."""
+    big = b"\x00" * 5000
+    patch, stats = set_apart_patch(
+        tmp_path, {"fix.py": file(b"x = 1\n")},
+        {"fix.py": file(b"x = 2\n"), ".tools/agent": file(big, True)}, max_file=4096)
+    assert b"+x = 2\n" in patch and b".tools" not in patch
+    assert stats.set_apart == [SetApart(b".tools/agent", "added", 5000,
+                                        hashlib.sha256(big).hexdigest(), WHY_FILE)]
+    assert stats.to_dict()["apart_file-too-large"] == 1
+    assert stats.to_dict()["apart_file-too-large_bytes"] == 5000
+    assert (stats.added, stats.modified) == (0, 1)
+
+
+def test_a_large_file_deleted_or_changed_is_set_apart_with_what_it_holds(
+        tmp_path: Path) -> None:
+    old, new = b"o" * 3000, b"n" * 3000
+    _, stats = set_apart_patch(
+        tmp_path, {"gone.bin": file(old), "mod.bin": file(old), "a": file(b"a\n")},
+        {"mod.bin": file(new), "a": file(b"b\n")}, max_file=2048)
+    assert {(a.path, a.change, a.sha256) for a in stats.set_apart} == {
+        (b"gone.bin", "deleted", hashlib.sha256(old).hexdigest()),
+        (b"mod.bin", "modified", hashlib.sha256(new).hexdigest())}
+
+
+def test_past_the_patch_limit_the_largest_changes_are_set_apart(tmp_path: Path) -> None:
+    """Smallest first: the patch keeps the most small changes its limit allows."""
+    final = {f"f{n:02d}": file(b"%d\n" % n * (n * 40)) for n in range(1, 13)}
+    sizes = {p: len(e[1]) for p, e in final.items()}
+    patch, stats = set_apart_patch(tmp_path, {}, final, max_bytes=8000)
+    kept = {s.path for s in parse_patch(patch).sections}
+    apart = {a.path.decode() for a in stats.set_apart}
+    assert kept | apart == set(final) and not kept & apart
+    assert max(sizes[p] for p in kept) < min(sizes[p] for p in apart)
+    assert {a.why for a in stats.set_apart} == {WHY_TOTAL}
+    # the listed order: the largest first
+    assert [a.size for a in stats.set_apart] == sorted((a.size for a in stats.set_apart),
+                                                       reverse=True)
+    # the sections are still in path order
+    assert [s.path for s in parse_patch(patch).sections] == sorted(kept)
+
+
+def test_paths_the_checkout_ignores_are_set_apart_whatever_their_size(tmp_path: Path) -> None:
+    patch, stats = set_apart_patch(
+        tmp_path, {"src/a.py": file(b"a\n")},
+        {"src/a.py": file(b"b\n"), "node_modules/x.js": file(b"x\n")},
+        ignored=frozenset({b"node_modules/x.js"}))
+    assert b"node_modules" not in patch
+    assert [(a.path, a.why) for a in stats.set_apart] == [(b"node_modules/x.js", WHY_IGNORED)]
+
+
+def test_a_large_file_copied_up_unchanged_is_not_a_change(tmp_path: Path) -> None:
+    """`chown -R /workspace` copies every file up: none of them is a change, however
+    large (the comparison reads a chunk at a time), so nothing is set apart."""
+    lower = {".tools/claude": file(b"\x7fELF" + b"\x00" * 50_000, True), "a": file(b"a\n"),
+             "l": link(b"a")}
+    patch, stats = set_apart_patch(tmp_path, lower, dict(lower), max_file=1024,
+                                   copy_up_same={".tools/claude", "a", "l"})
+    assert patch == b"" and stats.set_apart == [] and stats.apart == {}
+
+
+def test_a_copied_up_file_that_differs_late_is_a_change(tmp_path: Path) -> None:
+    """Same size, same mode, one byte apart past the first chunk: still a change."""
+    old = b"a" * (3 << 20)
+    new = old[:-1] + b"b"
+    _, stats = set_apart_patch(tmp_path, {"big": file(old)}, {"big": file(new)},
+                               max_file=1024)
+    assert [(a.path, a.change, a.why) for a in stats.set_apart] == [
+        (b"big", "modified", WHY_FILE)]
+
+
+def test_set_apart_listing_and_hashing_are_bounded(tmp_path: Path) -> None:
     make_tree(tmp_path / "lower", {})
-    make_tree(tmp_path / "upper", {"big": file(b"x\n" * 1000), "b2": file(b"\x00" * 5000)})
-    with pytest.raises(PatchTooLarge):
-        diff(tmp_path, max_bytes=1000)
+    make_tree(tmp_path / "upper", {f"n{i}": file(b"y" * (100 + i)) for i in range(10)})
+    out = io.BytesIO()
+    with WorkspaceDiff(tmp_path / "lower", tmp_path / "upper", max_bytes=1 << 20,
+                       max_file=50, max_listed=4, max_hashed=220) as d:
+        d.changes()
+        listed = d.plan()
+        for s in d.sections():
+            out.write(s)
+    assert out.getvalue() == b""
+    assert [a.size for a in listed] == [109, 108, 107, 106]
+    assert [bool(a.sha256) for a in listed] == [True, True, False, False]
+    assert d.stats.apart == {WHY_FILE: [10, sum(100 + i for i in range(10))]}
 
 
 def test_metacopy_and_redirect_are_refused(tmp_path: Path) -> None:
@@ -203,3 +309,29 @@ def test_whiteout_helpers_make_what_overlayfs_makes(tmp_path: Path) -> None:
     assert stat.S_ISCHR(st.st_mode) and st.st_rdev == 0
     opaque(tmp_path / "o")
     assert os.getxattr(tmp_path / "o", "trusted.overlay.opaque") == b"y"
+
+
+def test_the_guest_keeps_within_the_limits_the_door_reads() -> None:
+    """A patch the box makes is one `tkbox apply` reads: the limits are the same."""
+    door = Limits()
+    ours = PatchLimits()
+    assert (ours.size, ours.sections, ours.lines, ours.binary_bytes, ours.content_bytes) == (
+        door.max_patch_bytes, door.max_sections, door.max_lines, door.max_binary_bytes,
+        door.max_total_bytes)
+    assert rpc.MAX_PATCH == door.max_patch_bytes
+    assert rpc.MAX_PATCH_FILE == door.max_file_bytes
+
+
+def test_past_the_doors_section_count_the_rest_are_set_apart(tmp_path: Path) -> None:
+    """Many small files: the patch stops at the door's section limit, not past it."""
+    make_tree(tmp_path / "lower", {})
+    make_tree(tmp_path / "upper", {f"f{i:03d}": file(b"%d\n" % i) for i in range(30)})
+    out = io.BytesIO()
+    with WorkspaceDiff(tmp_path / "lower", tmp_path / "upper", max_bytes=1 << 20,
+                       max_file=1 << 20, limits=PatchLimits(sections=20)) as d:
+        d.changes()
+        d.plan()
+        for s in d.sections():
+            out.write(s)
+    assert len(parse_patch(out.getvalue()).sections) == 20
+    assert d.stats.apart == {WHY_TOTAL: [10, sum(len(b"%d\n" % i) for i in range(20, 30))]}

@@ -8,10 +8,10 @@ parser and exact applier), `paths` (which paths may be named), `sensitive`
 the all-or-nothing writer), `door`. `report` renders the result.
 """
 
-from tkbox.doors.changes.door import apply_patch
+from tkbox.doors.changes.door import apply_patch, ignored_paths
 from tkbox.doors.changes.errors import ApplyFailed, PatchRefused
 from tkbox.doors.changes.patch import Limits
 from tkbox.doors.changes.report import ApplyReport, FileResult, render_report
 
 __all__ = ["ApplyFailed", "ApplyReport", "FileResult", "Limits", "PatchRefused", "apply_patch",
-           "render_report"]
+           "ignored_paths", "render_report"]

@@ -47,7 +47,7 @@ from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.gitconfig import Entry
 from tkbox.record.client import SignerClient, Verdict
 
-__all__ = ["apply_patch"]
+__all__ = ["apply_patch", "ignored_paths"]
 
 MAX_TOTAL_ALIASES = 1_000_000  # names checked over the whole patch (FinalTree.aliases)
 DECIDE_WINDOW = 64  # Write decisions in flight at once
@@ -274,8 +274,8 @@ def _hooks_prefixes(root: Path, repo: RepoConfig, home: str) -> list[tuple[str, 
     return out
 
 
-async def _ignored(git: Git, root: Path, parsed: Patch, repo: RepoConfig) -> set[str]:
-    """The paths the checkout's git ignores."""
+async def _ignored(git: Git, root: Path, paths: list[bytes], repo: RepoConfig) -> set[bytes]:
+    """Which of `paths` the checkout's git ignores."""
     if repo.top is None:
         return set()
     excludes = repo.last("core.excludesfile")
@@ -285,13 +285,26 @@ async def _ignored(git: Git, root: Path, parsed: Patch, repo: RepoConfig) -> set
         xdg = os.environ.get("XDG_CONFIG_HOME") or os.path.expanduser("~/.config")
         default = Path(xdg) / "git" / "ignore"
         excludes = str(default) if default.is_file() else None
-    paths = sorted({s.raw_path for s in parsed.sections})
-    return {os.fsdecode(p) for p in await git.ignored(root, paths, excludes)}
+    return await git.ignored(root, paths, excludes)
 
 
 async def _ignored_after(git: Git, root: Path, parsed: Patch,
                          repo: asyncio.Future[RepoConfig]) -> set[str]:
-    return await _ignored(git, root, parsed, await repo)
+    paths = sorted({s.raw_path for s in parsed.sections})
+    return {os.fsdecode(p) for p in await _ignored(git, root, paths, await repo)}
+
+
+async def ignored_paths(checkout: Path, paths: list[bytes]) -> set[bytes]:
+    """Which of `paths` (relative, as in a patch) `checkout`'s git ignores, decided as
+    `apply_patch` decides it: the box sets these apart when it computes its patch
+    (`tkbox.guest.diff`), so the box and the apply agree. Nothing, when `checkout` is
+    not a git repository; a `PatchRefused` when git cannot check them."""
+    root = Path(os.path.realpath(checkout))
+    git = Git()
+    try:
+        return await _ignored(git, root, paths, await _repo_config(git, root, []))
+    finally:
+        await asyncio.to_thread(git.close)
 
 
 def _refuse_below_checkout_symlinks(plan: Plan, states: dict[str, State]) -> None:
