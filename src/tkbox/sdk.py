@@ -253,7 +253,8 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
              memory_mib: int = 1024, vcpus: int = 1, inspect: str = "",
              model_hosts: Sequence[str] = (), timeout_s: int | None = None,
              disk_mib: int = 4096,
-             workspace_owner: tuple[int, int] | None = None) -> dict[str, Any]:
+             workspace_owner: tuple[int, int] | None = None, via: Via = "sdk",
+             agent_chose: Sequence[str] = (), unsafe: Sequence[str] = ()) -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": name or "", "image": image,  # "": the daemon picks a name
         "workspace": str(Path(workspace).expanduser().resolve()), "allow": list(allow),
@@ -271,6 +272,12 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
         body["timeout_s"] = timeout_s
     if workspace_owner is not None:
         body["workspace_owner"] = list(workspace_owner)
+    if via != "sdk":
+        body["via"] = via
+    if agent_chose:
+        body["agent_chose"] = list(agent_chose)
+    if unsafe:
+        body["unsafe"] = list(unsafe)
     return body
 
 
@@ -595,11 +602,16 @@ class AsyncClient:
                   name: str | None = None, memory_mib: int = 1024, vcpus: int = 1,
                   inspect: str = "", model_hosts: Sequence[str] = (),
                   timeout_s: int | None = None, disk_mib: int = 4096,
-                  workspace_owner: tuple[int, int] | None = None) -> AsyncBox:
+                  workspace_owner: tuple[int, int] | None = None, via: Via = "sdk",
+                  agent_chose: Sequence[str] = (), unsafe: Sequence[str] = ()) -> AsyncBox:
+        """As `Client.run`. `via`, `agent_chose` and `unsafe` are for clients that an
+        agent drives (`tkbox mcp`): which settings the agent chose, and the operator's
+        opt-ins that let it, recorded in the run."""
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
                         secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
                         model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib,
-                        workspace_owner=workspace_owner)
+                        workspace_owner=workspace_owner, via=via, agent_chose=agent_chose,
+                        unsafe=unsafe)
         return AsyncBox(self, BoxInfo.from_json(await self.call("POST", "/v1/boxes", json=body)))
 
     async def export(self, box: AsyncBox | str, path: str | Path | None = None) -> ExportResult:

@@ -683,11 +683,40 @@ def mcp(socket_path: Annotated[Path | None, typer.Option(
         answer_approvals: Annotated[bool, typer.Option(
             "--answer-approvals", help="also offer the approve tool: the agent driving "
             "tkbox may then answer the approvals that otherwise wait for a person (its "
-            "answers are recorded as an agent's)")] = False) -> None:
+            "answers are recorded as an agent's)")] = False,
+        allow: Annotated[list[str], typer.Option(
+            help="a host, host:port or preset every box may reach; the agent may pick a "
+                 "subset, never more")] = [],  # noqa: B006
+        secret: Annotated[list[str], typer.Option(
+            help="NAME=env:VAR@host: a secret bound for every box (the agent may name a "
+                 "subset)")] = [],  # noqa: B006
+        model_host: Annotated[list[str], typer.Option(
+            help="an allowed host whose requests are recorded as model calls")] = [],  # noqa: B006
+        workspace_root: Annotated[Path | None, typer.Option(
+            help="the folder every path a tool names must be inside (default: the "
+                 "current folder)")] = None,
+        agent_may_allow: Annotated[bool, typer.Option(
+            "--agent-may-allow", help="UNSAFE: the agent may add hosts to a box's "
+            "allowlist (a box's output can ask it to)")] = False,
+        agent_may_bind_secrets: Annotated[bool, typer.Option(
+            "--agent-may-bind-secrets", help="UNSAFE: the agent may bind a secret of "
+            "this process's environment to any host (a box's output can ask it to)")] = False,
+) -> None:
     """Serve the MCP tools (run, exec, stop, patch, apply, export, approvals) on stdio."""
-    from tkbox.mcp import serve_stdio
+    from tkbox.mcp import Operator, serve_stdio
 
-    serve_stdio(str(socket_path) if socket_path else None, answer_approvals=answer_approvals)
+    root = (workspace_root or Path.cwd()).expanduser()
+    if not root.is_dir():
+        raise UserError(f"--workspace-root {root} is not a directory")
+    operator = Operator(root.resolve(), allow=tuple(allow), secrets=tuple(secret),
+                        model_hosts=tuple(model_host), agent_may_allow=agent_may_allow,
+                        agent_may_bind=agent_may_bind_secrets)
+    for flag in operator.unsafe:
+        err.print(f"tkbox: WARNING: {flag}: the agent driving tkbox mcp, which reads what "
+                  "boxes print, may widen what boxes reach; each use is recorded",
+                  style="bold red")
+    serve_stdio(str(socket_path) if socket_path else None, answer_approvals=answer_approvals,
+                operator=operator)
 
 
 @app.command()

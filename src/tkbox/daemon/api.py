@@ -21,7 +21,7 @@ import os
 import socket
 import struct
 from collections.abc import AsyncGenerator, AsyncIterator
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
@@ -68,6 +68,15 @@ class RunBody(BaseModel):
     #: uid and gid that own the workspace's files (default: the image's user, else root)
     workspace_owner: list[Annotated[int, Field(ge=0, lt=2**32 - 1)]] | None = Field(
         default=None, min_length=2, max_length=2)
+    #: the kind of client asking, as it says, and which settings an agent driving it
+    #: chose (recorded in the run's open record: `tkbox mcp` says so)
+    via: Via = "sdk"
+    agent_chose: list[AgentChoice] = Field(default_factory=list, max_length=8)
+    unsafe: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list,
+                                                               max_length=4)
+
+
+AgentChoice = Literal["workspace", "image", "allow", "env", "secrets"]
 
 
 class CopyInBody(BaseModel):

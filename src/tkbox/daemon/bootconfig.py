@@ -57,6 +57,8 @@ def boot_config(box: Box, spec: BoxSpec, opts: Options, image: ResolvedImage | N
     if run_user is not None:
         cfg["user"] = {"uid": run_user.uid, "gid": run_user.gid,
                        "groups": list(run_user.groups)}
+    if spec.workspace_owner is not None:
+        cfg["workspace_owner"] = list(spec.workspace_owner)
     return cfg
 
 

@@ -76,6 +76,9 @@ class BoxSpec:
     timeout_s: int | None = None  # the box stops by itself after this long (recorded)
     #: (uid, gid) owning the workspace's files; None: the image's user, else root
     workspace_owner: list[int] | None = None
+    via: str = "sdk"  # the kind of client that asked (cli, sdk, mcp)
+    agent_chose: list[str] = field(default_factory=list)  # what an agent chose (mcp)
+    unsafe: list[str] = field(default_factory=list)  # opt-ins in effect (mcp)
 
 
 class ManagerCore:

@@ -161,6 +161,10 @@ class BoxManager(CommandVerbs, CopyVerbs):
                  "image_config": box.info.image_config}
         if spec.workspace_owner is not None:
             facts["workspace_owner"] = list(spec.workspace_owner)
+        if spec.via == "mcp":
+            # what an agent driving tkbox chose, and the operator's opt-ins that let it
+            facts["client"] = {"via": spec.via, "agent_chose": sorted(set(spec.agent_chose)),
+                               "unsafe": sorted(set(spec.unsafe))}
         opened = False
         try:
             if self.door_factory is not None:

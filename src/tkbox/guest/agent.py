@@ -404,13 +404,19 @@ def run_user(cfg: dict[str, Any]) -> tuple[int, int, list[int]] | None:
 
 
 def prepare_user(cfg: dict[str, Any]) -> None:
-    """Give the image's user its workspace and its home (the rest of the image is as the
-    image made it)."""
+    """Give the image's user (or the workspace's owner, where the host named one) the
+    workspace's top directory, and the image's user its home (the rest of the image is
+    as the image made it; the files below were copied in owned by them already)."""
+    owner = cfg.get("workspace_owner")
+    if isinstance(owner, list) and len(owner) == 2 \
+            and all(isinstance(i, int) and (_id_ok(i) or i == 0) for i in owner):
+        os.chown(ROOT / "workspace", owner[0], owner[1])
     user = run_user(cfg)
     if user is None:
         return
     uid, gid, _ = user
-    os.chown(ROOT / "workspace", uid, gid)
+    if not isinstance(owner, list):
+        os.chown(ROOT / "workspace", uid, gid)
     home = str(cfg.get("env", {}).get("HOME", ""))
     if home.startswith("/") and ".." not in home.split("/"):
         h = ROOT / home.lstrip("/")

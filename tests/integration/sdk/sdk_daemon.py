@@ -43,6 +43,16 @@ WORKFLOW = (b"diff --git a/.github/workflows/x.yml b/.github/workflows/x.yml\n"
             b"+++ b/.github/workflows/x.yml\n@@ -0,0 +1 @@\n+on: push\n")
 
 
+#: what a guest's patch left out (`tkbox-test-set-apart`): a tool too large for the patch
+#: whose name a Markdown summary would render, and a file the checkout ignores
+SET_APART = [
+    {"path": b".tools/**claude** [x](https://evil.example/)", "change": "added",
+     "size": 373_019_152, "sha256": "ab" * 32, "why": "file-too-large"},
+    {"path": b"node_modules/x.js", "change": "added", "size": 12, "sha256": "cd" * 32,
+     "why": "ignored"},
+]
+
+
 async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
     fs = FramedStream(await ports.connect(PORT_BOOT))
     await fs.receive()
@@ -50,6 +60,7 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
     await fs.aclose()
     done = asyncio.Event()
     patch = bytearray(PATCH)
+    apart: list[dict[str, object]] = []
 
     async def rpc(stream: ByteStream) -> None:
         fs = FramedStream(stream)
@@ -72,6 +83,8 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
             failing = any("tkbox-test-fail" in a for a in argv)
             if any("tkbox-test-sensitive" in a for a in argv) and WORKFLOW not in patch:
                 patch[:0] = WORKFLOW
+            if any("tkbox-test-set-apart" in a for a in argv) and not apart:
+                apart.extend(SET_APART)
             if any("tkbox-test-unreadable-patch" in a for a in argv):
                 # a line the door quotes when it refuses the patch, as Markdown would
                 # render it in a CI job's summary: an image, a link, bold text
@@ -80,7 +93,7 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
             status = 3 if argv[0] == "false" else 7 if failing else 0
             await fs.send({"ev": "exit", "status": status, "signal": 0})
         elif op == "diff":
-            await answer_diff(fs, req, bytes(patch))
+            await answer_diff(fs, req, bytes(patch), apart=apart)
         elif op == "shutdown":
             await fs.send({"ev": "ok"})
             done.set()

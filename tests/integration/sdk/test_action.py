@@ -97,6 +97,27 @@ def test_the_action_holds_back_a_workflow_and_outputs_only_what_the_door_wrote(
     assert writes == ["hello.txt"]
 
 
+def test_the_action_lists_what_the_boxs_patch_set_apart(daemon: SdkDaemon, ws: Path,
+                                                          tmp_path: Path):
+    """A tool too large for the patch and a file the checkout ignores are left out of it:
+    the fix is still applied, the step succeeds, and the job summary and the outputs say
+    what was left out (each name one code span: the box chose it)."""
+    r, o = run_script(daemon, tmp_path, ws, agent="command", image="oci:/x", prompt="p",
+                      agent_command="my-agent tkbox-test-set-apart")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert (ws / "hello.txt").read_text() == "hello\n"
+    assert o["set-apart"] == "2"
+    summary = (tmp_path / "summary.md").read_text()
+    lines = [line for line in summary.splitlines() if line.startswith("- **set apart**")]
+    assert len(lines) == 2, summary
+    assert lines[0].startswith("- **set apart** (not in the patch): "
+                               "`.tools/**claude** [x](https://evil.example/)`, "
+                               "373019152 bytes, sha256 `abababababababab`: `file-too-large`")
+    assert "`node_modules/x.js`" in lines[1] and "`ignored`" in lines[1]
+    assert "::warning title=tkbox set apart::.tools/**claude**" in r.stdout
+    assert "node_modules" not in r.stdout.split("::warning")[-1].split("\n")[0]
+
+
 def test_the_action_fails_the_step_when_the_door_refuses_the_patch(
         daemon: SdkDaemon, ws: Path, tmp_path: Path):
     r, o = run_script(daemon, tmp_path, ws, agent="command", image="oci:/x", prompt="p",
