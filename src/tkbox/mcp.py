@@ -169,14 +169,17 @@ def build_server(socket: str | None = None, *, answer_approvals: bool = False,
     async def run(workspace: str | None = None, image: str = "tkbox/default",
                   name: str | None = None, allow: list[str] | None = None,
                   env: dict[str, str] | None = None,
-                  secrets: list[str] | dict[str, str] | None = None) -> dict[str, Any]:
+                  secrets: list[str] | dict[str, str] | None = None,
+                  tools: str | None = None) -> dict[str, Any]:
         """Create and boot a box with `workspace` (a folder inside the server's, by
         default that folder) copied in. `allow`: a subset of the operator's hosts
         (default: all of them). `secrets`: names of the operator's bindings (default:
-        all of them)."""
+        all of them). `tools`: an agent's program on its own disk, on PATH
+        (`claude-code`)."""
         async def go() -> dict[str, Any]:
             chose = [k for k, v in (("workspace", workspace), ("allow", allow),
-                                    ("secrets", secrets), ("env", env)) if v is not None]
+                                    ("secrets", secrets), ("env", env), ("tools", tools))
+                     if v is not None]
             if image != "tkbox/default":
                 chose.append("image")
             ws = operator.inside(workspace, "workspace")
@@ -186,7 +189,8 @@ def build_server(socket: str | None = None, *, answer_approvals: bool = False,
                 box = await c.run(image=image, workspace=ws, name=name, allow=hosts,
                                   env=env or {}, secrets=specs,
                                   model_hosts=operator.model_hosts, via="mcp",
-                                  agent_chose=chose, unsafe=operator.unsafe)
+                                  agent_chose=chose, unsafe=operator.unsafe,
+                                  tools=tools or "")
                 return _box_view(box.info.raw)
         return dict(await guarded(go()))
 

@@ -254,7 +254,8 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
              model_hosts: Sequence[str] = (), timeout_s: int | None = None,
              disk_mib: int = 4096,
              workspace_owner: tuple[int, int] | None = None, via: Via = "sdk",
-             agent_chose: Sequence[str] = (), unsafe: Sequence[str] = ()) -> dict[str, Any]:
+             agent_chose: Sequence[str] = (), unsafe: Sequence[str] = (),
+             tools: str = "") -> dict[str, Any]:
     body: dict[str, Any] = {
         "name": name or "", "image": image,  # "": the daemon picks a name
         "workspace": str(Path(workspace).expanduser().resolve()), "allow": list(allow),
@@ -272,6 +273,8 @@ def run_body(*, name: str | None, image: str, workspace: str | Path,
         body["timeout_s"] = timeout_s
     if workspace_owner is not None:
         body["workspace_owner"] = list(workspace_owner)
+    if tools:
+        body["tools"] = tools
     if via != "sdk":
         body["via"] = via
     if agent_chose:
@@ -416,14 +419,15 @@ class Client:
             secrets: Mapping[str, str] | Sequence[str] | None = None, name: str | None = None,
             memory_mib: int = 1024, vcpus: int = 1, inspect: str = "",
             model_hosts: Sequence[str] = (), timeout_s: int | None = None,
-            disk_mib: int = 4096, workspace_owner: tuple[int, int] | None = None) -> Box:
+            disk_mib: int = 4096, workspace_owner: tuple[int, int] | None = None,
+            tools: str = "") -> Box:
         """Create and boot a box; returns when it is ready. `secrets` are references
         (`{"NAME": "env:VAR@host[,host];header=H"}`); their values are read here and
         sent only over the daemon's private socket; the box gets placeholders."""
         body = run_body(name=name, image=image, workspace=workspace, allow=allow, env=env,
                         secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
                         model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib,
-                        workspace_owner=workspace_owner)
+                        workspace_owner=workspace_owner, tools=tools)
         return Box(self, BoxInfo.from_json(self.call("POST", "/v1/boxes", json=body)))
 
     def export(self, box: Box | str, path: str | Path | None = None) -> ExportResult:
@@ -603,7 +607,8 @@ class AsyncClient:
                   inspect: str = "", model_hosts: Sequence[str] = (),
                   timeout_s: int | None = None, disk_mib: int = 4096,
                   workspace_owner: tuple[int, int] | None = None, via: Via = "sdk",
-                  agent_chose: Sequence[str] = (), unsafe: Sequence[str] = ()) -> AsyncBox:
+                  agent_chose: Sequence[str] = (), unsafe: Sequence[str] = (),
+                  tools: str = "") -> AsyncBox:
         """As `Client.run`. `via`, `agent_chose` and `unsafe` are for clients that an
         agent drives (`tkbox mcp`): which settings the agent chose, and the operator's
         opt-ins that let it, recorded in the run."""
@@ -611,7 +616,7 @@ class AsyncClient:
                         secrets=secrets, memory_mib=memory_mib, vcpus=vcpus, inspect=inspect,
                         model_hosts=model_hosts, timeout_s=timeout_s, disk_mib=disk_mib,
                         workspace_owner=workspace_owner, via=via, agent_chose=agent_chose,
-                        unsafe=unsafe)
+                        unsafe=unsafe, tools=tools)
         return AsyncBox(self, BoxInfo.from_json(await self.call("POST", "/v1/boxes", json=body)))
 
     async def export(self, box: AsyncBox | str, path: str | Path | None = None) -> ExportResult:

@@ -1,7 +1,9 @@
 """One agent job: a box, the agent run headless in it on a prompt, then stop, patch, bundle.
 
 ```
-check input ─▶ box (image, workspace, allowlist, secrets by reference)
+check input ─▶ box (image: --image, else the checkout's dev container's, else
+               DEFAULT_IMAGE; the agent's program on its own read-only disk;
+               workspace, allowlist, secrets by reference)
             ─▶ agent runs as an ordinary uid in /workspace, bounded by --timeout
             ─▶ stop (egress closes, the patch is saved) ─▶ NAME.patch
            [─▶ apply (--apply): the changes door, file by file, into the
@@ -29,6 +31,7 @@ box exists, an agent that fails, or runs past `--timeout`, is an `AgentFailed`
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -36,7 +39,7 @@ import secrets as _random
 import sys
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -90,6 +93,8 @@ class AgentSpec:
     model_host: str = "api.anthropic.com"
     key_env: str = "ANTHROPIC_API_KEY"
     apply: bool = False             # --apply: the patch through the changes door
+    agent_version: str | None = None  # the agent's package version (default: pinned)
+    agent_build: str = "auto"       # glibc, musl, or auto (from the image)
 
 
 @dataclass
@@ -113,6 +118,12 @@ class AgentOutcome:
     error: str | None = None
     refused: bool = False  # the error is a door's refusal (the changes door's, of the patch)
     seconds: float = 0.0
+    image: str = ""  # the box's image, and why that one
+    image_from: str = ""
+    tools: dict[str, Any] | None = None  # the agent's program disk, as the run recorded it
+    #: where the time went, in seconds by phase (box: the create, with its image,
+    #: tools, workspace and boot; agent; stop; apply; export)
+    phases: dict[str, float] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -152,6 +163,12 @@ def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
             raise UserError(f"{spec.key_env} is not set: Claude Code needs an API key. Export "
                             f"it (in CI: env: {spec.key_env}: ${{{{ secrets.{spec.key_env} }}}}); "
                             "the box will only ever hold a placeholder for it")
+    if spec.agent_build not in ("auto", "glibc", "musl"):
+        raise UserError(f"--agent-build {spec.agent_build[:20]!r} must be auto, glibc or musl")
+    if spec.agent_version is not None and not re.match(r"^[0-9A-Za-z][0-9A-Za-z.+-]{0,63}$",
+                                                       spec.agent_version):
+        raise UserError(f"--agent-version {spec.agent_version[:40]!r} is not a version")
+    choose_image(spec)  # a devcontainer tkbox cannot use is refused before any box
     if not re.match(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$", spec.model_host):
         raise UserError(f"--model-host {spec.model_host[:80]!r} must be HOST or HOST:PORT")
     if spec.name is not None and not re.match(r"^[a-z0-9][a-z0-9_.-]{0,62}$", spec.name):
@@ -159,14 +176,44 @@ def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
                         "'.', '_' and '-'")
 
 
+#: the image a box runs when neither --image nor the checkout's dev container names one
+#: (docs/agents.md): an ordinary public image, pulled, with Python and a shell; the
+#: agent's program comes on its own disk
+DEFAULT_IMAGE = "docker.io/library/python:3.12-slim"
+#: the image with Claude Code installed in it (`tkbox.agents.image`), for those who
+#: want one baked: a box of it gets no tool disk
+BAKED_IMAGE = "tkbox/claude-code"
+
+
+def choose_image(spec: AgentSpec) -> tuple[str, str]:
+    """The box's image and where it came from: --image, the checkout's dev container,
+    or the default."""
+    if spec.image:
+        return spec.image, "--image"
+    from tkbox.agents import devcontainer
+
+    named = devcontainer.image_of(spec.workspace)
+    if named is not None:
+        found = devcontainer.find(spec.workspace)
+        return named, str(found.relative_to(spec.workspace)) if found else "devcontainer"
+    return DEFAULT_IMAGE, "the default"
+
+
+def tools_ref(spec: AgentSpec, image: str) -> str:
+    """The tool disk the box gets (`tkbox.image.tools`), or '' for none."""
+    if spec.agent != "claude-code" or spec.command or image == BAKED_IMAGE:
+        return ""
+    ref = "claude-code" + (f"@{spec.agent_version}" if spec.agent_version else "")
+    return ref + ("" if spec.agent_build == "auto" else f":{spec.agent_build}")
+
+
 def box_options(spec: AgentSpec) -> dict[str, Any]:
     """What the box is created with, for this agent."""
     allow = list(spec.allow)
     env = dict(spec.env)
     secrets = list(spec.secrets)
-    image = spec.image or "tkbox/default"
+    image, _ = choose_image(spec)
     if spec.agent == "claude-code":
-        image = spec.image or "tkbox/claude-code"
         # HOST or HOST:PORT; a port other than 443 also goes to Claude Code's base URL
         host, _, port = spec.model_host.partition(":")
         if spec.model_host not in allow:
@@ -185,6 +232,8 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
                             "allow": allow, "env": env, "secrets": secrets,
                             "memory_mib": spec.memory_mib, "vcpus": spec.vcpus,
                             "workspace_owner": (AGENT_UID, AGENT_UID)}
+    if tools := tools_ref(spec, image):
+        opts["tools"] = tools
     if spec.agent == "claude-code":
         # recorded as model calls even when the host is not a preset's (a proxy, a stand-in)
         opts["model_hosts"] = [spec.model_host.partition(":")[0]]
@@ -210,18 +259,35 @@ def run_job(client: Client, spec: AgentSpec, *,
     opts = box_options(spec)
     t0 = time.monotonic()
     out = AgentOutcome(box=opts["name"])
+    out.image, out.image_from = choose_image(spec)
+    log(f"tkbox: image {out.image} ({out.image_from})"
+        + (f"; {opts['tools']} on its own disk" if "tools" in opts else ""))
     box = client.run(**opts)  # a refusal here leaves nothing behind
+    out.phases["box"] = round(time.monotonic() - t0, 2)
+    for step, secs in (box.info.raw.get("timings") or {}).items():
+        if isinstance(secs, (int, float)):
+            out.phases[f"box: {step}"] = float(secs)
     out.run_id = box.info.run_id
     log(f"tkbox: {spec.agent} running in box {box.name} ({box.info.accel}); "
         f"timeout {spec.timeout:.0f}s")
     try:
-        _run_agent(client, box, spec, out, echo)
+        with _phase(out, "agent"):
+            _run_agent(client, box, spec, out, echo)
     except TkboxError as exc:
         out.error = out.error or str(exc)
     finally:
         _finish(client, box, spec, out, log)
         out.seconds = round(time.monotonic() - t0, 1)
     return out
+
+
+@contextlib.contextmanager
+def _phase(out: AgentOutcome, name: str) -> Iterator[None]:
+    t0 = time.monotonic()
+    try:
+        yield
+    finally:
+        out.phases[name] = round(out.phases.get(name, 0.0) + time.monotonic() - t0, 2)
 
 
 def _run_agent(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
@@ -306,9 +372,10 @@ def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
             log: Callable[[str], None]) -> None:
     """Stop, keep the patch, export: each step tried whatever happened before it."""
     try:
-        state = box.refresh().state
-        if state in ("running", "held"):
-            box.stop()
+        with _phase(out, "stop"):
+            state = box.refresh().state
+            if state in ("running", "held"):
+                box.stop()
     except TkboxError as exc:
         out.error = out.error or f"the box could not be stopped cleanly: {exc}"
     try:
@@ -320,13 +387,15 @@ def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
     except TkboxError as exc:
         log(f"tkbox: no patch: {exc}")
     if spec.apply and out.patch is not None:
-        _apply(box, spec, out, log)
+        with _phase(out, "apply"):
+            _apply(box, spec, out, log)
     if out.patch_partial:
         why = str((box.info.raw.get("patch") or {}).get("error", ""))[:300]
         out.error = out.error or f"the box's patch is partial ({why}): only the files that " \
             "arrived whole were kept"
     try:
-        r = client.export(box, spec.out_dir / f"{box.name}.tkb")
+        with _phase(out, "export"):
+            r = client.export(box, spec.out_dir / f"{box.name}.tkb")
         out.bundle, out.trust = str(r.bundle), str(r.trust)
     except TkboxError as exc:
         out.error = out.error or f"the bundle could not be exported: {exc}"
@@ -335,6 +404,7 @@ def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
 
 def _patch_facts(info: BoxInfo, out: AgentOutcome, log: Callable[[str], None]) -> None:
     """What the box's patch left out, and whether it is partial, into the outcome."""
+    out.tools = info.raw.get("tools")
     p = info.raw.get("patch") or {}
     out.patch_partial = info.patch_partial
     out.set_apart = info.set_apart[:MAX_HELD_LISTED]

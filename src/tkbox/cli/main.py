@@ -41,6 +41,9 @@ guest_app = typer.Typer(help="The guest kernel and initramfs built from this hos
 egress_app = typer.Typer(help="What the network door would decide.", no_args_is_help=True)
 app.add_typer(guest_app, name="guest")
 app.add_typer(egress_app, name="egress")
+tools_app = typer.Typer(help="Agents' programs as read-only disks (docs/agents.md).",
+                        no_args_is_help=True)
+app.add_typer(tools_app, name="tools")
 
 out = Console(soft_wrap=not sys.stdout.isatty())
 err = Console(stderr=True, soft_wrap=True)
@@ -143,6 +146,9 @@ def run(
     workspace_owner: Annotated[str | None, typer.Option(
         help="UID:GID owning the workspace's files in the box (default: the image's "
              "user, else root)")] = None,
+    tools: Annotated[str, typer.Option(
+        help="an agent's program as a read-only disk at /opt/tkbox/tools, first on PATH: "
+             "AGENT[@VERSION][:glibc|musl], e.g. claude-code")] = "",
     as_json: JsonOpt = False,
 ) -> None:
     """Create and boot a box; returns when it is ready."""
@@ -162,7 +168,7 @@ def run(
                           env=envs, memory_mib=memory, vcpus=cpus, secrets=secret,
                           inspect=inspect, model_hosts=model_host,
                           timeout_s=timeout_s, disk_mib=disk,
-                          workspace_owner=owner).info.raw
+                          workspace_owner=owner, tools=tools).info.raw
     _emit(b, as_json, lambda b: out.print(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"
@@ -575,6 +581,42 @@ def egress_check(box: str, target: str, as_json: JsonOpt = False) -> None:
                                                               Refused.exit_code))
 
 
+@tools_app.command("pull")
+def tools_pull(
+    ref: Annotated[str, typer.Argument(metavar="AGENT[@VERSION]", help="e.g. claude-code")],
+    build: Annotated[str, typer.Option(help="glibc or musl")] = "glibc",
+    as_json: JsonOpt = False,
+) -> None:
+    """Fetch an agent's program from its own registry package, check it against the
+    registry's integrity hash and keep it as a disk (before a first job, or in CI)."""
+    from tkbox.image.tools import ToolRef, ensure
+
+    parsed = ToolRef.parse(ref)
+    disk = ensure(parsed, build, log=lambda m: err.print(f"tkbox: {m}", markup=False))
+    _emit(disk.facts(), as_json, lambda d: out.print(
+        f"{d['name']} {d['version']} ({d['variant']}): {d['disk']} "
+        f"(from {d['package']}, {d['integrity'][:23]}…)", markup=False))
+
+
+@tools_app.command("ls")
+def tools_ls(as_json: JsonOpt = False) -> None:
+    """The agents' program disks kept on this host."""
+    from tkbox.image.tools import stored
+
+    disks = [d.facts() for d in stored()]
+
+    def human(ds: list[dict[str, Any]]) -> None:
+        if not ds:
+            out.print("no tool disks; fetch one with 'tkbox tools pull claude-code'")
+            return
+        t = Table("AGENT", "VERSION", "BUILD", "DISK", "PACKAGE")
+        for d in ds:
+            t.add_row(d["name"], d["version"], d["variant"], d["disk"][:19], d["package"])
+        out.print(t)
+
+    _emit(disks, as_json, human)
+
+
 @guest_app.command("build")
 def guest_build(force: Annotated[bool, typer.Option(help="rebuild")] = False,
                 as_json: JsonOpt = False) -> None:
@@ -619,7 +661,12 @@ def agent(
     timeout: Annotated[float, typer.Option(help="seconds the agent may run")] = 1800,
     workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
     image: Annotated[str | None, typer.Option(
-        help="image (default: tkbox/claude-code or tkbox/default)")] = None,
+        help="image (default: the one the checkout's .devcontainer names, else "
+             "python:3.12-slim); the agent's program comes on its own disk")] = None,
+    agent_version: Annotated[str | None, typer.Option(
+        help="the agent's package version (default: the one tkbox pins)")] = None,
+    agent_build: Annotated[str, typer.Option(
+        help="the agent's build: auto (from the image's C library), glibc or musl")] = "auto",
     allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for the box")] = [],  # noqa: B006
     secret: Annotated[list[str], typer.Option(
@@ -629,7 +676,9 @@ def agent(
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
     model_host: Annotated[str, typer.Option(help="the model API's host")] = "api.anthropic.com",
     output_dir: Annotated[Path, typer.Option(help="where NAME.patch and NAME.tkb go")] = Path("."),
-    rebuild_image: Annotated[bool, typer.Option(help="build tkbox/claude-code again")] = False,
+    rebuild_image: Annotated[bool, typer.Option(
+        help="build the baked image tkbox/claude-code again (with --image "
+             "tkbox/claude-code)")] = False,
     apply: Annotated[bool, typer.Option(
         "--apply", help="once the agent succeeds, decide and write its patch into the "
         "workspace through the changes door (sensitive files held back); NAME.applied.patch "
@@ -644,11 +693,11 @@ def agent(
                      workspace=workspace.resolve(), image=image, allow=allow, env=envs,
                      secrets=secret, name=name, memory_mib=memory, vcpus=cpus,
                      timeout=timeout, out_dir=output_dir.resolve(), model_host=model_host,
-                     apply=apply)
+                     apply=apply, agent_version=agent_version, agent_build=agent_build)
     check(spec)
     client = _client()
     client.info()  # no daemon: say so before building anything
-    if agent_name == "claude-code" and image is None:
+    if agent_name == "claude-code" and image == "tkbox/claude-code":
         from tkbox.agents.image import ensure_image
 
         ensure_image(client, rebuild=rebuild_image,

@@ -70,13 +70,15 @@ class RunBody(BaseModel):
         default=None, min_length=2, max_length=2)
     #: the kind of client asking, as it says, and which settings an agent driving it
     #: chose (recorded in the run's open record: `tkbox mcp` says so)
+    #: an agent's program as a read-only disk: NAME[@VERSION][:BUILD] (docs/agents.md)
+    tools: str = Field(default="", max_length=120)
     via: Via = "sdk"
     agent_chose: list[AgentChoice] = Field(default_factory=list, max_length=8)
     unsafe: list[Annotated[str, Field(max_length=64)]] = Field(default_factory=list,
                                                                max_length=4)
 
 
-AgentChoice = Literal["workspace", "image", "allow", "env", "secrets"]
+AgentChoice = Literal["workspace", "image", "allow", "env", "secrets", "tools"]
 
 
 class CopyInBody(BaseModel):

@@ -21,7 +21,7 @@ PROXY_URL = "http://127.0.0.1:3128"
 
 
 def boot_config(box: Box, spec: BoxSpec, opts: Options, image: ResolvedImage | None = None,
-                run_user: RunUser | None = None) -> dict[str, Any]:
+                run_user: RunUser | None = None, *, tools: str | None = None) -> dict[str, Any]:
     """What the guest reads once on port 1026 (docs/design.md §5)."""
     # Lowest first: tkbox's defaults, the image's Env, the doors' variables, --env
     # (tkbox.image.runconfig says why).
@@ -44,21 +44,28 @@ def boot_config(box: Box, spec: BoxSpec, opts: Options, image: ResolvedImage | N
         env.update({"SSL_CERT_FILE": bundle, "REQUESTS_CA_BUNDLE": bundle,
                     "CURL_CA_BUNDLE": bundle, "PIP_CERT": bundle, "GIT_SSL_CAINFO": bundle,
                     "NODE_EXTRA_CA_CERTS": "/etc/ssl/certs/tkbox-ca.pem"})
+    if tools is not None:
+        # the agent's program first on PATH (a --env PATH still wins: it is the user's)
+        env["PATH"] = f"{tools}/bin:{env['PATH']}"
     env.update(spec.env)
     for sec in box.secrets:
         env[sec.name] = sec.placeholder.decode("ascii")
     host = spec.name + ("-unrecorded" if opts.unrecorded else "")
     # seed: host randomness the guest credits to its kernel and reseeds from
     # before anything else (a box restored from a template needs its own).
+    disks = {"root": "root", "lower": "lower", "upper": "upper"}
     cfg = {"v": 1, "time": time.time(), "seed": os.urandom(64), "hostname": host[:63],
            "env": env,
-           "ca_pems": pems, "disks": {"root": "root", "lower": "lower", "upper": "upper"},
+           "ca_pems": pems, "disks": disks,
            "tmpfs_size": f"{max(64, spec.memory_mib // 2)}m"}
     if run_user is not None:
         cfg["user"] = {"uid": run_user.uid, "gid": run_user.gid,
                        "groups": list(run_user.groups)}
     if spec.workspace_owner is not None:
         cfg["workspace_owner"] = list(spec.workspace_owner)
+    if tools is not None:
+        cfg["disks"] = {**disks, "tools": "tools"}
+        cfg["tools_mount"] = tools
     return cfg
 
 

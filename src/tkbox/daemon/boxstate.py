@@ -60,6 +60,9 @@ class BoxState:
     start: JSON | None = None  # {"kind", "reason"}: cold boot or template
     boot_seconds: float | None = None
     patch: JSON | None = None  # {"sha256", "bytes", "stats"} once stopped
+    #: seconds the create spent, by step: image, tools, workspace, boot
+    timings: JSON | None = None
+    tools: JSON | None = None  # the agent's program disk (tkbox.image.tools), its facts
     vm_exit: int | None = None
     error: str | None = None  # the first cause of a failure, for a person
     applied: list[JSON] = field(default_factory=list)
@@ -121,6 +124,7 @@ class BoxState:
             timeout_s=r.opt_int("timeout_s"),
             workspace_copy=r.opt_obj("workspace_copy"), start=r.opt_obj("start"),
             boot_seconds=r.opt_number("boot_seconds"), patch=r.opt_obj("patch"),
+            timings=r.opt_obj("timings"), tools=r.opt_obj("tools"),
             vm_exit=r.opt_int("vm_exit"), error=r.opt_text("error"),
             applied=r.objs("applied"))
         box.extra = {k: v for k, v in d.items() if k not in _KNOWN}
@@ -142,7 +146,8 @@ class BoxState:
         return cls.from_json(data, str(path))
 
 
-_OPTIONAL = ("workspace_copy", "start", "boot_seconds", "patch", "vm_exit", "error")
+_OPTIONAL = ("workspace_copy", "start", "boot_seconds", "patch", "timings", "tools",
+             "vm_exit", "error")
 _KNOWN = frozenset({"name", "run_id", "state", "created", "updated", "image", "image_digest",
                     "workspace", "allow", "env_names", "limits", "unrecorded", "accel",
                     "kernel", "guest_build", "secrets", "inspect", "model_hosts",

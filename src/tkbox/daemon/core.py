@@ -24,7 +24,7 @@ from tkbox.daemon import lifecycle
 from tkbox.daemon.box import Box, DoorFactory
 from tkbox.daemon.boxstate import BoxState, BoxStateUnreadable
 from tkbox.daemon.lifecycle import Event
-from tkbox.daemon.roles import ApprovalsBoard, GuestBuilder, ImageSource
+from tkbox.daemon.roles import ApprovalsBoard, GuestBuilder, ImageSource, ToolSource
 from tkbox.errors import (
     BoxNotFound,
     SignerRefused,
@@ -79,6 +79,8 @@ class BoxSpec:
     via: str = "sdk"  # the kind of client that asked (cli, sdk, mcp)
     agent_chose: list[str] = field(default_factory=list)  # what an agent chose (mcp)
     unsafe: list[str] = field(default_factory=list)  # opt-ins in effect (mcp)
+    #: an agent's program as a read-only disk: NAME[@VERSION][:BUILD] (tkbox.image.tools)
+    tools: str = ""
 
 
 class ManagerCore:
@@ -87,8 +89,10 @@ class ManagerCore:
     def __init__(self, *, launcher: Launcher, signer: SignerClient, options: Options,
                  images: ImageSource, guest_build: GuestBuilder, accel_reason: str = "",
                  home: Path | None = None, door_factory: DoorFactory | None = None,
-                 approvals: ApprovalsBoard | None = None) -> None:
+                 approvals: ApprovalsBoard | None = None,
+                 tools: ToolSource | None = None) -> None:
         self.launcher = launcher
+        self._tools = tools
         # Every record goes through the per-run budget, so every run stays exportable.
         unbounded = options.unrecorded  # nothing is recorded, so there is nothing to bound
         self.signer = BudgetedSigner(signer,
@@ -236,6 +240,15 @@ class ManagerCore:
                 await box.vm.kill()
 
     # ---- lookups -----------------------------------------------------------------
+
+    @property
+    def tools(self) -> ToolSource:
+        """Agents' tool disks (`--tools`): this user's store unless a test gave another."""
+        if self._tools is None:
+            from tkbox.image.tools import StoreTools
+
+            self._tools = StoreTools(lambda m: log.info("tools: %s", m))
+        return self._tools
 
     def get(self, name: str) -> Box:
         box = self.boxes.get(name)

@@ -46,7 +46,7 @@ from tkbox.daemon.guest_client import (
 )
 from tkbox.daemon.lifecycle import Event, State
 from tkbox.daemon.patches import box_apart, patch_info, patch_record
-from tkbox.daemon.roles import GuestBuildInfo, ResolvedImage
+from tkbox.daemon.roles import GuestBuildInfo, ResolvedImage, ToolDiskInfo
 from tkbox.daemon.workspace import build_lower, build_upper
 from tkbox.doors.secrets import prestart
 from tkbox.errors import (
@@ -58,6 +58,7 @@ from tkbox.errors import (
     UserError,
 )
 from tkbox.image.runconfig import RunUser
+from tkbox.image.tools import MOUNT as TOOLS_MOUNT
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
@@ -126,7 +127,13 @@ class BoxManager(CommandVerbs, CopyVerbs):
             prestart.refuse_values(loaded, v.encode("utf-8", "surrogateescape"),
                                    f"--env {k}")
         await asyncio.to_thread(prestart.check_workspace, loaded, ws)
+        t0 = time.monotonic()
         image = await self.images.resolve(spec.image)  # UserError if unknown
+        timings = {"image": round(time.monotonic() - t0, 3)}
+        t0 = time.monotonic()
+        tool = await self.tools.resolve(spec.tools, image) if spec.tools else None
+        if tool is not None:
+            timings["tools"] = round(time.monotonic() - t0, 3)
         run_user = await asyncio.to_thread(image_user, image)
         build = await asyncio.to_thread(self.guest_build)
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
@@ -161,6 +168,9 @@ class BoxManager(CommandVerbs, CopyVerbs):
                  "image_config": box.info.image_config}
         if spec.workspace_owner is not None:
             facts["workspace_owner"] = list(spec.workspace_owner)
+        if tool is not None:
+            facts["tools"] = {**tool.facts(), "mount": TOOLS_MOUNT}
+            box.info.tools = facts["tools"]
         if spec.via == "mcp":
             # what an agent driving tkbox chose, and the operator's opt-ins that let it
             facts["client"] = {"via": spec.via, "agent_chose": sorted(set(spec.agent_chose)),
@@ -177,10 +187,13 @@ class BoxManager(CommandVerbs, CopyVerbs):
                 else (0, 0)
             # The disks are built in threads that write into `staging`: a cancellation
             # (the daemon stopping) stops the copy and waits for them before removing it.
+            t0 = time.monotonic()
             stats = await run_through(build_lower, ws, staging / "lower.sqfs", owner,
                                       stop=threading.Event())
             box.info.workspace_copy = stats
             await run_through(build_upper, staging / "upper.ext4", spec.disk_mib, owner)
+            timings["workspace"] = round(time.monotonic() - t0, 3)
+            box.info.timings = timings
             box.save()
             final = self.root / spec.name
             if final.exists():
@@ -195,7 +208,7 @@ class BoxManager(CommandVerbs, CopyVerbs):
             raise
         self.boxes[spec.name] = box
         try:
-            await self._boot(box, spec, image, build, run_user)
+            await self._boot(box, spec, image, build, run_user, tool)
             if spec.timeout_s is not None:
                 box.expiry = box.tasks.spawn(self._expire(box, spec.timeout_s),
                                              name="--timeout")
@@ -253,17 +266,20 @@ class BoxManager(CommandVerbs, CopyVerbs):
             log.warning("stopping %s at its timeout failed: %s", box.name, exc)
 
     async def _boot(self, box: Box, spec: BoxSpec, image: ResolvedImage, build: GuestBuildInfo,
-                    run_user: RunUser | None = None) -> None:
+                    run_user: RunUser | None = None, tool: ToolDiskInfo | None = None) -> None:
         vm_dir = self.vms_root / box.run_id
+        disks: tuple[Disk, ...] = (Disk(Path(image.rootfs), True, "root"),
+                 Disk(box.dir / "lower.sqfs", True, "lower"),
+                 Disk(box.dir / "upper.ext4", False, "upper"))
+        if tool is not None:
+            disks += (Disk(tool.path, True, "tools"),)
         vm_spec = VMSpec(
             name=box.name, kernel=build.kernel, initramfs=build.initramfs, workdir=vm_dir,
-            disks=(Disk(Path(image.rootfs), True, "root"),
-                   Disk(box.dir / "lower.sqfs", True, "lower"),
-                   Disk(box.dir / "upper.ext4", False, "upper")),
-            memory_mib=spec.memory_mib, vcpus=spec.vcpus)
+            disks=disks, memory_mib=spec.memory_mib, vcpus=spec.vcpus)
         loop = asyncio.get_running_loop()
         box.ready = loop.create_future()
-        config = boot_config(box, spec, self.opts, image, run_user)
+        config = boot_config(box, spec, self.opts, image, run_user,
+                             tools=TOOLS_MOUNT if tool is not None else None)
         t0 = time.monotonic()
 
         def serve_ports(ports: Ports) -> None:  # before the guest can open a stream
@@ -286,6 +302,8 @@ class BoxManager(CommandVerbs, CopyVerbs):
                             f"{vm_dir / 'console.log'} (TKBOX_GUEST_DEBUG=1 for kernel output)"
                             ) from None
         box.info.boot_seconds = round(time.monotonic() - t0, 3)
+        if box.info.timings is not None:
+            box.info.timings["boot"] = box.info.boot_seconds
         box.move(Event.BOOTED)
         up = seconds(msg.get("uptime"))  # guest-supplied: checked, never trusted
         await self.record(box, "tkbox.box.ready", {

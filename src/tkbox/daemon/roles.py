@@ -14,7 +14,7 @@ the name of the host-guest transport.) The door factory's Protocol takes a
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Protocol, runtime_checkable
+from typing import Any, Protocol, runtime_checkable
 
 from tkbox.doors.network import Explanation, PendingApproval, Via
 from tkbox.protocol.streams import ByteStream
@@ -53,6 +53,22 @@ class ImageSource(Protocol):
     """Turns `--image` into a root disk (a UserError for an unknown reference)."""
 
     async def resolve(self, ref: str) -> ResolvedImage: ...
+
+
+@runtime_checkable
+class ToolSource(Protocol):
+    """Turns `--tools NAME[@VERSION][:BUILD]` into a read-only disk of the agent's program
+    that `image` can run (`tkbox.image.tools`); a UserError naming the fix if it cannot."""
+
+    async def resolve(self, ref: str, image: ResolvedImage) -> ToolDiskInfo: ...
+
+
+@runtime_checkable
+class ToolDiskInfo(Protocol):
+    @property
+    def path(self) -> Path: ...
+
+    def facts(self) -> dict[str, Any]: ...
 
 
 @runtime_checkable

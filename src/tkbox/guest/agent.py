@@ -271,6 +271,13 @@ def setup_disks(cfg: dict[str, Any]) -> None:
     # changes, as plain files, whiteouts and opaque directories.
     mount(find_disk(disks.get("lower", "lower")), LOWER, "squashfs", MS_RDONLY)
     mount(find_disk(disks.get("upper", "upper")), WSDISK, "ext4", MS_NOSUID)
+    tools = cfg.get("tools_mount")
+    if "tools" in disks and isinstance(tools, str) and tools.startswith("/") \
+            and ".." not in tools.split("/"):
+        # an agent's program (tkbox.image.tools), read-only, over whatever the image had
+        target = ROOT / tools.lstrip("/")
+        target.mkdir(parents=True, exist_ok=True)
+        mount(find_disk(disks["tools"]), target, "squashfs", MS_RDONLY | MS_NODEV | MS_NOSUID)
     UPPER.mkdir(exist_ok=True)
     (WSDISK / "work").mkdir(exist_ok=True)
     mount("overlay", ROOT / "workspace", "overlay", 0,

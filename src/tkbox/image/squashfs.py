@@ -35,16 +35,21 @@ def tar2sqfs() -> str:
     return path
 
 
-def pack(write: Callable[[IO[bytes]], object], dest: Path, *, jobs: int | None = None) -> None:
+def pack(write: Callable[[IO[bytes]], object], dest: Path, *, jobs: int | None = None,
+         compressor: str = "zstd") -> None:
     """Run `write(stdin_of_tar2sqfs)` and pack what it wrote into `dest` (overwritten).
 
+    `compressor`: zstd (level `ZSTD_LEVEL`), or lz4 for a disk that must be made in
+    seconds (an agent's 370 MB program: lz4 packs it about 15 times faster than
+    zstd, and the guest reads it faster; it comes out 1.5 times larger).
     Raises `HostError` if the packer fails (its last message included). An
     exception from `write` kills the packer and propagates.
     """
     jobs = jobs or max(1, min(4, os.cpu_count() or 1))
+    comp = ["--compressor", "zstd", "--comp-extra", f"level={ZSTD_LEVEL}"] \
+        if compressor == "zstd" else ["--compressor", compressor]
     cmd = [
-        tar2sqfs(), "--quiet", "--no-skip", "--force",
-        "--compressor", "zstd", "--comp-extra", f"level={ZSTD_LEVEL}",
+        tar2sqfs(), "--quiet", "--no-skip", "--force", *comp,
         "--num-jobs", str(jobs), str(dest),
     ]
     proc = subprocess.Popen(

@@ -105,7 +105,7 @@ def test_a_box_whose_disk_cannot_be_made_ends_its_run_with_the_reason(
         tmp_path: Path, checkout: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A failure after the run was opened (here the upper disk) is in the run's record,
     and the run is closed: before, it stayed open with nothing but its facts."""
-    def no_upper(target: Path, size_mib: int) -> None:
+    def no_upper(target: Path, size_mib: int, owner: object = None) -> None:
         raise HostError("mkfs.ext4 failed: no space left on device")
 
     monkeypatch.setattr(manager_mod, "build_upper", no_upper)
@@ -131,7 +131,7 @@ def test_a_signer_gone_when_a_create_fails_leaves_a_gap_for_the_next_flush(
     answers again, and the create's own error is the one raised."""
     signer = FakeSigner()
 
-    def no_upper(target: Path, size_mib: int) -> None:
+    def no_upper(target: Path, size_mib: int, owner: object = None) -> None:
         signer.available = False  # the signer goes away while the disk is made
         raise HostError("mkfs.ext4 failed: broken")
 
