@@ -1,13 +1,14 @@
 #!/usr/bin/env bash
-# Install what the tests need (the Claude Code image included), then run the whole
+# Install what the tests need (the agents' programs included), then run the whole
 # suite: lint (ruff, mypy --strict), then unit, integration, fuzz (the short `ci`
 # profile) and e2e tests that boot real VMs. This is what .ci/run runs.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-# The Claude Code image the agent tests run (an install step: its npm package comes
-# from the registry through a box's door, minutes under emulation, once).
-.venv/bin/python scripts/build_agent_image.py
+# The agents' programs the agent tests give their boxes (an install step: fetched
+# once from their own npm packages, checked against the registry's integrity and
+# tkbox's pinned copy, kept as disks; the tests themselves talk to loopback only).
+.venv/bin/tkbox tools pull claude-code
 echo "test: ruff"
 .venv/bin/ruff check src tests benchmarks
 echo "test: mypy --strict"

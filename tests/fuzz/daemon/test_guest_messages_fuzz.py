@@ -22,8 +22,9 @@ import msgpack
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tkbox.daemon.guest_client import GuestClient
+from tkbox.daemon.guest_client import GuestClient, PatchProgress
 from tkbox.errors import GuestError
+from tkbox.guest.diff import CHANGES, WHY
 from tkbox.protocol.framing import MAX_FRAME
 from tkbox.protocol.ports import Handler, Ports
 from tkbox.protocol.streams import ByteStream, memory_stream_pair
@@ -129,15 +130,26 @@ async def _all_calls(script: bytes) -> None:
         assert all(fd in (1, 2) and isinstance(d, bytes) for fd, d in got)
 
         buf = io.BytesIO()
+        progress = PatchProgress()
+
+        async def none_ignored(paths: list[bytes]) -> set[bytes]:
+            return set()
+
         try:
-            stats = await client.diff(buf, kill=False, max_bytes=256, timeout=5)
-            assert len(stats) <= 64
-            for k, v in stats.items():
-                assert printable_bounded(k, 64)
-                assert (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**53) or \
-                    (isinstance(v, str) and printable_bounded(v, 256))
+            await client.diff(buf, progress, kill=False, max_bytes=256, timeout=5,
+                              ignored=none_ignored)
         except GuestError:
             pass
+        # whatever ended it, what the host kept is bounded and true to the bytes
+        assert 0 <= progress.marked <= progress.bytes == len(buf.getvalue()) <= 256
+        assert len(progress.stats) <= 64
+        for k, v in progress.stats.items():
+            assert printable_bounded(k, 64)
+            assert (isinstance(v, int) and not isinstance(v, bool) and 0 <= v < 2**53) or \
+                (isinstance(v, str) and printable_bounded(v, 256))
+        assert len(progress.set_apart) <= 1000
+        for a in progress.set_apart:
+            assert printable_bounded(a.path, 1024) and a.why in WHY and a.change in CHANGES
         assert len(buf.getvalue()) <= 256
 
         copied = io.BytesIO()

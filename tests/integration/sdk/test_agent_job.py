@@ -8,7 +8,15 @@ from pathlib import Path
 import pytest
 from sdk_daemon import SdkDaemon
 
-from tkbox.agents.job import AgentFailed, AgentSpec, agent_argv, box_options, check, run_job
+from tkbox.agents.job import (
+    DEFAULT_IMAGE,
+    AgentFailed,
+    AgentSpec,
+    agent_argv,
+    box_options,
+    check,
+    run_job,
+)
 from tkbox.errors import UserError
 from tkbox.sdk import Client
 
@@ -71,7 +79,14 @@ def test_bad_input_is_refused_before_any_box(daemon: SdkDaemon, ws: Path, tmp_pa
 def test_claude_code_gets_its_key_by_reference_and_no_root():
     s = AgentSpec(agent="claude-code", prompt="p", workspace=Path("."))
     o = box_options(s)
-    assert o["image"] == "tkbox/claude-code" and "api.anthropic.com" in o["allow"]
+    assert o["image"] == DEFAULT_IMAGE and "api.anthropic.com" in o["allow"]
+    assert o["tools"] == "claude-code" and o["workspace_owner"] == (1000, 1000)
+    baked = box_options(AgentSpec(agent="claude-code", prompt="p", workspace=Path("."),
+                                  image="tkbox/claude-code"))
+    assert "tools" not in baked, "the baked image has Claude Code in it already"
+    pinned = box_options(AgentSpec(agent="claude-code", prompt="p", workspace=Path("."),
+                                   agent_version="2.0.1", agent_build="musl"))
+    assert pinned["tools"] == "claude-code@2.0.1:musl"
     assert o["secrets"] == ["ANTHROPIC_API_KEY=env:ANTHROPIC_API_KEY@api.anthropic.com;"
                             "header=x-api-key"]
     assert o["env"]["CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC"] == "1"
