@@ -1,4 +1,12 @@
-"""The real Claude Code (its npm package) in a real box, through the doors.
+"""The real Claude Code (its npm package's native program) in a real box, through the doors.
+
+No image is built for it. The box runs an ordinary image that has never seen npm,
+`python:3.12-slim` by its Docker Hub name, pulled by the daemon through its registry
+mirror (`--registry-mirror docker.io=https://127.0.0.1:PORT --registry-mirror-only`:
+Debian's docker-registry on loopback, holding a Debian image with Python and no npm
+under that name). Claude Code's program comes on its own read-only disk
+(`tkbox.image.tools`, fetched by the install step from its npm package and checked),
+and the run's open record names that disk's digest.
 
 The model is a stand-in of the Messages API: TLS on loopback (a test CA the
 daemon trusts with --ca-cert; `api.anthropic.com` mapped to 127.0.0.1 with
@@ -17,15 +25,11 @@ MCP client session (`tkbox mcp`) and the Action's script (`action/run.py`);
 bad input (no daemon, an empty prompt, a missing key, an agent exiting
 non-zero, an agent past --timeout) each gets a one-line error, a non-zero
 exit, and, once a box existed, its bundle.
-
-The image `tkbox/claude-code` is built the first time (Debian's nodejs and
-npm, then the npm package installed in a box through the door): minutes, once.
 """
 
 from __future__ import annotations
 
 import http.server
-import importlib.util
 import json
 import os
 import ssl
@@ -39,33 +43,16 @@ from typing import Any
 import pytest
 from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
 
-from tkbox.image.testing import ScratchCA
+from tkbox.image.testing import LocalRegistry, ScratchCA, push_image
 
-# The first job builds tkbox/claude-code (minutes, once); each job is one booted box.
+# Each job is one booted box (a few minutes under emulation); the image is pushed once.
 pytestmark = pytest.mark.timeout(3600)
+#: the ordinary image the agents' boxes run, as a person names it (docs/agents.md)
+IMAGE = "python:3.12-slim"
 
 KEY = "sk-ant-e2eAgentKeyValue-9c41d7"
 ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Make the failing test in test_calc.py pass. Do not change the test."
-
-
-def registry_permits() -> list[str]:
-    """`--egress-permit` for the npm registry's addresses when they are not public, and
-    `--ca-cert` for the CAs this host added locally: the same operator options the
-    install step gives its build (`scripts/build_agent_image.py`, read from there).
-
-    Building the image installs the npm package through the door from the host's
-    configured registry. Where that registry is a mirror on a private or
-    documentation address (as on some test machines), the door refuses it like
-    any such address unless the operator permits it: the operator here is this test.
-    """
-    spec = importlib.util.spec_from_file_location(
-        "build_agent_image", ROOT / "scripts" / "build_agent_image.py")
-    assert spec is not None and spec.loader is not None
-    script = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(script)
-    permits: list[str] = script.registry_permits()
-    return permits
 
 
 def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
@@ -104,6 +91,7 @@ def sse(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
 def script(port: int) -> list[dict[str, Any]]:
     """The agent's turns: Read, Edit, Bash (the test, the key's placeholder, a refused host)."""
     bash = ("python3 -B test_calc.py && echo TESTS-PASSED; "
+            "command -v npm node || echo NO-NPM-IN-THIS-IMAGE; "
             "printf '%s\\n' \"$ANTHROPIC_API_KEY\" > key_seen.txt; "
             f"curl -sS -m 30 -o /dev/null https://other.test:{port}/ 2>&1 | head -c 300; true")
     return [
@@ -148,7 +136,9 @@ def make_handler(log: list[dict[str, Any]], port_box: list[int]
                 req = {}
             entry = {"method": "POST", "path": self.path, "key_ok": key == KEY,
                      "key_present": key is not None, "tools": len(req.get("tools") or []),
-                     "model": req.get("model"), "stream": req.get("stream")}
+                     "model": req.get("model"), "stream": req.get("stream"),
+                     # what the agent's Bash call saw, as its tool result came back
+                     "passed": b"TESTS-PASSED" in body, "no_npm": b"NO-NPM-IN-THIS" in body}
             log.append(entry)
             if key != KEY:
                 self._send(401, b'{"type":"error","error":{"type":"authentication_error",'
@@ -184,10 +174,28 @@ def make_handler(log: list[dict[str, Any]], port_box: list[int]
     return H
 
 
+def push_python_image(reg: LocalRegistry, tmp: Path) -> str:
+    """`library/python:3.12-slim` in the loopback registry: the root filesystem of the
+    Debian image the setup built (Python, a shell, no npm, no Node), as one layer."""
+    from tkbox.image.store import ImageStore
+
+    with ImageStore() as store:
+        rootfs = store.inspect("tkbox/default").rootfs
+    tar = subprocess.run(["sqfs2tar", str(rootfs)], capture_output=True, check=True).stdout
+    config = {"Env": ["PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+                      "LANG=C.UTF-8"], "Cmd": ["python3"]}
+    with reg.client() as c:
+        return push_image(c, "library/python", "3.12-slim", [tar], compression="zstd",
+                          config=config).digest
+
+
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("agents")
-    ca, cert, key = make_ca(tmp)
+    scratch = ScratchCA.create(tmp / "tls", ["api.anthropic.com", "other.test"])
+    ca, cert, key = scratch.ca_pem, scratch.cert_pem, scratch.key_pem
+    reg = LocalRegistry(tmp / "registry", scratch).start()
+    digest = push_python_image(reg, tmp)
     log: list[dict[str, Any]] = []
     port_box = [0]
     httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(log, port_box))
@@ -199,19 +207,24 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     hosts = tmp / "hosts"
     hosts.write_text("127.0.0.1 api.anthropic.com other.test\n")
     home = make_home(tmp)
-    s = Stack(home, stack_env(home))
+    # the registry mirror's CA: the daemon (which pulls) trusts it
+    s = Stack(home, {**stack_env(home), "SSL_CERT_FILE": str(ca)})
     s.env["ANTHROPIC_API_KEY"] = KEY
     s.start_signer()
     daemon_args = ["--egress-permit", "127.0.0.1/32", "--egress-hosts", str(hosts),
-                   "--ca-cert", str(ca), "--approval-wait", "1", *registry_permits()]
+                   "--ca-cert", str(ca), "--approval-wait", "1",
+                   "--registry-mirror", f"docker.io=https://{reg.host}", "--registry-mirror-only"]
     s.start_daemon(*daemon_args)
+    s.tk("image", "rm", f"docker.io/library/{IMAGE}", check=False)  # each run pulls it
     w = {"stack": s, "port": port, "tmp": tmp, "log": log, "ca": ca, "hosts": hosts,
-         "daemon_args": daemon_args, "model_host": f"api.anthropic.com:{port}"}
+         "daemon_args": daemon_args, "model_host": f"api.anthropic.com:{port}",
+         "registry": reg, "image_digest": digest}
     yield w
     for p in list(s.procs):
         s.stop(p)
     httpd.shutdown()
     httpd.server_close()
+    reg.stop()
 
 
 def make_workspace(root: Path) -> Path:
@@ -266,6 +279,18 @@ def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int,
     assert any(m.get("model") and m.get("usage", {}).get("input_tokens") == 321
                and m["usage"].get("output_tokens") == 57 for m in model), model
     assert "other.test" in text, "the refused host is in the record"
+    # the test ran and passed in the box, an image without npm or Node
+    assert any(c.get("passed") for c in calls) and any(c.get("no_npm") for c in calls), calls
+    # the run names the image the mirror answered and the agent's program's disk
+    from tkbox.image import tools
+
+    opened = next(r["body"] for r in recs if r["kind"] == "tkbox.run.open")["facts"]
+    assert opened["image_digest"] == w["image_digest"]
+    disk = tools.lookup(tools.ToolRef.parse("claude-code"), "glibc")
+    assert disk is not None
+    assert opened["tools"]["disk"] == disk.disk and opened["tools"]["variant"] == "glibc"
+    assert opened["tools"]["package"] == "@anthropic-ai/claude-code-linux-x64"
+    assert opened["tools"]["integrity"] == disk.integrity
 
 
 def test_no_daemon_empty_prompt_and_missing_key_are_one_line_errors(tmp_path: Path) -> None:
@@ -343,13 +368,18 @@ def test_claude_code_through_an_mcp_client_session(world: dict[str, Any]) -> Non
     spec = AgentSpec(agent="claude-code", prompt=PROMPT, workspace=ws,
                      model_host=world["model_host"])
     opts = box_options(spec)
-    secrets = dict(x.split("=", 1) for x in opts["secrets"])
     name = fresh_name("mcp")
     outcome: dict[str, Any] = {"box": name, "error": None}
+    # the operator fixes the hosts, the key's binding and the model host when the server
+    # starts; the agent driving it picks the workspace and the agent's program
+    operator = [a for h in opts["allow"] for a in ("--allow", h)]
+    operator += [a for x in opts["secrets"] for a in ("--secret", x)]
+    operator += [a for h in opts["model_hosts"] for a in ("--model-host", h)]
+    operator += ["--workspace-root", str(world["tmp"])]
 
     async def main() -> None:
-        params = StdioServerParameters(command=sys.executable, args=["-m", "tkbox.cli", "mcp"],
-                                       env=s.env)
+        params = StdioServerParameters(command=sys.executable,
+                                       args=["-m", "tkbox.cli", "mcp", *operator], env=s.env)
         async with stdio_client(params) as (rd, wr), ClientSession(rd, wr) as ses:
             await ses.initialize()
 
@@ -361,7 +391,7 @@ def test_claude_code_through_an_mcp_client_session(world: dict[str, Any]) -> Non
                 return r.structuredContent
 
             await call("run", workspace=str(ws), image=opts["image"], name=name,
-                       allow=opts["allow"], env=opts["env"], secrets=secrets)
+                       env=opts["env"], tools=opts["tools"])
             r = await call("exec", box=name, argv=agent_argv(spec), cwd="/workspace")
             outcome["status"] = r["status"]
             from tkbox.agents.job import _claude_result

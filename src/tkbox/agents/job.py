@@ -58,13 +58,16 @@ KILL_GRACE = 10.0
 #: being root anyway. The workspace's files already belong to that uid (the box is
 #: made with `workspace_owner`): a `chown -R` here would copy every file of the
 #: checkout up into the overlay's upper layer, a multi-gigabyte tool or dataset
-#: included, for nothing.
+#: included, for nothing. Only a box made without it (by another client) is handed
+#: over that way (its patch is right either way: a file copied up unchanged is not
+#: a change).
 AS_AGENT = f"""set -eu
 grep -q '^tkbox-agent:' /etc/passwd || \\
   echo 'tkbox-agent:x:{AGENT_UID}:{AGENT_UID}:tkbox agent:/home/tkbox-agent:/bin/sh' >> /etc/passwd
 grep -q '^tkbox-agent:' /etc/group || echo 'tkbox-agent:x:{AGENT_UID}:' >> /etc/group
 mkdir -p /home/tkbox-agent
 chown {AGENT_UID}:{AGENT_UID} /home/tkbox-agent
+[ "$(stat -c %u /workspace)" = {AGENT_UID} ] || chown -R {AGENT_UID}:{AGENT_UID} /workspace
 cd /workspace
 exec setpriv --reuid={AGENT_UID} --regid={AGENT_UID} --clear-groups \\
   env HOME=/home/tkbox-agent USER=tkbox-agent LOGNAME=tkbox-agent "$@"

@@ -60,7 +60,7 @@ class BoxState:
     start: JSON | None = None  # {"kind", "reason"}: cold boot or template
     boot_seconds: float | None = None
     patch: JSON | None = None  # {"sha256", "bytes", "stats"} once stopped
-    #: seconds the create spent, by step: image, tools, workspace, boot
+    #: seconds the create spent, by step: image, tools, guest, workspace, boot
     timings: JSON | None = None
     tools: JSON | None = None  # the agent's program disk (tkbox.image.tools), its facts
     vm_exit: int | None = None

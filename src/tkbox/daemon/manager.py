@@ -135,7 +135,9 @@ class BoxManager(CommandVerbs, CopyVerbs):
         if tool is not None:
             timings["tools"] = round(time.monotonic() - t0, 3)
         run_user = await asyncio.to_thread(image_user, image)
+        t0 = time.monotonic()
         build = await asyncio.to_thread(self.guest_build)
+        timings["guest"] = round(time.monotonic() - t0, 3)
         run_id = f"{spec.name}-{secrets.token_hex(6)}"
         staging = self.root / f".creating-{run_id}"
         staging.mkdir(mode=0o700)
