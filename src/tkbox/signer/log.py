@@ -95,6 +95,7 @@ class Run:
     completed: set[int] = field(default_factory=set)
     isolation: str = ""
     reason: str = ""  # of the last hold or quarantine
+    owner: str = ""  # the principal of the remote workload that opened it; "" on the socket
 
 
 @dataclass
@@ -121,6 +122,7 @@ class Log:
         self.db.executescript(SCHEMA)
         self.tree = merkle.Tree()
         self.runs: dict[str, Run] = {}
+        self.jtis: dict[str, str] = {}  # `issuer#jti` of each token that opened a run -> run
         self.durable_size = 0
         self._staged: list[Staged] = []
         self._busy = False  # a batch is with the writer thread
@@ -166,6 +168,11 @@ class Log:
             if r is not None:
                 raise InternalError(f"run {rec.run} opened twice")
             r = self.runs[rec.run] = Run(rec.run, isolation=str(rec.body.get("isolation", "")))
+            w = rec.body.get("workload")
+            if isinstance(w, dict):  # opened remotely (formats/workload.py)
+                r.owner = str(w.get("principal", ""))
+                if isinstance(w.get("jti"), str) and isinstance(w.get("issuer"), str):
+                    self.jtis[f"{w['issuer']}#{w['jti']}"] = rec.run
         elif r is None:
             raise InternalError(f"record of run {rec.run}, which was never opened")
         if rec.seq != r.next_seq or rec.prev != r.last_hash:
