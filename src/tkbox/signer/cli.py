@@ -124,6 +124,10 @@ def serve_cmd(home: Home = None, socket: Socket = None,
               oidc_ca: Annotated[Path | None, typer.Option(
                   help="--oidc-issuer: CA to reach the issuer with (default: the system's)")
               ] = None,
+              store: Annotated[str | None, typer.Option(
+                  help="the log's store: postgresql://USER@HOST/DB for a signer many hosts "
+                       "share (password from PGPASSFILE or PGPASSWORD); default: the home's "
+                       "SQLite log.db")] = None,
               ) -> None:
     """Run the signer in the foreground (its own process; ideally its own user)."""
     _setup_logging(verbose)
@@ -137,7 +141,7 @@ def serve_cmd(home: Home = None, socket: Socket = None,
         sock = _socket(socket)
         if cfg.mode == "dev":
             paths.private_dir(sock.parent)
-        asyncio.run(serve(cfg, sock, policy_workers, remote))
+        asyncio.run(serve(cfg, sock, policy_workers, remote, store))
     except TkboxError as exc:
         raise _fail(exc) from None
     except RuntimeError as exc:

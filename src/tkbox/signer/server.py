@@ -52,6 +52,7 @@ from tkbox.signer.policy import Decision, PolicyEngine
 from tkbox.signer.policy_worker import NONE as NO_WORKERS
 from tkbox.signer.policy_worker import PolicyWorkers, default_count
 from tkbox.signer.remote import AUTH_DEADLINE, MAX_CONNECTIONS, RemoteConfig, certificate_identity
+from tkbox.signer.store import open_store
 
 if TYPE_CHECKING:
     from tkbox.signer.oidc import Identity, Verifier
@@ -137,7 +138,7 @@ class Conn:
 class Signer:
     def __init__(self, cfg: config_mod.Config, socket_path: Path,
                  on_fatal: Callable[[str], None] | None = None, policy_workers: int = 0,
-                 remote: RemoteConfig | None = None) -> None:
+                 remote: RemoteConfig | None = None, store: str | None = None) -> None:
         self.cfg = cfg
         self.socket_path = socket_path
         self.remote = remote
@@ -149,7 +150,8 @@ class Signer:
         self._tls_server: asyncio.AbstractServer | None = None
         self._remote_conns = 0
         self.key = cfg.signer()
-        self.log = Log(cfg.db_path, on_fatal=on_fatal)
+        # The log's store: `--store postgresql://…`, else the home's SQLite file.
+        self.log = Log(open_store(store) if store else cfg.db_path, on_fatal=on_fatal)
         self.policy = PolicyEngine(cfg.policy_path)
         # New requests evaluated in other processes, while the loop goes on (policy_worker.py)
         self.workers = PolicyWorkers(cfg.policy_path, policy_workers, self.policy.packs) \
@@ -703,14 +705,16 @@ def _operator_refusal(run: str, state: str, reason: str) -> Decision:
 
 
 async def serve(cfg: config_mod.Config, socket_path: Path,
-                policy_workers: int | None = None, remote: RemoteConfig | None = None) -> None:
+                policy_workers: int | None = None, remote: RemoteConfig | None = None,
+                store: str | None = None) -> None:
     """Serve until SIGTERM or SIGINT; `policy_workers` None: one per core beyond
     the loop's own (`policy_worker.default_count`)."""
     # Before the log is opened: a second signer must not touch the first one's log.
     if await _answers(socket_path):
         raise _already_serving(socket_path)
     workers = default_count() if policy_workers is None else policy_workers
-    await Signer(cfg, socket_path, policy_workers=workers, remote=remote).serve_forever()
+    await Signer(cfg, socket_path, policy_workers=workers, remote=remote,
+                 store=store).serve_forever()
 
 
 def _already_serving(path: Path) -> UserError:
