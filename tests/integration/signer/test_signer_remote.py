@@ -302,3 +302,42 @@ def test_a_signer_that_drops_mid_batch_fails_closed_and_takes_the_gap_when_back(
             await c.aclose()
 
     asyncio.run(go())
+
+
+def test_a_remote_runs_bundle_needs_k_of_n_witnesses(remote: Remote) -> None:
+    """Witnesses as their own services (`tkbox witness serve`): the trust file requires
+    2 of 3; with one down the export is still cosigned by a quorum (witnessed), and a
+    checkpoint carrying one cosignature does not verify."""
+    import json
+
+    from signer_proc import WitnessProc
+
+    from tkbox.formats import FormatError, bundle
+
+    p = remote.proc
+    vkey = json.loads(p.cli("signer", "status", "--json").stdout)["vkey"]
+    ws = []
+    try:
+        for i in range(3):
+            w = WitnessProc(p.root, f"w{i}", p.env)
+            w.add_log(vkey)
+            w.start()
+            p.cli("signer", "add-witness", f"w{i}", w.vkey, w.url, "--independent",
+                  *(("--quorum", "2") if i == 2 else ()))
+            ws.append(w)
+        p.stop()
+        remote.start()
+        ws[1].stop()
+        e = asyncio.run(_one_run(remote.token_client(remote.issuer.mint()), "k-of-n"))
+        rep = verify_bundle(e.bundle, e.trust)
+        assert (rep.assurance, rep.cosigned_by, rep.isolation) == \
+            ("witnessed", ("w0", "w2"), "remote")
+        assert "group witnesses 2 w0 w1 w2" in bundle.parse_trust(e.trust).policy.text()
+        b = bundle.parse(e.bundle)
+        one = b.checkpoint.rsplit(b"\n\xe2\x80\x94 witness.test/w2", 1)[0] + b"\n"
+        with pytest.raises(FormatError) as exc:
+            verify_bundle(bundle.Bundle(b.run, b.entries, one).encode(), e.trust)
+        assert exc.value.code == "checkpoint.quorum"
+    finally:
+        for w in ws:
+            w.stop()
