@@ -137,6 +137,8 @@ class Verifier:
         keys = await self._keyset(issuer, refresh=False)
         try:
             tok = jwt.decode(token, keys, algorithms=list(ALGORITHMS))
+        except (ValueError, TypeError, KeyError, IndexError) as exc:  # hostile bytes
+            raise TokenRefused(f"the token cannot be read ({exc.__class__.__name__})") from None
         except JoseError as exc:
             if "kid" in str(exc).lower() or exc.__class__.__name__ in ("InvalidKeyIdError",):
                 keys = await self._keyset(issuer, refresh=True)
@@ -144,6 +146,9 @@ class Verifier:
                     tok = jwt.decode(token, keys, algorithms=list(ALGORITHMS))
                 except JoseError as exc2:
                     raise _refused(exc2) from None
+                except (ValueError, TypeError, KeyError, IndexError) as exc2:
+                    raise TokenRefused("the token cannot be read "
+                                       f"({exc2.__class__.__name__})") from None
             else:
                 raise _refused(exc) from None
         claims = tok.claims
@@ -166,7 +171,7 @@ class Verifier:
         try:
             obj = extract_compact(token.encode())
             claims = json.loads(obj.payload or b"")
-        except (JoseError, ValueError, TypeError):
+        except (JoseError, ValueError, TypeError, KeyError, IndexError, RecursionError):
             raise TokenRefused("the token cannot be read (not a JWT)") from None
         iss = claims.get("iss") if isinstance(claims, dict) else None
         issuer = self.issuers.get(iss) if isinstance(iss, str) else None
@@ -192,7 +197,9 @@ class Verifier:
             raise TokenRefused(f"the token lacks a claim the signer needs ({exc.description})"
                                ) from None
         except InvalidClaimError as exc:
-            if "not yet valid" in str(exc) or "'nbf'" in str(exc) or "'iat'" in str(exc):
+            text = str(exc)
+            if "not yet valid" in text or "future" in text or "'nbf'" in text \
+                    or "'iat'" in text:
                 raise TokenRefused(f"the token is not valid yet ({exc.description}); is a "
                                    "clock wrong?") from None
             if "aud" in str(exc):

@@ -215,6 +215,25 @@ def test_a_token_of_another_repository_cannot_write_to_a_run(remote: Remote) -> 
     asyncio.run(go())
 
 
+def test_a_daemon_on_the_signers_own_socket_cannot_write_into_a_remote_run(
+        remote: Remote) -> None:
+    """The remote run's records say which workload made them: no local peer adds to it."""
+    async def go() -> None:
+        a = remote.token_client(remote.issuer.mint())
+        local = remote.proc.client(timeout=5.0)
+        try:
+            await a.open_run("theirs", {})
+            with pytest.raises(SignerUnavailable, match="belongs to a remote workload"):
+                await local.event("theirs", "tkbox.note", {"forged": True})
+            with pytest.raises(SignerUnavailable, match="belongs to a remote workload"):
+                await local.close_run("theirs")
+        finally:
+            await a.aclose()
+            await local.aclose()
+
+    asyncio.run(go())
+
+
 def test_a_client_certificate_from_another_ca_is_refused(remote: Remote) -> None:
     _refused(remote, remote.cert_client("intruder", pki=remote.other), "certificate")
 
