@@ -107,6 +107,14 @@ def test_a_github_job_records_over_tls_and_its_bundle_names_the_workload(
             "commit 0123456789abcdef0123456789abcdef01234567, run 4242") in text
     assert "isolation: remote" in text
     assert rep.workload is not None and rep.workload["runner_environment"] == "self-hosted"
+    # `tkbox report` says who recorded it at the top of the page, before anything else.
+    from tkbox.report.html import render_html
+    from tkbox.report.timeline import build_report
+
+    page = render_html(build_report(e.bundle, e.trust))
+    top = page.index('id="workload"')
+    assert top < page.index("<main>")
+    assert "Workload: github repo octo-org/octo-repo, workflow agent" in page[top:]
     # The token itself is never recorded: only the claims the signer checked.
     records = b"".join(base64.b64decode(line[6:]) for line in e.bundle.splitlines()
                        if line.startswith(b"extra "))
