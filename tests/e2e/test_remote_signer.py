@@ -197,3 +197,87 @@ def test_a_second_daemon_by_certificate_and_a_signer_that_drops_mid_run(world: W
     finally:
         b.tk("rm", "--force", name, check=False)
         b.stop("daemon")
+
+
+def test_a_daemon_the_signer_refuses_does_not_start_and_nothing_is_recorded(
+        world: World) -> None:
+    """`tkbox daemon --signer https://…` with a token for another audience, an expired,
+    a not-yet-valid, a replayed or a forged one, or a client certificate from another
+    CA: the daemon exits non-zero with one line that says why, and the signer's log
+    does not grow."""
+    from joserfc.jwk import RSAKey
+
+    now = int(time.time())
+    used = world.issuer.mint()
+    tok = world.tmp / "used.token"
+    tok.write_text(used)
+    # The token opens a run once (as a daemon's first box would): then it is spent.
+    import asyncio
+
+    from tkbox.record.remote import FileToken, RemoteSignerClient
+
+    async def spend() -> None:
+        c = RemoteSignerClient(world.url, ca=world.pki.ca_path, token=FileToken(tok))
+        try:
+            await c.open_run(fresh_name("spent"), {})
+        finally:
+            await c.aclose()
+
+    asyncio.run(spend())
+    other = Pki(world.tmp / "other-ca", "other-ca")
+    bad_cert, bad_key = other.issue("intruder", server=False)
+    cases = {
+        "another audience": (world.issuer.mint(aud="someone-else"), "another audience"),
+        "expired": (world.issuer.mint(iat=now - 900, exp=now - 300), "expired"),
+        "not yet valid": (world.issuer.mint(iat=now, nbf=now + 600, exp=now + 900),
+                          "not valid yet"),
+        "forged": (world.issuer.mint(key=RSAKey.generate_key(2048, parameters={"kid": "k1"})),
+                   "signature does not verify"),
+    }
+
+    def size() -> int:
+        st = world.signer.tk("signer", "status", "--json")
+        return int(json.loads(st.stdout)["size"])
+
+    def refused(args: list[str], needle: str) -> None:
+        before = size()
+        (world.tmp / "refused").mkdir(exist_ok=True)
+        home = world.tmp / "refused" / fresh_name("h")
+        home.mkdir()
+        env = stack_env(home)
+        r = subprocess.run([*TKBOX, "daemon", "--signer", world.url, "--signer-ca",
+                            str(world.pki.ca_path), *args], env=env, capture_output=True,
+                           text=True, timeout=120)
+        last = r.stderr.strip().splitlines()[-1]
+        assert r.returncode != 0 and last.startswith("tkbox: error: "), r.stderr
+        assert needle in last, last
+        assert "Traceback" not in r.stderr
+        assert not (home / "run" / "daemon.sock").exists()
+        assert size() == before, "a refused daemon recorded something"
+
+    for name, (token, needle) in cases.items():
+        f = world.tmp / f"{name.replace(' ', '-')}.token"
+        f.write_text(token)
+        refused(["--signer-token", f"file:{f}"], needle)
+    # Replayed: the spent token, presented by a daemon whose first box opens a run.
+    # (Its connection is taken, as the token still names its own job's runs; the new
+    # run is refused, so no VM boots.)
+    replay_home = world.tmp / "replay"
+    replay_home.mkdir()
+    (replay_home / "x").mkdir()
+    rh = make_home(replay_home / "x")
+    rb = Stack(rh, stack_env(rh))
+    rb.start_daemon("--signer", world.url, "--signer-ca", str(world.pki.ca_path),
+                    "--signer-token", f"file:{tok}")
+    try:
+        before = size()
+        r = rb.tk("run", "--name", fresh_name("replay"), "--workspace",
+                  str(_workspace(world.tmp)), check=False)
+        assert r.returncode != 0
+        last = r.stderr.strip().splitlines()[-1]
+        assert "opened run" in last and "a token opens one run" in last, r.stderr
+        assert size() == before
+    finally:
+        rb.stop("daemon")
+    refused(["--signer-cert", str(bad_cert), "--signer-key", str(bad_key)],
+            "this daemon's")

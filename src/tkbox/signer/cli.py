@@ -253,7 +253,11 @@ def status_cmd(socket: Socket = None, json_out: Json = False) -> None:
                              if st.get("undumpable") else
                              "READABLE by other processes of its user (it could not make "
                              "itself undumpable)"))
-    typer.echo(f"log:       {st['size']} records")
+    typer.echo(f"log:       {st['size']} records" + (f" in {st['store']}" if st.get("store")
+                                                       else ""))
+    if st.get("listen"):
+        typer.echo(f"network:   {st['listen']} ({st.get('remote_connections', 0)} daemons "
+                   "connected)")
     runs = ", ".join(f"{v} {k}" for k, v in sorted(st["runs"].items()))
     typer.echo(f"runs:      {runs or 'none'}")
     typer.echo(f"policy:    {st['policy']}")

@@ -490,6 +490,10 @@ class Signer:
             "policy_error": self.policy.error(),
             "policy_workers": NO_WORKERS if self.workers is None else self.workers.status(),
             "witnesses": [w.name for w in self.cfg.witnesses],
+            "listen": None if self.remote is None or self.tls_port is None else
+            f"https://{self.remote.host}:{self.tls_port}",
+            "remote_connections": self._remote_conns,
+            "store": self.log.path,
             "last_cosigned": None if latest is None else {
                 "size": latest.size, "by": latest.cosigned_by, "failures": latest.failures},
         }

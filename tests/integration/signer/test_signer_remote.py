@@ -128,6 +128,8 @@ def test_a_daemon_with_a_client_certificate_records_over_tls(remote: Remote) -> 
     rep = verify_bundle(e.bundle, e.trust)
     assert rep.isolation == "remote"
     assert rep.workload_line.startswith("client certificate CN=daemon-a (sha256 ")
+    st = remote.proc.cli("signer", "status").stdout
+    assert f"network:   {remote.url} (0 daemons connected)" in st
 
 
 def test_two_daemons_one_signer_one_log(remote: Remote) -> None:
@@ -274,6 +276,10 @@ def test_a_connection_that_proves_nothing_may_only_ping(remote: Remote) -> None:
             return sorted(out, key=lambda f: f["id"])
         finally:
             w.close()
+            try:
+                await asyncio.wait_for(w.wait_closed(), 2)
+            except (TimeoutError, OSError, ssl.SSLError):
+                w.transport.abort()
 
     before = remote.size()
     out = asyncio.run(go())
