@@ -375,3 +375,33 @@ def test_a_remote_runs_bundle_needs_k_of_n_witnesses(remote: Remote) -> None:
     finally:
         for w in ws:
             w.stop()
+
+
+def test_a_signer_that_stops_answering_refuses_the_next_decision(remote: Remote) -> None:
+    """SIGSTOP: the connection is up, nothing answers. The decision is refused when
+    its timeout ends (nothing is allowed unrecorded), and once the signer answers
+    again the client connects anew and goes on."""
+    import os
+    import signal
+
+    async def go() -> None:
+        c = remote.cert_client("hung", connect_timeout=1.0)
+        c.timeout = 1.0
+        try:
+            await c.open_run("hung", {})
+            assert remote.proc.proc is not None
+            os.kill(remote.proc.proc.pid, signal.SIGSTOP)
+            try:
+                with pytest.raises(SignerUnavailable, match="did not answer decide within 1 s"):
+                    await c.decide("hung", "Bash", {"command": "true"}, {})
+                with pytest.raises(SignerUnavailable):
+                    await c.decide("hung", "Bash", {"command": "true"}, {})
+            finally:
+                os.kill(remote.proc.proc.pid, signal.SIGCONT)
+            c.timeout = 5.0
+            v = await c.decide("hung", "Bash", {"command": "true"}, {})
+            assert v.allowed
+        finally:
+            await c.aclose()
+
+    asyncio.run(go())
