@@ -187,7 +187,13 @@ class Signer:
         finally:
             os.umask(old)
         if self.remote is not None:
-            await self._listen(self.remote)
+            try:
+                await self._listen(self.remote)
+            except BaseException:  # the socket goes too: a signer serves both or neither
+                self._server.close()
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                raise
         if self.workers is not None:
             self.workers.start()
         log.info("signer %s serving on %s (log size %d, %d policy workers)",

@@ -405,3 +405,20 @@ def test_a_signer_that_stops_answering_refuses_the_next_decision(remote: Remote)
             await c.aclose()
 
     asyncio.run(go())
+
+
+def test_a_listen_address_in_use_is_one_line_and_no_half_started_signer(
+        remote: Remote) -> None:
+    """A second signer told to listen where the first does: one line, exit status 2,
+    and its socket is not left behind."""
+    other = SignerProc()
+    try:
+        r = other.cli("signer", "serve", "--listen", f"127.0.0.1:{remote.port}",
+                      "--tls-cert", str(remote.cert), "--tls-key", str(remote.key),
+                      "--client-ca", str(remote.pki.ca_path), check=False)
+        lines = r.stderr.strip().splitlines()
+        assert r.returncode == 2 and lines[-1].startswith("error: cannot listen on"), r.stderr
+        assert "Traceback" not in r.stderr
+        assert not other.socket.exists()
+    finally:
+        other.cleanup()
