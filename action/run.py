@@ -13,6 +13,13 @@ line) when the agent or a door fails, after the bundle is exported. With the
 workspace (`tkbox agent --apply`): `applied-patch` is what the door wrote, and
 each held-back file is a `::warning::` and a line of the summary.
 
+With the `signer-url` input (and `signer-ca`, `signer-trust`), no signer runs
+on the runner: the daemon records into the operator's remote signer, proving
+the job by its GitHub id-token (`--signer-token github:AUDIENCE`), and the
+bundle is verified against the operator's trust file, pinned in the
+repository (`signer-trust`), which becomes the `trust` output; a bundle that
+does not verify against it fails the step.
+
 Operator settings (the runner's, never the box's), for mirrors and tests:
 `TKBOX_DAEMON_ARGS` holds extra `tkbox daemon` flags, e.g. `--egress-hosts F
 --egress-permit CIDR --ca-cert PEM`.
@@ -104,13 +111,13 @@ class Services:
                 fail(f"the tkbox {name} did not start: {last[0]}")
             time.sleep(0.2)
 
-    def up(self, daemon_args: list[str]) -> None:
+    def up(self, daemon_args: list[str], remote: bool = False) -> None:
         run = self.home / "run"
         if self.tk("ls").returncode == 0:
             return  # a daemon answers already (a self-hosted runner's, or a test's)
-        if not (self.home / "signer" / "key").exists():
+        if not remote and not (self.home / "signer" / "key").exists():
             self.tk("signer", "init", "--dev")
-        if not (run / "signer.sock").exists():
+        if not remote and not (run / "signer.sock").exists():
             self.start("signer", "signer", "serve", sock=run / "signer.sock")
         self.start("daemon", "daemon", *daemon_args, sock=run / "daemon.sock")
         deadline = time.monotonic() + 60
@@ -128,6 +135,37 @@ class Services:
                 except subprocess.TimeoutExpired:
                     os.killpg(p.pid, signal.SIGKILL)
                     p.wait()
+
+
+def remote_signer(i: dict[str, str]) -> list[str]:
+    """`tkbox daemon` flags for the `signer-url` input, or [] without it."""
+    url = i.get("signer_url", "").strip()
+    if not url:
+        return []
+    if not url.startswith("https://"):
+        fail(f"signer-url {url!r}: a remote signer is https://HOST:PORT", 2)
+    for name in ("signer_ca", "signer_trust"):
+        if not i.get(name) or not Path(i[name]).is_file():
+            fail(f"{name.replace('_', '-')}: with signer-url, give the path of the operator's "
+                 f"{'CA certificate' if name == 'signer_ca' else 'trust file'} in the "
+                 "repository", 2)
+    if not os.environ.get("ACTIONS_ID_TOKEN_REQUEST_URL"):
+        fail("signer-url needs the job's id-token: add `permissions: id-token: write` to "
+             "the job", 2)
+    return ["--signer", url, "--signer-ca", i["signer_ca"],
+            "--signer-token", f"github:{i.get('signer_audience') or 'tkbox-signer'}"]
+
+
+def check_remote_bundle(env: dict[str, str], bundle: str, trust: str) -> list[str]:
+    """The bundle against the operator's pinned trust file: its lines, or the step fails."""
+    r = subprocess.run([*TKBOX, "verify", bundle, "--trust", trust], env=env,
+                       capture_output=True, text=True)
+    lines = [x for x in r.stdout.splitlines() if x.strip()]
+    if r.returncode != 0:
+        fail(f"the bundle does not verify against the operator's trust file {trust}: "
+             + " ".join(lines[1:2] or [r.stderr.strip()[-300:]]), r.returncode or 1)
+    return [x for x in lines if x.startswith(("Integrity", "isolation", "Workload",
+                                              "Assurance"))]
 
 
 def main() -> None:
@@ -161,9 +199,10 @@ def main() -> None:
         if s:
             argv += ["--secret", s]
 
+    remote = remote_signer(i)
     services = Services(home, env)
     try:
-        services.up(shlex.split(env.get("TKBOX_DAEMON_ARGS", "")))
+        services.up([*remote, *shlex.split(env.get("TKBOX_DAEMON_ARGS", ""))], bool(remote))
         if agent != "claude-code" and not i.get("image") and \
                 services.tk("image", "inspect", "tkbox/default").returncode != 0:
             print("tkbox: building tkbox/default (once)", flush=True)
@@ -176,6 +215,11 @@ def main() -> None:
         outcome = json.loads(proc.stdout) if proc.stdout.strip() else None
     except ValueError:
         outcome = None
+    if isinstance(outcome, dict) and remote and outcome.get("bundle"):
+        outcome["trust"] = i["signer_trust"]  # the operator's, pinned: not the job's
+        verified = check_remote_bundle(env, str(outcome["bundle"]), i["signer_trust"])
+        summary(f"### tkbox: remote signer `{i['signer_url']}`\n\n" + "".join(
+            f"- {code_span(line)}\n" for line in verified))
     if isinstance(outcome, dict):
         held = [h for h in outcome.get("held_back") or [] if isinstance(h, dict)]
         applied = outcome.get("applied")

@@ -34,6 +34,13 @@ this process on the same disk:
   process over the same all-different requests (the shell reader and Cedar,
   no cache hits, no socket, no record): the CPU a new decision costs before
   it is recorded, and so the most decisions one core can evaluate.
+- the remote signer (`tkbox signer serve --listen`, mutual TLS): from 1, 4 and
+  16 daemons (each its own process and connection, with `--concurrency` split
+  between them), all-different decisions/s and the p50/p99 of every decision
+  under that load, over TLS beside the same over the Unix socket (alternated,
+  one signer serving both), and the µs of CPU each decision costs in every
+  process: the signer, its policy workers, the daemons together. Goals (issue
+  32): TLS ≥ 0.8× the socket's rate; ≤ 150 µs of CPU per decision in all.
 - one decision at a time, p50/p99: all of the above, one call at a time
   (500 of them, after 50 not timed).
   Baseline: raw `write` + `fdatasync` of 300 bytes to a file on the same
@@ -152,7 +159,7 @@ class Signer:
     and once it answers, until those workers are ready (what a signer that has run for
     a second has)."""
 
-    def __init__(self, workers: int | None = None) -> None:
+    def __init__(self, workers: int | None = None, listen: tuple[str, ...] = ()) -> None:
         self.root = Path(tempfile.mkdtemp(prefix="tkbb-", dir=os.environ.get("TMPDIR", "/tmp")))
         self.env = {**os.environ, "TKBOX_HOME": str(self.root / "home"),
                     "TKBOX_RUNTIME": str(self.root / "run")}
@@ -162,7 +169,7 @@ class Signer:
         cli = [sys.executable, "-m", "tkbox.signer.cli", "signer"]
         subprocess.run([*cli, "init", "--dev"], env=self.env, check=True, capture_output=True)
         extra = [] if workers is None else ["--policy-workers", str(workers)]
-        self.proc = subprocess.Popen([*cli, "serve", *extra], env=self.env,
+        self.proc = subprocess.Popen([*cli, "serve", *extra, *listen], env=self.env,
                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + 30
         while time.monotonic() < deadline:
@@ -570,7 +577,194 @@ async def hold_push(c: Any, hold: Any, rounds: int = 5) -> float:
     return statistics.median(times)
 
 
+# --- the remote signer: many daemons over TLS beside the same over the socket ---------
+
+
+def _pki(root: Path, daemons: int) -> dict[str, Any]:
+    """A CA, the signer's certificate (127.0.0.1) and one client certificate per daemon."""
+    import datetime as dt
+    import ipaddress
+
+    from cryptography import x509
+    from cryptography.hazmat.primitives import hashes, serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+    from cryptography.x509.oid import ExtendedKeyUsageOID, NameOID
+
+    def name(cn: str) -> x509.Name:
+        return x509.Name([x509.NameAttribute(NameOID.COMMON_NAME, cn)])
+
+    def save(stem: str, cert: x509.Certificate, key: Any) -> tuple[str, str]:
+        c, k = root / f"{stem}.pem", root / f"{stem}.key"
+        c.write_bytes(cert.public_bytes(serialization.Encoding.PEM))
+        k.write_bytes(key.private_bytes(serialization.Encoding.PEM,
+                                        serialization.PrivateFormat.PKCS8,
+                                        serialization.NoEncryption()))
+        return str(c), str(k)
+
+    now = dt.datetime.now(dt.UTC)
+    ca_key = ec.generate_private_key(ec.SECP256R1())
+    ca = (x509.CertificateBuilder().subject_name(name("bench-ca")).issuer_name(name("bench-ca"))
+          .public_key(ca_key.public_key()).serial_number(1)
+          .not_valid_before(now - dt.timedelta(hours=1)).not_valid_after(now + dt.timedelta(days=1))
+          .add_extension(x509.BasicConstraints(ca=True, path_length=None), True)
+          .sign(ca_key, hashes.SHA256()))
+
+    def leaf(cn: str, server: bool) -> tuple[str, str]:
+        key = ec.generate_private_key(ec.SECP256R1())
+        b = (x509.CertificateBuilder().subject_name(name(cn)).issuer_name(ca.subject)
+             .public_key(key.public_key()).serial_number(x509.random_serial_number())
+             .not_valid_before(now - dt.timedelta(hours=1))
+             .not_valid_after(now + dt.timedelta(days=1)))
+        if server:
+            b = b.add_extension(x509.SubjectAlternativeName(
+                [x509.IPAddress(ipaddress.ip_address("127.0.0.1"))]), False)
+        b = b.add_extension(x509.ExtendedKeyUsage(
+            [ExtendedKeyUsageOID.SERVER_AUTH if server else ExtendedKeyUsageOID.CLIENT_AUTH]),
+            False)
+        return save(cn, b.sign(ca_key, hashes.SHA256()), key)
+
+    ca_path = root / "ca.pem"
+    ca_path.write_bytes(ca.public_bytes(serialization.Encoding.PEM))
+    return {"ca": str(ca_path), "server": leaf("signer", True),
+            "clients": [leaf(f"daemon-{i}", False) for i in range(daemons)]}
+
+
+def _client_main(spec: dict[str, Any]) -> None:
+    """One daemon's process (`--client JSON`): waits for a line on stdin, then makes its
+    decisions with its share in flight, and prints its latencies and CPU as JSON."""
+    from tkbox.record.remote import RemoteSignerClient
+
+    async def go() -> dict[str, Any]:
+        if spec["mode"] == "tls":
+            c: Any = RemoteSignerClient(spec["url"], ca=Path(spec["ca"]),
+                                        cert=Path(spec["cert"]), key=Path(spec["key"]),
+                                        timeout=60)
+        else:
+            c = UnixSignerClient(spec["socket"], timeout=60)
+        run = spec["run"]
+        try:
+            await c.open_run(run, {})
+            for i in range(20):  # warm-up: the connection, the first Cedar calls
+                await c.decide(run, *request(spec["offset"] + 9_000_000 + i))
+            print("ready", flush=True)
+            sys.stdin.readline()
+            t0c, lat = os.times(), []
+            counter = iter(range(spec["n"]))
+
+            async def worker() -> None:
+                for i in counter:
+                    t = time.perf_counter()
+                    await c.decide(run, *request(spec["offset"] + i))
+                    lat.append(time.perf_counter() - t)
+
+            t0 = time.perf_counter()
+            await asyncio.gather(*(worker() for _ in range(spec["inflight"])))
+            wall = time.perf_counter() - t0
+            t1c = os.times()
+            return {"lat": lat, "wall": wall, "n": spec["n"],
+                    "cpu_s": (t1c.user - t0c.user) + (t1c.system - t0c.system)}
+        finally:
+            await c.aclose()
+
+    print(json.dumps(asyncio.run(go())), flush=True)
+
+
+def many_daemons(signer: Signer, pki: dict[str, Any], url: str, mode: str, daemons: int,
+                 n: int, inflight: int, offset: int) -> dict[str, float]:
+    """`daemons` client processes, each its own connection (a daemon's), `inflight`
+    decisions in flight in each, `n` all-different decisions in all: decisions/s from
+    the moment all are told to go to the last answer, p50/p99 of every decision's
+    latency under that load, and µs of CPU per decision in every process."""
+    per = max(1, n // daemons)
+    procs = []
+    for d in range(daemons):
+        cert, key = pki["clients"][d]
+        spec = {"mode": mode, "url": url, "ca": pki["ca"], "cert": cert, "key": key,
+                "socket": str(signer.socket), "run": f"bench-{mode}-{daemons}-{d}-{offset}",
+                "n": per, "inflight": inflight, "offset": offset + d * 1_000_000}
+        procs.append(subprocess.Popen([sys.executable, __file__, "--client", json.dumps(spec)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                      env=signer.env, text=True))
+    for p in procs:
+        assert p.stdout is not None
+        line = p.stdout.readline()
+        if line.strip() != "ready":
+            raise RuntimeError(f"a benchmark daemon did not start: {line!r}")
+    pid = signer.proc.pid
+    kids = _children(pid)
+    before = {q: _cpu_seconds(q) for q in (pid, *kids)}
+    t0 = time.perf_counter()
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write("go\n")
+        p.stdin.flush()
+    results = []
+    for p in procs:
+        out, _ = p.communicate(timeout=600)
+        results.append(json.loads(out.strip().splitlines()[-1]))
+    wall = time.perf_counter() - t0
+    total = sum(r["n"] for r in results)
+    lat = sorted(x for r in results for x in r["lat"])
+    signer_us = (_cpu_seconds(pid) - before[pid]) / total * 1e6
+    workers_us = sum(_cpu_seconds(k) - before[k] for k in kids) / total * 1e6
+    clients_us = sum(r["cpu_s"] for r in results) / total * 1e6
+    return {"per_second": total / wall, "p50_ms": statistics.median(lat) * 1000,
+            "p99_ms": lat[min(len(lat) - 1, int(len(lat) * 0.99))] * 1000,
+            "cpu_signer_us": signer_us, "cpu_workers_us": workers_us,
+            "cpu_daemons_us": clients_us, "cpu_total_us": signer_us + workers_us + clients_us}
+
+
+def remote_figures(n: int, concurrency: int, counts: tuple[int, ...] = (1, 4, 16)
+                   ) -> dict[str, dict[str, dict[str, float]]]:
+    """For 1, 4 and 16 daemons: the same decisions over TLS (mutual TLS, one client
+    certificate per daemon) and over the Unix socket, alternated, one signer serving
+    both (`--listen`), its store on the same disk."""
+    root = Path(tempfile.mkdtemp(prefix="tkbr-", dir=os.environ.get("TMPDIR", "/tmp")))
+    pki = _pki(root, max(counts))
+    port = _free_port()
+    signer = Signer(listen=("--listen", f"127.0.0.1:{port}", "--tls-cert", pki["server"][0],
+                            "--tls-key", pki["server"][1], "--client-ca", pki["ca"]))
+    url = f"https://127.0.0.1:{port}"
+    out: dict[str, dict[str, dict[str, float]]] = {"tls": {}, "unix": {}}
+    try:
+        offset = 40_000_000
+        for k in counts:
+            inflight = max(2, concurrency // k)
+            for mode in ("unix", "tls") if k % 2 else ("tls", "unix"):
+                offset += 20_000_000
+                out[mode][str(k)] = many_daemons(signer, pki, url, mode, k, n, inflight, offset)
+    finally:
+        signer.close()
+        shutil.rmtree(root, ignore_errors=True)
+    return out
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def print_remote(rem: dict[str, dict[str, dict[str, float]]]) -> None:
+    print()
+    print(f"{'remote signer (mutual TLS) beside the socket':44} {'TLS /s':>9} {'socket /s':>10} "
+          f"{'ratio':>6} {'TLS p99':>8} {'sock p99':>9}   CPU µs/decision TLS: signer, "
+          "workers, daemons = all  (goal: ratio ≥ 0.8, all ≤ 150)")
+    for k in rem["tls"]:
+        t, u = rem["tls"][k], rem["unix"][k]
+        print(f"{k + ' daemon(s), all different':44} {t['per_second']:9.0f} "
+              f"{u['per_second']:10.0f} {t['per_second'] / u['per_second']:6.2f} "
+              f"{t['p99_ms']:8.2f} {u['p99_ms']:9.2f}   {t['cpu_signer_us']:.0f}, "
+              f"{t['cpu_workers_us']:.0f}, {t['cpu_daemons_us']:.0f} = {t['cpu_total_us']:.0f}"
+              f" (socket: {u['cpu_total_us']:.0f})")
+
+
 def main() -> None:
+    if len(sys.argv) == 3 and sys.argv[1] == "--client":
+        _client_main(json.loads(sys.argv[2]))
+        return
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--decisions", type=int, default=4000)
     ap.add_argument("--concurrency", type=int, default=32)
@@ -578,7 +772,16 @@ def main() -> None:
                     help="bundle sizes to verify, comma-separated")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--no-tracekit", action="store_true", help="skip the Tracekit backend")
+    ap.add_argument("--remote-only", action="store_true",
+                    help="only the remote signer's rows (TLS beside the socket)")
     args = ap.parse_args()
+    if args.remote_only:
+        rem = remote_figures(args.decisions, args.concurrency)
+        if args.json:
+            print(json.dumps({"remote": rem}, indent=2))
+        else:
+            print_remote(rem)
+        return
     sizes = [int(n) for n in args.records.split(",")]
 
     signer = Signer()
@@ -600,6 +803,7 @@ def main() -> None:
     finally:
         signer.close()
     workers, with_workers, loop_only = workers_or_not(args.decisions, args.concurrency)
+    rem = remote_figures(args.decisions, args.concurrency)
     tk: dict[str, Any] | None = None
     if not args.no_tracekit:
         try:
@@ -645,6 +849,7 @@ def main() -> None:
         "concurrency": args.concurrency,
         "decisions": args.decisions,
         "tracekit": tk,
+        "remote": rem,
     }
     if args.json:
         print(json.dumps(out, indent=2))
@@ -694,6 +899,7 @@ def main() -> None:
           f"{cpu['workers']:.0f} µs: {cpu['total']:.0f} µs in all; at that cost {cores} "
           f"core(s) carry at most {cores * 1e6 / cpu['total']:.0f} decisions/s, every one "
           "of them busy)")
+    print_remote(rem)
     if tk is None:
         return
     print()

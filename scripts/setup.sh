@@ -26,7 +26,7 @@ esac
 PKGS="qemu-system-x86 $KERNEL_PKG squashfs-tools squashfs-tools-ng e2fsprogs mmdebstrap
       docker-registry git ca-certificates curl kmod binutils openssl python3 python3-venv
       skopeo umoci tinyproxy busybox-static procps chromium fonts-dejavu-core tmux
-      gcc libc6-dev"
+      gcc libc6-dev postgresql"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -40,6 +40,9 @@ if [ -n "$missing" ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -q --no-install-recommends $missing
   # tinyproxy's package starts a system-wide proxy; tkbox's benchmark runs its own.
   $SUDO systemctl disable --now tinyproxy >/dev/null 2>&1 || $SUDO pkill -x tinyproxy || true
+  # postgresql's package starts a cluster of its own; the signer's tests run their own
+  # server in a temporary directory (tests/integration/signer/pg_proc.py).
+  $SUDO systemctl disable --now postgresql >/dev/null 2>&1 || true
 fi
 
 # A Python >= 3.11 for the virtual environment (and for the guest, which runs

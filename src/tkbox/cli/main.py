@@ -87,7 +87,17 @@ def daemon(
     socket_path: Annotated[Path | None, typer.Option("--socket", help="API socket")] = None,
     signer_socket: Annotated[Path | None, typer.Option(help="the signer's socket")] = None,
     signer: Annotated[str, typer.Option(
-        "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
+        "--signer", help="tkbox (default), https://HOST:PORT (a remote signer, "
+        "docs/signer.md) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
+    signer_ca: Annotated[Path | None, typer.Option(
+        help="--signer https://…: the CA that vouches for the signer (pinned)")] = None,
+    signer_cert: Annotated[Path | None, typer.Option(
+        help="--signer https://…: this daemon's client certificate (mutual TLS)")] = None,
+    signer_key: Annotated[Path | None, typer.Option(
+        help="--signer https://…: its private key")] = None,
+    signer_token: Annotated[str | None, typer.Option(
+        help="--signer https://…: a workload token: github:AUDIENCE, file:PATH or env:VAR")
+    ] = None,
     vmm: Annotated[str, typer.Option(
         "--vmm", help="qemu (default) or firecracker (docs/vmm.md)")] = "qemu",
 ) -> None:
@@ -110,15 +120,26 @@ def daemon(
                         "604800 seconds")
     if max_connections < 0:
         raise UserError("--max-connections must be 0 (from the open-file limit) or more")
-    if signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
-        raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
+    remote = None
+    if signer.startswith("https://"):
+        from tkbox.record.remote import RemoteSignerClient, token_source
+
+        remote = RemoteSignerClient(signer, ca=signer_ca, cert=signer_cert, key=signer_key,
+                                    token=token_source(signer_token) if signer_token else None)
+    elif signer != "tkbox" and signer != "tracekit" and not signer.startswith("tracekit:"):
+        raise UserError(f"--signer {signer!r}: use tkbox, https://HOST:PORT or "
+                        "tracekit[:SOCKET]")
+    elif signer_ca or signer_cert or signer_key or signer_token:
+        raise UserError("--signer-ca, --signer-cert, --signer-key and --signer-token are for "
+                        "--signer https://HOST:PORT")
     if vmm not in ("qemu", "firecracker"):
         raise UserError(f"--vmm {vmm!r}: use qemu or firecracker")
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait, tunnel_idle=tunnel_idle,
                  tunnel_total=tunnel_total, max_connections=max_connections),
-         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm)
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm,
+         remote_signer=remote)
 
 
 @app.command()

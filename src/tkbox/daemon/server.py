@@ -65,7 +65,7 @@ class _Server(uvicorn.Server):
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
                 signer_socket: Path | None = None, signer_backend: str = "tkbox",
-                vmm: str = "qemu") -> None:
+                vmm: str = "qemu", remote_signer: SignerClient | None = None) -> None:
     from tkbox.image.initramfs import GuestBuild, build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.store import ImageStore
@@ -95,6 +95,14 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
         print("tkbox: WARNING: --unrecorded: nothing is decided or recorded by a signer. "
               "Use only to debug tkbox itself; every box says [UNRECORDED].", file=sys.stderr)
         signer = UnrecordedSigner()
+    elif remote_signer is not None:  # --signer https://…: a signer on another host
+        signer = remote_signer
+        try:
+            who = await signer.ping()
+        except SignerUnavailable as exc:
+            raise SignerUnavailable(f"the remote signer {signer_backend} does not take this "
+                                    f"daemon: {exc}") from None
+        log.info("signer: %s", who)
     elif signer_backend.startswith("tracekit"):
         from tkbox.record.tracekit import client_for
 
@@ -182,13 +190,14 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
 def main(opts: Options, socket_path: Path | None = None,
          signer_socket: Path | None = None, signer_backend: str = "tkbox",
-         vmm: str = "qemu") -> None:
+         vmm: str = "qemu", remote_signer: SignerClient | None = None) -> None:
     logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
                         format="tkbox: %(levelname)s %(message)s")
     not_dumpable("tkbox daemon")  # its environment holds the secrets door's values
     try:
         asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket,
-                          signer_backend=signer_backend, vmm=vmm))
+                          signer_backend=signer_backend, vmm=vmm,
+                          remote_signer=remote_signer))
     except (HostError, UserError, SignerUnavailable) as exc:
         print(f"tkbox: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

@@ -17,6 +17,7 @@ offline verifier (`tkbox.verify`) is allowed to import.
 | `record`      | tkbox's log record (one leaf)                             |
 | `bundle`      | tkbox's `.tkb` bundle and `.trust.json` trust file        |
 | `wire`        | the signer's socket framing (signer and daemon share it)  |
+| `workload`    | who recorded a remote run (the open record's `workload`)  |
 
 Errors:
 

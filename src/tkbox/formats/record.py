@@ -45,7 +45,7 @@ OPEN = "tkbox.run.open"
 CLOSE = "tkbox.run.close"
 DECISION = "tkbox.decision"
 COMPLETE = "tkbox.complete"
-ISOLATION = ("same-user", "separate-user")
+ISOLATION = ("same-user", "separate-user", "remote")
 FIELDS = frozenset({"v", "run", "seq", "prev", "time", "kind", "body"})
 
 
@@ -272,7 +272,8 @@ def _check(obj: Any, raw: bytes, where: str) -> Record:
     if (seq == 0) != (kind == OPEN):
         raise _fail(f"a run starts with {OPEN}, and only there", where, "record.open")
     if kind == OPEN and body.get("isolation") not in ISOLATION:
-        raise _fail("the open record states isolation same-user or separate-user", where)
+        raise _fail("the open record states isolation same-user, separate-user or remote",
+                    where)
     return Record(run, seq, prev_hash, time, kind, body, raw)
 
 

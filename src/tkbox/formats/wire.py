@@ -22,6 +22,7 @@ the answer) and `op`:
 | hold, release, quarantine | `run`, `reason`           | `{seq}` |
 | status      |                                         | `{size, runs, ...}` |
 | subscribe   |                                         | `{}`, then pushes on this connection |
+| auth        | `token` (network listener only)         | `{workload, time_ms}` |
 
 Answers: `{id, ok: true, result}` or `{id, ok: false, error, kind}`, where
 `kind` is `refused` (a request the signer will not take: the run is closed,
@@ -42,7 +43,7 @@ from tkbox.formats.errors import FormatError
 
 MAX_FRAME = 1 << 20
 OPS = frozenset({"ping", "open", "decide", "complete", "event", "close", "export", "hold",
-                 "release", "quarantine", "status", "subscribe"})
+                 "release", "quarantine", "status", "subscribe", "auth"})
 
 
 class WireError(RemoteError):

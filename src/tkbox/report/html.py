@@ -110,6 +110,9 @@ def _verified(t: Timeline, source: str) -> str:
     banner = ('<div class="banner ok" id="verdict">Integrity: VERIFIED.'
               f"<small>run {_text(r.run)} · {r.records} records · assurance {_text(r.assurance)}"
               f" · {_text(source)}</small></div>")
+    if r.workload is not None:  # who recorded it, as the remote signer checked it
+        banner += (f'<div class="banner ok" id="workload">Workload: {_text(r.workload_line)}'
+                   f"<small>isolation {_text(r.isolation)}</small></div>")
     parts = [_summary(t), _commands(t), _connections(t), _approvals(t), _secrets(t),
              _models(t), _files(t), _incidents(t), _all_records(t)]
     return _page(f"tkbox report: {r.run}", banner, "".join(parts))
@@ -140,6 +143,7 @@ def _summary(t: Timeline) -> str:
         ("run", _text(r.run)),
         ("time", f"{_text(r.first_time)} to {_text(r.last_time)}"),
         ("isolation", _text(r.isolation)),
+        *([("workload", _text(r.workload_line))] if r.workload is not None else []),
         ("assurance", _text(r.assurance) + (f" (cosigned by {_text(', '.join(r.cosigned_by))})"
                                             if r.cosigned_by else " (no witness cosigned)")),
         ("signer", f"<code>{_text(r.log_key)}</code>"),

@@ -104,6 +104,30 @@ def serve_cmd(home: Home = None, socket: Socket = None,
                   "--policy-workers", min=0, max=16,
                   help="processes that evaluate new requests beside the event loop "
                        "(default: one per core beyond the first, at most 4; 0: none)")] = None,
+              listen: Annotated[str | None, typer.Option(
+                  help="also serve daemons of other hosts over TLS on HOST:PORT "
+                       "(docs/signer.md: the signer as a network service)")] = None,
+              tls_cert: Annotated[Path | None, typer.Option(
+                  help="--listen: the signer's certificate chain (PEM)")] = None,
+              tls_key: Annotated[Path | None, typer.Option(
+                  help="--listen: its private key (PEM)")] = None,
+              client_ca: Annotated[Path | None, typer.Option(
+                  help="--listen: the CA whose client certificates may record (pinned)")] = None,
+              oidc_issuer: Annotated[str | None, typer.Option(
+                  help="--listen: an OIDC issuer whose workload tokens may record, e.g. "
+                       "https://token.actions.githubusercontent.com")] = None,
+              oidc_audience: Annotated[str | None, typer.Option(
+                  help="--oidc-issuer: the audience its tokens must name")] = None,
+              oidc_allow: Annotated[list[str] | None, typer.Option(
+                  help="--oidc-issuer: a repository that may record (OWNER/REPO or OWNER/*; "
+                       "repeat; default: any the issuer vouches for)")] = None,
+              oidc_ca: Annotated[Path | None, typer.Option(
+                  help="--oidc-issuer: CA to reach the issuer with (default: the system's)")
+              ] = None,
+              store: Annotated[str | None, typer.Option(
+                  help="the log's store: postgresql://USER@HOST/DB for a signer many hosts "
+                       "share (password from PGPASSFILE or PGPASSWORD); default: the home's "
+                       "SQLite log.db")] = None,
               ) -> None:
     """Run the signer in the foreground (its own process; ideally its own user)."""
     _setup_logging(verbose)
@@ -111,16 +135,46 @@ def serve_cmd(home: Home = None, socket: Socket = None,
     from tkbox.signer.server import serve
 
     try:
+        remote = _remote_config(listen, tls_cert, tls_key, client_ca, oidc_issuer,
+                                oidc_audience, oidc_allow or [], oidc_ca)
         cfg = config_mod.load(_home(home))
         sock = _socket(socket)
         if cfg.mode == "dev":
             paths.private_dir(sock.parent)
-        asyncio.run(serve(cfg, sock, policy_workers))
+        asyncio.run(serve(cfg, sock, policy_workers, remote, store))
     except TkboxError as exc:
         raise _fail(exc) from None
     except RuntimeError as exc:
         typer.echo(f"error: {exc}", err=True)
         raise typer.Exit(3) from None
+
+
+def _remote_config(listen: str | None, cert: Path | None, key: Path | None,
+                   client_ca: Path | None, issuer: str | None, audience: str | None,
+                   allow: list[str], oidc_ca: Path | None) -> Any:
+    """The network listener's settings (`signer.remote`), or None without --listen."""
+    given = [n for n, v in (("--tls-cert", cert), ("--tls-key", key), ("--client-ca", client_ca),
+                            ("--oidc-issuer", issuer)) if v is not None]
+    if listen is None:
+        if given:
+            raise UserError(f"{given[0]} is for --listen HOST:PORT")
+        return None
+    from tkbox.signer.oidc import Issuer
+    from tkbox.signer.remote import RemoteConfig, parse_listen
+
+    if cert is None or key is None:
+        raise UserError("--listen needs --tls-cert and --tls-key (the signer's TLS identity)")
+    if (issuer is None) != (audience is None):
+        raise UserError("--oidc-issuer and --oidc-audience go together")
+    if allow and issuer is None:
+        raise UserError("--oidc-allow is for --oidc-issuer")
+    host, port = parse_listen(listen)
+    issuers = [] if issuer is None or audience is None else [
+        Issuer(issuer, audience, tuple(allow), str(oidc_ca) if oidc_ca else None)]
+    rc = RemoteConfig(host, port, cert, key, client_ca, issuers)
+    rc.check()
+    rc.context()  # a certificate or key that cannot be used: say so before serving
+    return rc
 
 
 async def _ask(sock: Path, op: str, **args: Any) -> dict[str, Any]:
@@ -199,7 +253,11 @@ def status_cmd(socket: Socket = None, json_out: Json = False) -> None:
                              if st.get("undumpable") else
                              "READABLE by other processes of its user (it could not make "
                              "itself undumpable)"))
-    typer.echo(f"log:       {st['size']} records")
+    typer.echo(f"log:       {st['size']} records" + (f" in {st['store']}" if st.get("store")
+                                                       else ""))
+    if st.get("listen"):
+        typer.echo(f"network:   {st['listen']} ({st.get('remote_connections', 0)} daemons "
+                   "connected)")
     runs = ", ".join(f"{v} {k}" for k, v in sorted(st["runs"].items()))
     typer.echo(f"runs:      {runs or 'none'}")
     typer.echo(f"policy:    {st['policy']}")

@@ -1,6 +1,7 @@
-"""The signer's log: one append-only Merkle log, kept in SQLite.
+"""The signer's log: one append-only Merkle log, kept in a store (`signer.store`:
+SQLite by default, PostgreSQL for a signer many hosts share).
 
-Storage (`log.db`, WAL, `synchronous=FULL`):
+Storage (the same three tables in both):
 
     leaves(idx INTEGER PRIMARY KEY, run, seq, kind, record BLOB, hash BLOB, UNIQUE(run, seq))
     witnesses(name PRIMARY KEY, size)          -- the size each witness last cosigned
@@ -46,9 +47,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from tkbox.errors import HostError, InternalError
+from tkbox.errors import InternalError
 from tkbox.formats import merkle, record
 from tkbox.formats.errors import FormatError
+from tkbox.signer.store import SQLiteStore, Store
 
 log = logging.getLogger("tkbox.signer.log")
 
@@ -66,21 +68,6 @@ TRANSITIONS: dict[tuple[str, str], str] = {
 }
 STATES = ("open", "held", "quarantined", "closed")
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS leaves (
-    idx INTEGER PRIMARY KEY,
-    run TEXT NOT NULL,
-    seq INTEGER NOT NULL,
-    kind TEXT NOT NULL,
-    record BLOB NOT NULL,
-    hash BLOB NOT NULL,
-    UNIQUE (run, seq)
-);
-CREATE TABLE IF NOT EXISTS witnesses (name TEXT PRIMARY KEY, size INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS checkpoints (size INTEGER PRIMARY KEY, note BLOB NOT NULL);
-"""
-
-
 class LogError(Exception):
     """A request the log refuses (unknown run, closed run, ...): one line for a person."""
 
@@ -95,6 +82,7 @@ class Run:
     completed: set[int] = field(default_factory=set)
     isolation: str = ""
     reason: str = ""  # of the last hold or quarantine
+    owner: str = ""  # the principal of the remote workload that opened it; "" on the socket
 
 
 @dataclass
@@ -104,23 +92,14 @@ class Staged:
     future: asyncio.Future[None]
 
 
-def connect(path: Path) -> sqlite3.Connection:
-    db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
-    mode = db.execute("PRAGMA journal_mode=WAL").fetchone()[0]
-    if str(mode).lower() != "wal":
-        raise HostError(f"{path}: SQLite could not use WAL mode (got {mode}); use a local disk")
-    db.execute("PRAGMA synchronous=FULL")
-    db.execute("PRAGMA foreign_keys=ON")
-    return db
-
-
 class Log:
-    def __init__(self, path: Path, on_fatal: Callable[[str], None] | None = None) -> None:
-        self.path = path
-        self.db = connect(path)
-        self.db.executescript(SCHEMA)
+    def __init__(self, store: Store | Path, on_fatal: Callable[[str], None] | None = None
+                 ) -> None:
+        self.store = store if isinstance(store, Store) else SQLiteStore(store)
+        self.path = self.store.name
         self.tree = merkle.Tree()
         self.runs: dict[str, Run] = {}
+        self.jtis: dict[str, str] = {}  # `issuer#jti` of each token that opened a run -> run
         self.durable_size = 0
         self._staged: list[Staged] = []
         self._busy = False  # a batch is with the writer thread
@@ -131,15 +110,17 @@ class Log:
         self._queue: queue.SimpleQueue[list[Staged] | None] = queue.SimpleQueue()
         self._thread: threading.Thread | None = None
         self._failed = False
-        self._lock = threading.Lock()  # the writer thread against readers of self.db
         self._on_fatal = on_fatal or _die
-        self._replay()
+        try:
+            self._replay()
+        except BaseException:
+            self.store.close()  # a store that does not check out is left, not held open
+            raise
 
     # --- start: re-read everything -----------------------------------------
 
     def _replay(self) -> None:
-        rows = self.db.execute("SELECT idx, run, seq, kind, record, hash FROM leaves ORDER BY idx")
-        for idx, run, seq, kind, raw, h in rows:
+        for idx, run, seq, kind, raw, h in self.store.rows():
             where = f"{self.path} leaf {idx}"
             if idx != self.tree.size:
                 raise InternalError(f"{where}: leaves are not contiguous")
@@ -166,6 +147,11 @@ class Log:
             if r is not None:
                 raise InternalError(f"run {rec.run} opened twice")
             r = self.runs[rec.run] = Run(rec.run, isolation=str(rec.body.get("isolation", "")))
+            w = rec.body.get("workload")
+            if isinstance(w, dict):  # opened remotely (formats/workload.py)
+                r.owner = str(w.get("principal", ""))
+                if isinstance(w.get("jti"), str) and isinstance(w.get("issuer"), str):
+                    self.jtis[f"{w['issuer']}#{w['jti']}"] = rec.run
         elif r is None:
             raise InternalError(f"record of run {rec.run}, which was never opened")
         if rec.seq != r.next_seq or rec.prev != r.last_hash:
@@ -279,18 +265,8 @@ class Log:
             self._hand_over()
 
     def _write(self, batch: list[Staged]) -> None:
-        with self._lock:
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                self.db.executemany(
-                    "INSERT INTO leaves (idx, run, seq, kind, record, hash) VALUES (?,?,?,?,?,?)",
-                    [(s.idx, s.rec.run, s.rec.seq, s.rec.kind, s.rec.raw, s.rec.hash)
-                     for s in batch],
-                )
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+        self.store.append([(s.idx, s.rec.run, s.rec.seq, s.rec.kind, s.rec.raw, s.rec.hash)
+                           for s in batch])
 
     async def wait_durable(self) -> None:
         """Until everything staged so far is durable (or has failed).
@@ -306,34 +282,29 @@ class Log:
 
     def run_leaves(self, run: str) -> list[tuple[int, bytes]]:
         """(leaf index, record bytes) of a run, in its order."""
-        with self._lock:
-            rows = self.db.execute("SELECT idx, record FROM leaves WHERE run = ? ORDER BY seq",
-                                   (run,)).fetchall()
-        return [(int(i), bytes(raw)) for i, raw in rows]
+        return self.store.run_leaves(run)
 
     def witness_size(self, name: str) -> int:
-        with self._lock:
-            row = self.db.execute("SELECT size FROM witnesses WHERE name = ?", (name,)).fetchone()
-        return int(row[0]) if row else 0
+        return self.store.witness_size(name)
 
     def set_witness_size(self, name: str, size: int) -> None:
-        with self._lock:
-            self.db.execute("INSERT INTO witnesses (name, size) VALUES (?, ?) "
-                            "ON CONFLICT(name) DO UPDATE SET size = excluded.size", (name, size))
+        self.store.set_witness_size(name, size)
 
     def save_checkpoint(self, size: int, note: bytes) -> None:
-        with self._lock:
-            self.db.execute("INSERT OR REPLACE INTO checkpoints (size, note) VALUES (?, ?)",
-                            (size, note))
-            self.db.execute("DELETE FROM checkpoints WHERE size < ?", (size,))
+        self.store.save_checkpoint(size, note)
+
+    @property
+    def db(self) -> sqlite3.Connection:
+        """The SQLite connection of a SQLite store (for tests that reach into it)."""
+        assert isinstance(self.store, SQLiteStore)
+        return self.store.db
 
     def close(self) -> None:
         if self._thread is not None:
             self._queue.put(None)
             self._thread.join(timeout=30)
             self._thread = None
-        with self._lock:
-            self.db.close()
+        self.store.close()
 
 
 def _die(msg: str) -> None:

@@ -12,6 +12,13 @@ signer's own, `separate-user` otherwise. Holds, releases and quarantines are
 taken only from the signer's own user (or root): the daemon cannot release
 a hold it was put under.
 
+With `--listen`, the same protocol is also served over TLS (`signer.remote`):
+a run opened there records `isolation: remote` and the workload its
+connection proved (a client certificate, or a workload-identity token checked
+by `signer.oidc`). A remote connection writes only to the runs its own
+principal opened, a token opens one run, and a connection that has proved
+nothing may only `ping` and `auth`.
+
 Logging: requests at debug level name the op and run only; bodies are never
 logged.
 """
@@ -26,15 +33,17 @@ import os
 import signal
 import socket
 import struct
+import sys
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from tkbox import __version__
 from tkbox._process import undumpable
 from tkbox.errors import InternalError, UserError
-from tkbox.formats import bundle, note, record, wire
+from tkbox.formats import bundle, note, record, wire, workload
 from tkbox.formats.errors import FormatError
 from tkbox.signer import config as config_mod
 from tkbox.signer.checkpoints import Checkpointer
@@ -42,6 +51,11 @@ from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, Log, LogError
 from tkbox.signer.policy import Decision, PolicyEngine
 from tkbox.signer.policy_worker import NONE as NO_WORKERS
 from tkbox.signer.policy_worker import PolicyWorkers, default_count
+from tkbox.signer.remote import AUTH_DEADLINE, MAX_CONNECTIONS, RemoteConfig, certificate_identity
+from tkbox.signer.store import open_store
+
+if TYPE_CHECKING:
+    from tkbox.signer.oidc import Identity, Verifier
 
 log = logging.getLogger("tkbox.signer")
 
@@ -51,6 +65,10 @@ EXPORT_PART = 512 * 1024
 #: kinds a client may not send as events: the signer writes these itself
 RESERVED_KINDS = frozenset({record.OPEN, record.CLOSE, record.DECISION, record.COMPLETE, HOLD,
                             RELEASE, QUARANTINE})
+#: ops that name a run a remote connection must own
+RUN_OPS = frozenset({"decide", "complete", "event", "close", "export"})
+#: what a remote connection that has proved nothing yet may ask
+UNAUTHENTICATED_OPS = frozenset({"ping", "auth"})
 
 
 @dataclass(frozen=True)
@@ -58,6 +76,11 @@ class Peer:
     pid: int
     uid: int
     gid: int
+    address: str = ""  # "ip:port" of a connection to the network listener; "" on the socket
+
+    @property
+    def remote(self) -> bool:
+        return bool(self.address)
 
 
 def peer_of(sock: socket.socket | None) -> Peer:
@@ -87,6 +110,8 @@ class Conn:
     peer: Peer
     writer: asyncio.StreamWriter
     subscribed: bool = False
+    identity: Identity | None = None  # what a remote connection proved (cert, then token)
+    certificate: Identity | None = None  # its client certificate, if it presented one
     tasks: set[asyncio.Task[None]] = field(default_factory=set)
     waiting: set[asyncio.Future[None]] = field(default_factory=set)  # answers not yet durable
 
@@ -112,11 +137,21 @@ class Conn:
 
 class Signer:
     def __init__(self, cfg: config_mod.Config, socket_path: Path,
-                 on_fatal: Callable[[str], None] | None = None, policy_workers: int = 0) -> None:
+                 on_fatal: Callable[[str], None] | None = None, policy_workers: int = 0,
+                 remote: RemoteConfig | None = None, store: str | None = None) -> None:
         self.cfg = cfg
         self.socket_path = socket_path
+        self.remote = remote
+        self.oidc: Verifier | None = None
+        if remote is not None and remote.issuers:
+            from tkbox.signer.oidc import Verifier
+
+            self.oidc = Verifier(remote.issuers)
+        self._tls_server: asyncio.AbstractServer | None = None
+        self._remote_conns = 0
         self.key = cfg.signer()
-        self.log = Log(cfg.db_path, on_fatal=on_fatal)
+        # The log's store: `--store postgresql://…`, else the home's SQLite file.
+        self.log = Log(open_store(store) if store else cfg.db_path, on_fatal=on_fatal)
         self.policy = PolicyEngine(cfg.policy_path)
         # New requests evaluated in other processes, while the loop goes on (policy_worker.py)
         self.workers = PolicyWorkers(cfg.policy_path, policy_workers, self.policy.packs) \
@@ -133,7 +168,7 @@ class Signer:
             "decide": self._decide, "complete": self._complete, "event": self._event,
             "close": self._close, "export": self._export, "hold": self._hold,
             "release": self._release, "quarantine": self._quarantine,
-            "subscribe": self._subscribe,
+            "subscribe": self._subscribe, "auth": self._auth,
         }
 
     # --- serving -------------------------------------------------------------
@@ -151,6 +186,14 @@ class Signer:
                                                            limit=wire.MAX_FRAME + 4)
         finally:
             os.umask(old)
+        if self.remote is not None:
+            try:
+                await self._listen(self.remote)
+            except BaseException:  # the socket goes too: a signer serves both or neither
+                self._server.close()
+                with contextlib.suppress(FileNotFoundError):
+                    path.unlink()
+                raise
         if self.workers is not None:
             self.workers.start()
         log.info("signer %s serving on %s (log size %d, %d policy workers)",
@@ -172,9 +215,32 @@ class Signer:
         finally:
             await self.aclose()
 
+    async def _listen(self, rc: RemoteConfig) -> None:
+        try:
+            self._tls_server = await asyncio.start_server(
+                self._serve_tls_conn, rc.host, rc.port, ssl=rc.context(),
+                limit=wire.MAX_FRAME + 4, ssl_handshake_timeout=AUTH_DEADLINE)
+        except OSError as exc:
+            raise UserError(f"cannot listen on {rc.host}:{rc.port}: "
+                            f"{exc.strerror or exc}") from None
+        port = self.tls_port
+        log.info("signer listening on %s:%d over TLS (%s)", rc.host, port, ", ".join(
+            (["client certificates from " + str(rc.client_ca)] if rc.client_ca else [])
+            + [f"tokens of {i.url} for {i.audience}" for i in rc.issuers]))
+        print(f"signer listening on https://{rc.host}:{port}", file=sys.stderr, flush=True)
+
+    @property
+    def tls_port(self) -> int | None:
+        server = self._tls_server
+        if not isinstance(server, asyncio.Server) or not server.sockets:
+            return None
+        return int(server.sockets[0].getsockname()[1])
+
     async def aclose(self) -> None:
         if self._server is not None:
             self._server.close()
+        if self._tls_server is not None:
+            self._tls_server.close()
         for c in list(self.conns):
             c.writer.close()
         # Let each connection see its EOF and end by itself: on Python 3.11 a handler
@@ -185,6 +251,8 @@ class Signer:
             await self.workers.aclose()
         await self.log.wait_durable()
         await self.checkpoints.aclose()
+        if self.oidc is not None:
+            await self.oidc.aclose()
         with contextlib.suppress(FileNotFoundError):
             self.socket_path.unlink()
         self.log.close()
@@ -196,7 +264,42 @@ class Signer:
         except OSError:
             writer.close()
             return
-        conn = Conn(peer, writer)
+        await self._serve(Conn(peer, writer), reader, writer)
+
+    async def _serve_tls_conn(self, reader: asyncio.StreamReader,
+                              writer: asyncio.StreamWriter) -> None:
+        """A connection to the network listener, its TLS handshake done (a client
+        certificate, if any, already verified against the pinned CA)."""
+        addr = writer.get_extra_info("peername")
+        address = f"{addr[0]}:{addr[1]}" if isinstance(addr, tuple) else "?"
+        if self._remote_conns >= MAX_CONNECTIONS:
+            log.warning("%s: %d remote connections already; closing", address,
+                        self._remote_conns)
+            writer.close()
+            return
+        conn = Conn(Peer(0, -1, -1, address), writer)
+        try:
+            conn.certificate = conn.identity = certificate_identity(
+                writer.get_extra_info("ssl_object"))
+        except (ValueError, OSError):
+            writer.close()
+            return
+        self._remote_conns += 1
+        # A connection that proves nothing within the deadline is closed.
+        def unproven() -> None:
+            if conn.identity is None:
+                writer.close()
+
+        deadline = asyncio.get_running_loop().call_later(AUTH_DEADLINE, unproven)
+        try:
+            await self._serve(conn, reader, writer)
+        finally:
+            deadline.cancel()
+            self._remote_conns -= 1
+
+    async def _serve(self, conn: Conn, reader: asyncio.StreamReader,
+                     writer: asyncio.StreamWriter) -> None:
+        peer = conn.peer
         self.conns.add(conn)
         task = asyncio.current_task()
         if task is not None:
@@ -215,7 +318,7 @@ class Signer:
                     self._dispatch(conn, frame, slots)
                 await writer.drain()
         except wire.WireError as exc:
-            log.warning("peer pid %d: %s; closing the connection", peer.pid, exc)
+            log.warning("peer %s: %s; closing the connection", _who(peer), exc)
         except (ConnectionError, OSError):
             pass
         finally:
@@ -242,8 +345,12 @@ class Signer:
                        "error": f"unknown op {op!r}; the signer knows {known}"})
             slots.release()
             return
-        log.debug("peer pid %d: %s %s", conn.peer.pid, op, frame.get("run", ""))
+        log.debug("peer %s: %s %s", _who(conn.peer), op, frame.get("run", ""))
         try:
+            if conn.peer.remote:
+                self._check_remote(conn, str(op), frame)  # who may do what, before anything
+            elif op in RUN_OPS and op != "export":
+                self._check_local(frame)
             result = handler(conn, frame)  # checks and stages synchronously
         except (Refusal, LogError, wire.WireError) as exc:
             conn.send({"id": rid, "ok": False, "kind": "refused", "error": str(exc)})
@@ -308,12 +415,68 @@ class Signer:
     # --- requests ------------------------------------------------------------
 
     def _isolation(self, conn: Conn) -> str:
+        if conn.peer.remote:
+            return "remote"
         return "same-user" if conn.peer.uid == self.uid else "separate-user"
+
+    def _check_remote(self, conn: Conn, op: str, req: dict[str, Any]) -> None:
+        """A remote connection: it has proved who it is, and writes only to its own runs
+        (the principal of the identity that opened them); a token opens one run."""
+        ident = conn.identity
+        if ident is None:
+            if op not in UNAUTHENTICATED_OPS:
+                raise Refusal(f"{op}: authenticate first (a client certificate from the "
+                              "signer's CA, or a workload token with auth)")
+            return
+        if op == "open":
+            if ident.jti is not None and ident.jti in self.log.jtis:
+                raise Refusal(f"this workload token opened run {self.log.jtis[ident.jti]} "
+                              "already: a token opens one run (replayed?); ask its issuer "
+                              "for a fresh one")
+        elif op in RUN_OPS:
+            run = req.get("run")
+            r = self.log.runs.get(run) if isinstance(run, str) else None
+            if r is not None and r.owner != ident.principal:
+                raise Refusal(f"run {run} belongs to another workload: this connection "
+                              f"({workload.describe(ident.workload)}) writes only to its own "
+                              "runs")
+        elif op == "status":
+            raise Refusal("status is for the signer's own host; ping says who it is")
+
+    def _check_local(self, req: dict[str, Any]) -> None:
+        """A run a remote workload opened takes records from that workload only."""
+        run = req.get("run")
+        r = self.log.runs.get(run) if isinstance(run, str) else None
+        if r is not None and r.owner:
+            raise Refusal(f"run {run} belongs to a remote workload; it takes records only "
+                          "over the network listener, from that workload")
+
+    async def _auth(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+        """A workload token (`signer.oidc`): the connection becomes its workload."""
+        if not conn.peer.remote:
+            raise Refusal("auth is for the network listener; the socket's peer is its uid")
+        if self.oidc is None:
+            raise Refusal("this signer takes no workload tokens (no --oidc-issuer); present a "
+                          "client certificate")
+        from tkbox.signer.oidc import TokenRefused
+
+        try:
+            ident = await self.oidc.verify(req.get("token"))
+        except TokenRefused as exc:
+            log.warning("peer %s: token refused: %s", _who(conn.peer), exc)
+            raise Refusal(f"token refused: {exc}") from None
+        if conn.certificate is not None:  # both: the token names the workload
+            ident.workload = {**ident.workload,
+                              "certificate": conn.certificate.workload["certificate"]}
+        conn.identity = ident
+        log.info("peer %s: %s", _who(conn.peer), workload.describe(ident.workload))
+        return {"workload": workload.describe(ident.workload), "time_ms": _now_ms()}
 
     def _ping(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
         return {"key": note.key_tag(self.key.name, self.key.key_id), "origin": self.key.name,
                 "vkey": self.key.verifier().vkey(), "isolation": self._isolation(conn),
-                "uid": self.uid, "peer_uid": conn.peer.uid, "version": __version__}
+                "uid": self.uid, "peer_uid": conn.peer.uid, "version": __version__,
+                "time_ms": _now_ms()}
 
     def _status(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
         states: dict[str, int] = {}
@@ -333,6 +496,10 @@ class Signer:
             "policy_error": self.policy.error(),
             "policy_workers": NO_WORKERS if self.workers is None else self.workers.status(),
             "witnesses": [w.name for w in self.cfg.witnesses],
+            "listen": None if self.remote is None or self.tls_port is None else
+            f"https://{self.remote.host}:{self.tls_port}",
+            "remote_connections": self._remote_conns,
+            "store": self.log.path,
             "last_cosigned": None if latest is None else {
                 "size": latest.size, "by": latest.cosigned_by, "failures": latest.failures},
         }
@@ -352,6 +519,10 @@ class Signer:
             "signer": {"uid": self.uid, "version": __version__, "mode": self.cfg.mode},
             "policy": self.policy.digest,
         }
+        if conn.peer.remote:  # who recorded it, as checked here (formats/workload.py)
+            assert conn.identity is not None  # _check_remote
+            body["peer"] = {"address": conn.peer.address}
+            body["workload"] = conn.identity.workload
         return self._append(run, record.OPEN, body)
 
     def _decide(self, conn: Conn, req: dict[str, Any]
@@ -457,17 +628,24 @@ class Signer:
         # A daemon that (re)subscribes learns the runs that are held or quarantined now.
         loop = asyncio.get_running_loop()
         for r in self.log.runs.values():
-            if r.state in ("held", "quarantined"):
+            if r.state in ("held", "quarantined") and self._may_see(conn, r.run):
                 kind = "hold" if r.state == "held" else "quarantine"
                 loop.call_soon(conn.send, {"push": kind, "run": r.run, "reason": r.reason})
         return {}
 
+    def _may_see(self, conn: Conn, run: Any) -> bool:
+        """A remote connection hears of its own runs only."""
+        if not conn.peer.remote:
+            return True
+        r = self.log.runs.get(run) if isinstance(run, str) else None
+        return r is not None and conn.identity is not None and r.owner == conn.identity.principal
+
     def push(self, msg: dict[str, Any]) -> None:
         for c in list(self.conns):
-            if not c.subscribed:
+            if not c.subscribed or not self._may_see(c, msg.get("run")):
                 continue
             if c.writer.transport.get_write_buffer_size() > MAX_UNREAD_PUSHES:
-                log.warning("peer pid %d does not read its pushes; dropping it", c.peer.pid)
+                log.warning("peer %s does not read its pushes; dropping it", _who(c.peer))
                 c.writer.close()
                 continue
             c.send(msg)
@@ -514,6 +692,14 @@ def _self_check(data: bytes, trust: bytes) -> None:
         raise InternalError(f"the bundle the signer built does not verify: {exc}") from None
 
 
+def _now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def _who(peer: Peer) -> str:
+    return peer.address if peer.remote else f"pid {peer.pid}"
+
+
 async def _answers(path: Path) -> bool:
     try:
         _, w = await asyncio.wait_for(asyncio.open_unix_connection(str(path)), 1.0)
@@ -529,14 +715,16 @@ def _operator_refusal(run: str, state: str, reason: str) -> Decision:
 
 
 async def serve(cfg: config_mod.Config, socket_path: Path,
-                policy_workers: int | None = None) -> None:
+                policy_workers: int | None = None, remote: RemoteConfig | None = None,
+                store: str | None = None) -> None:
     """Serve until SIGTERM or SIGINT; `policy_workers` None: one per core beyond
     the loop's own (`policy_worker.default_count`)."""
     # Before the log is opened: a second signer must not touch the first one's log.
     if await _answers(socket_path):
         raise _already_serving(socket_path)
     workers = default_count() if policy_workers is None else policy_workers
-    await Signer(cfg, socket_path, policy_workers=workers).serve_forever()
+    await Signer(cfg, socket_path, policy_workers=workers, remote=remote,
+                 store=store).serve_forever()
 
 
 def _already_serving(path: Path) -> UserError:

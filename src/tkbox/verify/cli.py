@@ -66,6 +66,7 @@ def render(report: Report) -> str:
         f"Secrets: {report.secret_uses} uses, {report.secret_leaks} leaks blocked; "
         f"model calls: {report.model_calls}",
         f"isolation: {report.isolation}",
+        *([f"Workload: {report.workload_line}"] if report.workload is not None else []),
         f"Assurance: {report.assurance} ({ASSURANCE_TEXT[report.assurance]}"
         + (f": {', '.join(report.cosigned_by)}" if report.cosigned_by else "") + ")",
         f"Signer: {report.log_key}",

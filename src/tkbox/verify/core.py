@@ -66,6 +66,7 @@ from tkbox.formats import (
     merkle,
     note,
     record,
+    workload,
 )
 
 ASSURANCES = ("dev", "local", "witnessed")
@@ -88,6 +89,14 @@ class Report:
     first_time: str = ""
     last_time: str = ""
     refused: int = 0
+    #: who recorded the run, as the signer checked it (isolation `remote` only; see
+    #: `formats.workload`); None when the run was opened on the signer's own host
+    workload: dict[str, Any] | None = None
+
+    @property
+    def workload_line(self) -> str:
+        """`github repo OWNER/REPO, workflow W, ref R, commit C, run N`, or ''."""
+        return "" if self.workload is None else workload.describe(self.workload)
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -105,6 +114,7 @@ class Report:
             "first_time": self.first_time,
             "last_time": self.last_time,
             "refused": self.refused,
+            "workload": self.workload,
             "secret_uses": self.secret_uses,
             "secret_leaks": self.secret_leaks,
             "model_calls": self.model_calls,
@@ -193,6 +203,7 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
     tally = _chain_fast(run, chain, indexes, leaves) or _chain_one_by_one(run, chain, indexes,
                                                                            leaves)
     return Report(
+        workload=(_workload(extras[0]) or {}) if chain[0].fact == "remote" else None,
         run=run,
         records=len(chain),
         isolation=str(chain[0].fact),
@@ -207,6 +218,12 @@ def _verify(bundle_bytes: bytes, trust_bytes: bytes) -> Report:
         last_time=chain[-1].time,
         refused=tally.refused,
     )
+
+
+def _workload(first: bytes) -> dict[str, Any] | None:
+    """The open record's `workload` (the record was checked above: it parses)."""
+    w = record.parse(first).body.get("workload")
+    return w if isinstance(w, dict) else None
 
 
 def _check_checkpoint(signed: bytes, trust: bundle.Trust) -> tuple[checkpoint.Checkpoint,

@@ -34,6 +34,7 @@ class SignerProc:
         self.home = self.root / "home" / "signer"
         self.socket = self.root / "run" / "signer.sock"
         self.proc: subprocess.Popen[bytes] | None = None
+        self.serve_args: tuple[str, ...] = ()  # given to every start (e.g. --store URL)
         self.cli("signer", "init", "--dev")
 
     def cli(self, *args: str, check: bool = True) -> subprocess.CompletedProcess[str]:
@@ -43,7 +44,8 @@ class SignerProc:
     def start(self, timeout: float = 20.0, serve_args: tuple[str, ...] = ()) -> None:
         assert self.proc is None
         self.log = open(self.root / "signer.log", "ab")  # noqa: SIM115
-        self.proc = subprocess.Popen(_cli("signer", "serve", *serve_args), env=self.env,
+        self.proc = subprocess.Popen(_cli("signer", "serve", *self.serve_args, *serve_args),
+                                     env=self.env,
                                      stdout=self.log, stderr=subprocess.STDOUT)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
@@ -71,6 +73,14 @@ class SignerProc:
             self.proc.wait(timeout=10)
             self.proc = None
             self.log.close()
+
+    def wait_exit(self, timeout: float = 30) -> int:
+        """The signer ended by itself (a store it cannot write): its exit status."""
+        assert self.proc is not None
+        rc = self.proc.wait(timeout=timeout)
+        self.proc = None
+        self.log.close()
+        return rc
 
     def stop(self) -> None:
         if self.proc is not None:

@@ -1,5 +1,6 @@
-"""One conformance suite for every SignerClient: FakeSigner and the real
-UnixSignerClient talking to a real `tkbox signer serve` process.
+"""One conformance suite for every SignerClient: FakeSigner, the real
+UnixSignerClient talking to a real `tkbox signer serve` process, and the real
+RemoteSignerClient talking to the same over TLS (`--listen`, mutual TLS).
 
 What the daemon relies on: every call durable on return, a run used once,
 nothing added to a closed run, a decision id that completes its decision,
@@ -25,13 +26,15 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from signer_proc import SignerProc
+from remote_kit import Pki
+from signer_proc import SignerProc, free_port
 
 sys.path.insert(0, str(Path(__file__).parents[1] / "tracekit"))
 from tracekit_proc import TracekitProc, have_tracekit  # noqa: E402
 
 from tkbox.errors import SignerUnavailable, UserError
 from tkbox.record.client import Push, SignerClient
+from tkbox.record.remote import RemoteSignerClient
 from tkbox.record.testing import FakeSigner
 from tkbox.record.unrecorded import REASON, UnrecordedSigner
 
@@ -88,6 +91,19 @@ class RealHarness(Harness):
         self.hold = lambda run: proc.cli("signer", "hold", run, "--reason", "look")
 
 
+class RemoteHarness(Harness):
+    """`RemoteSignerClient` over TLS (mutual TLS, a client certificate from the CA the
+    signer pins) to a real `tkbox signer serve --listen` on loopback."""
+
+    def __init__(self, proc: SignerProc, pki: Pki, port: int) -> None:
+        self.proc = proc
+        cert, key = pki.issue("conformance", server=False)
+        self.client = RemoteSignerClient(f"https://127.0.0.1:{port}", ca=pki.ca_path,
+                                         cert=cert, key=key, timeout=5.0, connect_timeout=1.0)
+        self.make_unavailable = proc.kill
+        self.hold = lambda run: proc.cli("signer", "hold", run, "--reason", "look")
+
+
 class TracekitHarness(Harness):
     def __init__(self, proc: TracekitProc) -> None:
         self.proc = proc
@@ -96,8 +112,8 @@ class TracekitHarness(Harness):
         self.hold = lambda run: proc.operator("hold", run, "look")
 
 
-@pytest.fixture(params=["fake", "real", "tracekit", "unrecorded"])
-def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
+@pytest.fixture(params=["fake", "real", "remote", "tracekit", "unrecorded"])
+def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     if request.param == "fake":
         yield FakeHarness()
         return
@@ -116,8 +132,16 @@ def harness(request: pytest.FixtureRequest) -> Iterator[Harness]:
         return
     proc = SignerProc()
     try:
-        proc.start()
-        yield RealHarness(proc)
+        if request.param == "remote":
+            pki = Pki(tmp_path / "pki")
+            cert, key = pki.issue("signer", server=True)
+            port = free_port()
+            proc.start(serve_args=("--listen", f"127.0.0.1:{port}", "--tls-cert", str(cert),
+                                   "--tls-key", str(key), "--client-ca", str(pki.ca_path)))
+            yield RemoteHarness(proc, pki, port)
+        else:
+            proc.start()
+            yield RealHarness(proc)
     finally:
         proc.cleanup()
 
@@ -139,7 +163,8 @@ def test_ping_names_the_signer_and_its_isolation(harness: Harness) -> None:
         if cannot(harness, "isolation"):
             assert (info["key"], info["isolation"]) == ("unrecorded", "none")
             return
-        assert info["isolation"] in ("same-user", "separate-user")
+        assert info["isolation"] == "remote" if isinstance(harness, RemoteHarness) else \
+            info["isolation"] in ("same-user", "separate-user")
 
     _run(harness, go)
 
@@ -248,7 +273,7 @@ def test_a_hold_is_pushed_within_a_second(harness: Harness) -> None:
 def _cli_start_allowance(h: Harness) -> float:
     # The real hold goes through `tkbox signer hold` (a new Python process); the
     # push itself is measured separately in test_signer_process.py.
-    return 5.0 if isinstance(h, (RealHarness, TracekitHarness)) else 0.0
+    return 5.0 if isinstance(h, (RealHarness, RemoteHarness, TracekitHarness)) else 0.0
 
 
 def test_a_closed_run_stays_closed_for_every_kind_of_record(harness: Harness) -> None:
