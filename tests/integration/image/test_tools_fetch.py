@@ -17,8 +17,7 @@ import pytest
 
 from tkbox.errors import RegistryError, UserError
 from tkbox.image import tools
-from tkbox.image.npm_stand_in import NpmRegistry, integrity, package_tgz
-from tkbox.image.testing import ScratchCA
+from tkbox.image.testing import NpmRegistry, ScratchCA, integrity, package_tgz
 from tkbox.image.tools import ToolRef
 
 pytestmark = pytest.mark.integration
