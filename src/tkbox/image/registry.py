@@ -468,6 +468,12 @@ async def resolve_documents(fetch: Fetch, reference: str,
 T = TypeVar("T")
 
 
+def _fact(client: RegistryClient, e: TkboxError) -> str:
+    """What an endpoint's error says happened, without its advice, naming the endpoint."""
+    fact = str(e).split("; ", 1)[0]
+    return fact if client.label in fact else f"{client.label}: {fact}"
+
+
 class RegistryPull:
     """One pull's registry: its endpoints in the order they are asked (`mirrors`), one
     `RegistryClient` each (module docstring). `provenance` says who answered."""
@@ -496,7 +502,7 @@ class RegistryPull:
             raise
         for c in self.clients:
             self._stack.push_async_exit(c)
-        self._down: dict[int, str] = {}  # unreachable in this pull: not asked again
+        self._down: dict[int, Unavailable] = {}  # could not answer: not asked again
         #: the endpoint that answered the reference, and the digest it answered
         self.answered: tuple[Endpoint, str] | None = None
 
@@ -520,29 +526,29 @@ class RegistryPull:
             raise UserError(f"no endpoint of {self.registry} may answer {what} (none has the "
                             f"{need} capabilities in {self.endpoints[0].where}); give one "
                             "those capabilities")
-        failures: list[TkboxError] = []
+        failures: list[tuple[RegistryClient, TkboxError]] = []
         for i in order:
             client = self.clients[i]
             if i in self._down:
-                failures.append(Unavailable(self._down[i]))
+                failures.append((client, self._down[i]))
                 continue
             try:
                 return client, await ask(client)
             except Unavailable as e:
-                self._down[i] = str(e)
-                failures.append(e)
+                self._down[i] = e
+                failures.append((client, e))
             except NotFound as e:
-                failures.append(e)
+                failures.append((client, e))
             except RegistryError as e:  # it answered wrongly: the pull ends here
                 if client.endpoint.mirror:
-                    raise RegistryError(f"{e}; fix the mirror or remove it "
+                    named = "" if client.base in str(e) else f" {client.base}"
+                    raise RegistryError(f"{e}; fix the mirror{named} or remove it "
                                         f"({client.endpoint.where}), then pull again") from None
                 raise
         if len(failures) == 1:
-            raise failures[0]
-        tried = "; ".join(f"{self.clients[i].label}: {f}" for i, f in zip(order, failures,
-                                                                        strict=True))
-        if all(isinstance(f, NotFound) for f in failures):
+            raise failures[0][1]
+        tried = "; ".join(_fact(c, e) for c, e in failures)
+        if all(isinstance(e, NotFound) for _, e in failures):
             raise NotFound(f"{what}: not found on any of {len(failures)} endpoints ({tried}); "
                            "check the image name and tag")
         raise Unavailable(f"{what}: no endpoint could answer ({tried}); check the mirrors "
