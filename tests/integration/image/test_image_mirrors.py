@@ -29,7 +29,6 @@ from tkbox.image.store import ImageStore
 from tkbox.image.testing import (
     LayerBuilder,
     LocalRegistry,
-    Pushed,
     ScratchCA,
     StandInMirror,
     free_port,
