@@ -13,9 +13,11 @@ from __future__ import annotations
 import asyncio
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -437,3 +439,82 @@ def test_bad_settings_are_one_line_errors(tmp_path: Path) -> None:
         "https://m.test/v2", "https://registry-1.docker.io/v2"]
     with pytest.raises(TkboxError, match="configured twice"):
         load(Settings(("docker.io=https://n.test",), config=str(dj)))
+
+
+# --- the daemon's settings are the CLI's ----------------------------------------------------
+
+TKBOX = [sys.executable, "-m", "tkbox.cli"]
+
+
+def cli_env(home: Path, ca: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("TKBOX_")}
+    env.update({"TKBOX_HOME": str(home), "PYTHONUNBUFFERED": "1", "SSL_CERT_FILE": str(ca)})
+    return env
+
+
+@pytest.mark.parametrize("args, why", [
+    (["--registry-mirror", "docker.io=http://mirror.internal"], "plain http"),
+    (["--registry-mirror", "https://mirror.internal"], "must be REGISTRY=URL"),
+    (["--registry-mirror-only"], "needs a mirror"),
+    (["--registry-config", "/nonexistent/certs.d"], "no such directory"),
+])
+def test_daemon_refuses_bad_registry_settings_before_it_starts(
+        tmp_path: Path, args: list[str], why: str) -> None:
+    home = tmp_path / "h"
+    home.mkdir(mode=0o700)
+    done = subprocess.run([*TKBOX, "daemon", "--unrecorded", *args],
+                          env=cli_env(home, Path("/dev/null")), capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 2, done.stderr
+    lines = [line for line in done.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith("tkbox: error: ") and why in lines[0], lines
+    assert not (home / "run" / "daemon.sock").exists()
+
+
+def test_image_pull_goes_where_the_running_daemon_pulls(
+        registry: LocalRegistry, images: dict[str, Any], mirror: StandInMirror,
+        tmp_path: Path) -> None:
+    """A daemon started with a mirror shows its settings in /v1/info; `tkbox image pull`
+    without flags then pulls through that mirror, and a flag of its own replaces them."""
+    home = tmp_path / "h"
+    home.mkdir(mode=0o700)
+    env = cli_env(home, registry.ca.ca_pem)
+    log = tmp_path / "daemon.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([*TKBOX, "daemon", "--unrecorded", "--registry-mirror",
+                                 f"docker.io={mirror.url}", "--registry-mirror-only"],
+                                env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)
+    try:
+        from tkbox.sdk import Client
+
+        sock = home / "run" / "daemon.sock"
+        deadline = time.monotonic() + 90
+        while not sock.exists():
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            time.sleep(0.2)
+        with Client(sock) as c:
+            assert c.info()["registries"] == {"mirrors": [f"docker.io={mirror.url}"],
+                                              "mirror_only": True, "config": None}
+        assert f"tkbox: registry docker.io: mirror {mirror.url}/v2\n" in log.read_text()
+        p = subprocess.run([*TKBOX, "image", "pull", f"{NAME}:1", "--json"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        pulled = json.loads(p.stdout.splitlines()[-1])
+        assert pulled["digest"] == images["one"].digest
+        assert pulled["pulled_from"] == {"registry": "docker.io", "endpoint": mirror.url + "/v2",
+                                         "mirror": True, "answered": images["one"].digest}
+        # a flag of its own replaces the daemon's settings: here, a mirror that is down
+        down = f"https://127.0.0.1:{free_port()}"
+        p = subprocess.run([*TKBOX, "image", "pull", f"{NAME}:1", "--registry-mirror",
+                            f"docker.io={down}", "--registry-mirror-only"], env=env,
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == 4 and f"the mirror {down}/v2 could not be reached" in p.stderr
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(60)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
