@@ -457,10 +457,15 @@ class Registries:
         """One line per configured registry, for the daemon's log."""
         lines = []
         for registry in sorted({*self.mirrors, *self.hosts}):
-            name = "any other registry" if registry == DEFAULT_DIR else registry
-            probe = "registry.invalid" if registry == DEFAULT_DIR else registry
-            route = ", then ".join(e.describe() for e in self.endpoints(probe))
-            lines.append(f"{name}: {route}")
+            if registry == DEFAULT_DIR:
+                probe = "registry.invalid"
+                route = ", then ".join(
+                    e.describe() if e.mirror else "the registry itself"
+                    for e in self.endpoints(probe))
+                lines.append(f"any other registry: {route}")
+            else:
+                route = ", then ".join(e.describe() for e in self.endpoints(registry))
+                lines.append(f"{registry}: {route}")
         return lines
 
 

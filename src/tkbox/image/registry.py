@@ -487,26 +487,25 @@ class RegistryPull:
         self.registry = registry
         self.repository = repository
         self.endpoints = tuple(endpoints)
+        self._options: dict[str, Any] = {"ca_bundle": ca_bundle, "transport": transport,
+                                         "sleep": sleep}
         self._stack = contextlib.AsyncExitStack()
         self.clients: list[RegistryClient] = []
-        try:
-            for i, e in enumerate(self.endpoints):
-                self.clients.append(RegistryClient(
-                    e.netloc, repository, ca_bundle=ca_bundle, transport=transport,
-                    sleep=sleep, endpoint=e, namespace=registry,
-                    max_attempts=MAX_ATTEMPTS if i == len(self.endpoints) - 1
-                    else FALLBACK_ATTEMPTS))
-        except BaseException:
-            for c in self.clients:
-                self._stack.push_async_exit(c)
-            raise
-        for c in self.clients:
-            self._stack.push_async_exit(c)
         self._down: dict[int, Unavailable] = {}  # could not answer: not asked again
         #: the endpoint that answered the reference, and the digest it answered
         self.answered: tuple[Endpoint, str] | None = None
 
     async def __aenter__(self) -> RegistryPull:
+        try:
+            for i, e in enumerate(self.endpoints):
+                last = i == len(self.endpoints) - 1
+                self.clients.append(await self._stack.enter_async_context(RegistryClient(
+                    e.netloc, self.repository, endpoint=e, namespace=self.registry,
+                    max_attempts=MAX_ATTEMPTS if last else FALLBACK_ATTEMPTS,
+                    **self._options)))
+        except BaseException:
+            await self._stack.aclose()
+            raise
         return self
 
     async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,

@@ -399,3 +399,18 @@ def test_resolution_rules_hold_for_any_flags(flags: list[tuple[str, str]], only:
         assert [e.url for e in eps] == mirrors
     else:
         assert [e.url for e in eps] == list(dict.fromkeys([*given_urls, own]))
+
+
+def test_the_daemon_describes_its_table_in_one_line_a_registry() -> None:
+    t = Registries.parse(Settings(("docker.io=https://a",)),
+                         {"_default": hosts('[host."https://everything"]\n')})
+    assert t.describe() == [
+        "any other registry: mirror https://everything/v2, then the registry itself",
+        "docker.io: mirror https://a/v2, then registry https://registry-1.docker.io/v2"]
+    assert Registries.parse(Settings()).describe() == []
+
+
+def test_a_mirror_flag_never_echoes_credentials() -> None:
+    with pytest.raises(UserError) as e:
+        parse_mirror_flag("docker.io=https://bob:hunter2@mirror.internal")
+    assert "hunter2" not in str(e.value)
