@@ -11,7 +11,10 @@ one image, then measures, each on an empty cache:
   (download, verify, extract the layers to a directory);
 
 and prints tkbox's time as a ratio to the baseline's, plus the time to a ready
-root disk when the image is cached already (`ImageStore.resolve`).
+root disk when the image is cached already (`ImageStore.resolve`), and tkbox's
+pull of the same image as `docker.io/bench/image:v1` through docker.io's mirror
+(`--registry-mirror docker.io=https://127.0.0.1:PORT --registry-mirror-only`, the
+same registry) as a ratio to its direct pull: what the mirror path costs.
 
 The image is the store's `tkbox/default` layer if it exists (a real Debian
 root filesystem), else a synthetic one (`--synthetic`): three gzip layers,
@@ -31,6 +34,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from tkbox.image.mirrors import Settings, load
 from tkbox.image.store import ImageStore
 from tkbox.image.testing import LayerBuilder, LocalRegistry, ScratchCA, push_image
 
@@ -93,6 +97,8 @@ def main() -> int:
         shutil.copy(reg.ca.ca_pem, certs / "ca.crt")
         tk: list[float] = []
         base: list[float] = []
+        mirrored: list[float] = []
+        through = load(Settings((f"docker.io=https://{reg.host}",), mirror_only=True))
         for i in range(args.runs):
             root = work / f"store{i}"
 
@@ -108,20 +114,26 @@ def main() -> int:
                                 f"{lay}:v1", str(work / f"rootfs{i}")], check=True,
                                stderr=subprocess.DEVNULL)
 
+            def mirror_pull(root: Path = work / f"mstore{i}") -> None:
+                with ImageStore(root, ca_bundle=reg.ca.ca_pem, registries=through) as s:
+                    asyncio.run(s.pull("docker.io/bench/image:v1"))
+
             base.append(timed(baseline))
             tk.append(timed(tkbox_pull))
+            mirrored.append(timed(mirror_pull))
         with ImageStore(work / "store0", ca_bundle=reg.ca.ca_pem) as s:
             cached = min(timed(lambda s=s: asyncio.run(s.resolve(ref))) for _ in range(5))
             disk = s.inspect(ref).size
     finally:
         reg.stop()
         shutil.rmtree(work, ignore_errors=True)
-    t, b = statistics.median(tk), statistics.median(base)
+    t, b, m = statistics.median(tk), statistics.median(base), statistics.median(mirrored)
     print(f"image: {what}, {len(layers)} layers, {size / 1e6:.1f} MB compressed; "
           f"root disk {disk / 1e6:.1f} MB")
     print(f"tkbox pull+flatten+squashfs:      {t:7.2f} s")
     print(f"skopeo copy + umoci raw unpack:   {b:7.2f} s")
     print(f"ratio tkbox / baseline:           {t / b:7.2f}")
+    print(f"tkbox pull through a mirror:      {m:7.2f} s (ratio to direct: {m / t:.2f})")
     print(f"ready root disk, image cached:    {cached * 1000:7.1f} ms "
           f"(ratio to a cold tkbox pull: {cached / t:.4f})")
     return 0

@@ -100,10 +100,22 @@ def daemon(
     ] = None,
     vmm: Annotated[str, typer.Option(
         "--vmm", help="qemu (default) or firecracker (docs/vmm.md)")] = "qemu",
+    registry_mirror: Annotated[list[str], typer.Option(
+        help="REGISTRY=URL: ask this mirror first for REGISTRY's images (repeatable, in "
+             "order), e.g. docker.io=https://mirror.internal (docs/images.md)")] = [],  # noqa: B006
+    registry_mirror_only: Annotated[bool, typer.Option(
+        help="never ask a registry that has a mirror; only its mirrors")] = False,
+    registry_config: Annotated[Path | None, typer.Option(
+        help="a containerd hosts directory (DIR/HOST/hosts.toml) or Docker's daemon.json "
+             "(its registry-mirrors)")] = None,
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
     from tkbox.daemon.server import main
+    from tkbox.image.mirrors import load, settings_of
+
+    registries = settings_of(registry_mirror, registry_mirror_only, registry_config)
+    load(registries)  # a bad flag or file: one line, before anything starts
 
     pems = []
     for p in ca_cert:
@@ -137,7 +149,10 @@ def daemon(
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait, tunnel_idle=tunnel_idle,
-                 tunnel_total=tunnel_total, max_connections=max_connections),
+                 tunnel_total=tunnel_total, max_connections=max_connections,
+                 registry_mirrors=list(registries.mirrors),
+                 registry_mirror_only=registries.mirror_only,
+                 registry_config=registries.config),
          socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm,
          remote_signer=remote)
 
@@ -241,8 +256,25 @@ def _pull_first(image: str, as_json: bool) -> None:
 
     if not isinstance(parse_reference(image), RegistryRef):
         return
-    with ImageStore() as store:
+    with ImageStore(registries=_daemon_registries(required=True)) as store:
         asyncio.run(store.resolve(image, progress=auto_progress(json_events=as_json)))
+
+
+def _daemon_registries(required: bool = False) -> Any:
+    """The running daemon's registry settings, loaded (`tkbox.image.mirrors`), so a pull
+    made here goes where the daemon's own would; None if no daemon answers and none is
+    `required`."""
+    from tkbox.image.mirrors import Settings, load
+    from tkbox.sdk import Client
+
+    try:
+        with Client(timeout=30) as c:
+            info = c.info()
+    except TkboxError:
+        if required:
+            raise
+        return None
+    return load(Settings.from_json(info.get("registries")))
 
 
 @app.command(name="exec", context_settings={"allow_interspersed_args": False})
@@ -827,9 +859,10 @@ def version() -> None:
 
 def _mount_optional() -> None:
     try:
-        from tkbox.image.cli import image_app
+        from tkbox.image import cli as image_cli
 
-        app.add_typer(image_app, name="image")
+        image_cli.daemon_registries = _daemon_registries
+        app.add_typer(image_cli.image_app, name="image")
     except ImportError:
         pass
     try:

@@ -55,6 +55,10 @@ class Options:
     tunnel_idle: float = 300.0  # seconds a tunnel may carry nothing either way
     tunnel_total: float = 4 * 3600.0  # seconds a tunnel may stay open at all
     max_connections: int = 0  # egress connections daemon-wide; 0: from RLIMIT_NOFILE
+    # where images are pulled from (tkbox.image.mirrors.Settings, as the flags gave them)
+    registry_mirrors: list[str] = field(default_factory=list)
+    registry_mirror_only: bool = False
+    registry_config: str | None = None  # an absolute path
 
 
 @dataclass

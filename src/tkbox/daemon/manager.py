@@ -156,6 +156,8 @@ class BoxManager(CommandVerbs, CopyVerbs):
         box.dir = staging
         facts: dict[str, Any] = {
                  "box": spec.name, "image": spec.image, "image_digest": image.digest,
+                 # the mirror or registry that answered the image's reference, and with what
+                 "image_pulled_from": image.pulled_from,
                  "workspace": box.info.workspace, "allowlist": list(spec.allow),
                  "limits": {**box.info.limits, "timeout_s": spec.timeout_s},
                  "env_names": sorted(spec.env),

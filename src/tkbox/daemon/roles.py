@@ -13,6 +13,7 @@ the name of the host-guest transport.) The door factory's Protocol takes a
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -46,6 +47,11 @@ class ResolvedImage(Protocol):
 
     @property
     def config(self) -> ImageRunConfig | None: ...
+
+    @property
+    def pulled_from(self) -> Mapping[str, Any] | None:
+        """A pulled image: the endpoint (mirror or registry) that answered its reference and
+        the digest it answered; None for a local image."""
 
 
 @runtime_checkable

@@ -68,12 +68,18 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
                 vmm: str = "qemu", remote_signer: SignerClient | None = None) -> None:
     from tkbox.image.initramfs import GuestBuild, build
     from tkbox.image.kernel import find_kernel
+    from tkbox.image.mirrors import Settings, load
     from tkbox.image.store import ImageStore
     from tkbox.vm.base import Launcher
     from tkbox.vm.choice import check_vmm, transport_for
     from tkbox.vm.firecracker import FirecrackerLauncher
     from tkbox.vm.qemu import TCG_TRADEOFF, AccelDecision, QemuLauncher, decide_accel
 
+    # Where images are pulled from: every file named is read now, so a mistake stops here.
+    registries = load(Settings(tuple(opts.registry_mirrors), opts.registry_mirror_only,
+                               opts.registry_config))
+    for line in registries.describe():
+        print(f"tkbox: registry {line}", file=sys.stderr)
     check_vmm(vmm)  # a VMM that cannot run here: one line naming what to install
     transport = transport_for(vmm)
     kernel = find_kernel()
@@ -131,7 +137,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
             cache["b"] = build(paths.private_dir(paths.guest_build()), kernel=kernel)
         return cache["b"]
 
-    images = ImageStore(paths.images())
+    images = ImageStore(paths.images(), registries=registries)
     manager = BoxManager(launcher=launcher, signer=signer, options=opts,
                          images=images, guest_build=guest_build, accel_reason=accel.reason)
     manager.journals = journals
@@ -143,6 +149,8 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
             "vmm": vmm, "transport": transport.kind, "transport_reason": transport.reason,
             "network_door": True, "undumpable": undumpable(),
+            # the CLI's own pulls (`tkbox run`, `tkbox image pull`) load the same table
+            "registries": registries.settings.to_json(),
             "signer": {"backend": "none"} if opts.unrecorded else
             {"backend": "tracekit" if signer_backend.startswith("tracekit") else "tkbox",
              "key": str(who.get("key", "")), "isolation": str(who.get("isolation", ""))}}

@@ -9,8 +9,10 @@ daemon runs.
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from tkbox.daemon.roles import GuestBuilder, ImageRunConfig, ImageSource, NetworkDoor
 from tkbox.doors.network import Explanation
@@ -27,6 +29,7 @@ class FakeImage:
     digest: str
     rootfs: Path
     config: ImageRunConfig | None = None
+    pulled_from: Mapping[str, Any] | None = None
 
 
 class FakeImages(ImageSource):

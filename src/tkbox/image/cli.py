@@ -3,6 +3,11 @@
 Human output by default; `--json` prints one JSON document (and, for long work,
 one JSON progress event per line before it). Errors are one line on stderr and
 a non-zero exit status (the `TkboxError`'s `exit_code`).
+
+`pull` runs here, in the CLI's process, into the store the daemon shares. It goes
+where the daemon's own pulls go: with no `--registry-*` flag it takes the running
+daemon's registry settings (`daemon_registries`, plugged in by `tkbox.cli.main`: this
+package may not import the SDK); with no daemon either, each registry is asked itself.
 """
 
 from __future__ import annotations
@@ -16,6 +21,7 @@ from typing import Annotated, Any, TypeVar
 import typer
 
 from tkbox.errors import TkboxError
+from tkbox.image.mirrors import Registries, load, settings_of
 from tkbox.image.progress import RichProgress, auto_progress
 from tkbox.image.store import DEFAULT_TAG, Image, ImageStore
 
@@ -30,7 +36,23 @@ CaOpt = Annotated[
     typer.Option("--ca-bundle", help="CA certificates to trust for registries "
                  "(default: SSL_CERT_FILE, else the system's)."),
 ]
+MirrorOpt = Annotated[list[str], typer.Option(
+    "--registry-mirror", help="REGISTRY=URL: ask this mirror first (repeatable, in order); "
+    "any --registry-* flag replaces the running daemon's settings")]
+MirrorOnlyOpt = Annotated[bool, typer.Option(
+    "--registry-mirror-only", help="never ask a registry that has a mirror")]
+ConfigOpt = Annotated[Path | None, typer.Option(
+    "--registry-config", help="a containerd hosts directory or Docker's daemon.json")]
 T = TypeVar("T")
+
+
+
+def _no_daemon() -> Registries | None:
+    return None
+
+
+#: the running daemon's registry settings, loaded; None when no daemon answers
+daemon_registries: Callable[[], Registries | None] = _no_daemon
 
 
 def _run(fn: Callable[[], T]) -> T:
@@ -44,8 +66,8 @@ def _run(fn: Callable[[], T]) -> T:
         raise typer.Exit(130) from None
 
 
-def _store(ca: Path | None = None) -> ImageStore:
-    return ImageStore(ca_bundle=ca)
+def _store(ca: Path | None = None, registries: Registries | None = None) -> ImageStore:
+    return ImageStore(ca_bundle=ca, registries=registries)
 
 
 def _human_size(n: int) -> str:
@@ -61,8 +83,11 @@ def _print_image(image: Image, as_json: bool, verb: str) -> None:
     if as_json:
         typer.echo(json.dumps(image.to_json()))
     else:
+        via = image.pulled_from
         typer.echo(f"{verb} {image.ref}\n  digest {image.digest}\n  root disk {image.rootfs} "
-                   f"({_human_size(image.size)})")
+                   f"({_human_size(image.size)})" + (
+                       f"\n  from {via['endpoint']} (a mirror of {via['registry']}, which "
+                       f"answered {via['answered']})" if via and via.get("mirror") else ""))
 
 
 def _with_progress(as_json: bool, work: Callable[[Any], Image]) -> Image:
@@ -75,11 +100,19 @@ def _with_progress(as_json: bool, work: Callable[[Any], Image]) -> Image:
 
 
 @image_app.command("pull")
-def pull(ref: str, as_json: JsonOpt = False, ca_bundle: CaOpt = None) -> None:
-    """Fetch REF from its registry (or an oci:/oci-archive: layout) and build its root disk."""
+def pull(ref: str, as_json: JsonOpt = False, ca_bundle: CaOpt = None,
+         registry_mirror: MirrorOpt = [],  # noqa: B006
+         registry_mirror_only: MirrorOnlyOpt = False,
+         registry_config: ConfigOpt = None) -> None:
+    """Fetch REF from its registry (or an oci:/oci-archive: layout) and build its root disk.
+
+    Registries are asked as the running daemon asks them (its --registry-* settings),
+    unless --registry-* flags are given here."""
 
     def work() -> None:
-        with _store(ca_bundle) as store:
+        settings = settings_of(registry_mirror, registry_mirror_only, registry_config)
+        registries = daemon_registries() if settings.empty else load(settings)
+        with _store(ca_bundle, registries) as store:
             image = _with_progress(
                 as_json, lambda sink: asyncio.run(store.pull(ref, progress=sink)))
             _print_image(image, as_json, "pulled")

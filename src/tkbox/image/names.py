@@ -2,8 +2,15 @@
 
 ```
 {"version": 1, "refs": {"<key>": {"digest": "sha256:…", "source": "pull|import|build",
-                                  "updated": "…Z", "index_digest": "sha256:…"?}}}
+                                  "updated": "…Z", "index_digest": "sha256:…"?,
+                                  "pulled_from": {"registry": "docker.io",
+                                                  "endpoint": "https://…/v2",
+                                                  "mirror": true|false,
+                                                  "answered": "sha256:…"}?}}}
 ```
+
+`pulled_from` (a pull only): the endpoint that answered the reference (a mirror, or
+the registry itself) and the digest it answered (the index's, for an index).
 
 A key is a pulled reference as it was pulled (`docker.io/library/python:3.12`),
 or a local tag (`tkbox/default`). The file is read whole, checked, and
@@ -53,6 +60,8 @@ class Names:
                 oci.check_digest(v["digest"])
                 if not isinstance(k, str):
                     raise ValueError("bad key")
+                if v.get("pulled_from") is not None:
+                    check_pulled_from(v["pulled_from"])
         except (ValueError, KeyError, TypeError, RegistryError):
             raise HostError(f"{self.path} is damaged; move it away and pull or import "
                             "the images again") from None
@@ -78,11 +87,14 @@ class Names:
             except OSError as e:
                 raise host_error(e, "saving the image names") from None
 
-    def set(self, key: str, digest: str, source: str, index_digest: str | None = None) -> None:
+    def set(self, key: str, digest: str, source: str, index_digest: str | None = None,
+            pulled_from: dict[str, Any] | None = None) -> None:
         now = _dt.datetime.now(_dt.UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
         entry: Entry = {"digest": digest, "source": source, "updated": now}
         if index_digest:
             entry["index_digest"] = index_digest
+        if pulled_from is not None:
+            entry["pulled_from"] = pulled_from
         self.update({key: entry})
 
     def find(self, ref: str) -> tuple[str, Entry] | None:
@@ -109,3 +121,18 @@ class Names:
                     if parsed.digest in (entry["digest"], entry.get("index_digest")):
                         return k, entry
         return None
+
+
+def check_pulled_from(value: object) -> dict[str, Any]:
+    """A name's `pulled_from`, checked as it is written and read back (ValueError)."""
+    if not isinstance(value, dict) or set(value) != {"registry", "endpoint", "mirror",
+                                                      "answered"}:
+        raise ValueError("bad pulled_from")
+    registry, endpoint = value["registry"], value["endpoint"]
+    if not (isinstance(registry, str) and 0 < len(registry) <= 300 and registry.isprintable()
+            and isinstance(endpoint, str) and 0 < len(endpoint) <= 2400
+            and endpoint.startswith("https://") and endpoint.isprintable()
+            and isinstance(value["mirror"], bool)):
+        raise ValueError("bad pulled_from")
+    oci.check_digest(value["answered"])
+    return value

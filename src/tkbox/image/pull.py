@@ -3,7 +3,10 @@
 Both follow the same steps: resolve the reference to one linux/amd64
 manifest (the index it was chosen from stored too), fetch the config and then
 every layer into the blob sink (verified on the way in; at most three layers
-at once from a registry), make the root disk, and name the image. Each runs
+at once from a registry), make the root disk, and name the image. A registry is
+asked through its endpoints in order (its mirrors, then itself: `mirrors`), and
+the name keeps which one answered the reference and with what digest
+(`pulled_from`). Each runs
 holding the store lock shared (`gc.writing`), so a prune cannot remove what it
 stored before it is named.
 
@@ -24,6 +27,7 @@ from tkbox.image import gc, oci
 from tkbox.image.blobs import BlobStore
 from tkbox.image.disks import Disks
 from tkbox.image.layout import Layout
+from tkbox.image.mirrors import Registries
 from tkbox.image.names import Names
 from tkbox.image.progress import NullProgress, ProgressEvent, ProgressSink
 from tkbox.image.reference import LayoutRef, RegistryRef
@@ -33,19 +37,25 @@ LAYERS_AT_ONCE = 3
 
 
 async def pull(parsed: RegistryRef, root: Path, blobs: BlobStore, disks: Disks, names: Names,
-               sink: ProgressSink, *, ca_bundle: Path | None,
-               transport: Any) -> tuple[str, str, str | None]:
-    """Fetch `parsed` from its registry, verify, cache, flatten and name it.
+               sink: ProgressSink, *, ca_bundle: Path | None, transport: Any,
+               registries: Registries | None = None,
+               sleep: Any = None) -> tuple[str, str, str | None, dict[str, Any]]:
+    """Fetch `parsed` from its registry (or its mirrors), verify, cache, flatten and name it.
 
-    Returns (key, manifest digest, index digest or None).
+    Returns (key, manifest digest, index digest or None, who answered the reference).
     """
-    from tkbox.image.registry import RegistryClient  # httpx: only when a pull needs it
+    from tkbox.image.registry import RegistryPull  # httpx: only when a pull needs it
 
-    async with gc.writing_async(root), RegistryClient(
-        parsed.api_host, parsed.repository, ca_bundle=ca_bundle, transport=transport,
+    endpoints = (registries or Registries()).endpoints(parsed.registry)
+    async with gc.writing_async(root), RegistryPull(
+        parsed.registry.lower(), parsed.repository, endpoints, ca_bundle=ca_bundle,
+        transport=transport, sleep=sleep,
     ) as client:
         digest, index_digest, manifest = await client.resolve_manifest(parsed.reference, blobs)
-        sink.emit(ProgressEvent("resolve", ref=str(parsed), digest=digest))
+        pulled_from = client.provenance()
+        sink.emit(ProgressEvent("resolve", ref=str(parsed), digest=digest,
+                                extra={"from": pulled_from["endpoint"],
+                                       "mirror": pulled_from["mirror"]}))
         await client.fetch_blob(manifest.config, blobs, NullProgress(), limit=oci.MAX_CONFIG)
         config = blobs.config(manifest)
         oci.check_manifest_against_config(manifest, config)
@@ -63,8 +73,8 @@ async def pull(parsed: RegistryRef, root: Path, blobs: BlobStore, disks: Disks, 
             raise first_error(group) from None
         await in_thread(lambda c: disks.ensure(digest, sink, c))
         key = str(parsed)
-        names.set(key, digest, "pull", index_digest)
-    return key, digest, index_digest
+        names.set(key, digest, "pull", index_digest, pulled_from)
+    return key, digest, index_digest, pulled_from
 
 
 def copy_layout(ref: LayoutRef, layout: Layout, blobs: BlobStore, disks: Disks,

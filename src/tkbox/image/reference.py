@@ -31,7 +31,7 @@ from tkbox.errors import UserError
 DOCKER_HUB = "docker.io"
 #: the host serving Docker Hub's registry API (the name `docker.io` is only an alias)
 DOCKER_HUB_API = "registry-1." + DOCKER_HUB
-_HUB_ALIASES = (DOCKER_HUB, "index." + DOCKER_HUB, DOCKER_HUB_API)
+HUB_ALIASES = (DOCKER_HUB, "index." + DOCKER_HUB, DOCKER_HUB_API)
 DEFAULT_TAG = "latest"
 
 MAX_REFERENCE = 1024
@@ -141,6 +141,27 @@ def _check_host(ref: str, host: str) -> None:
         raise _bad(ref, f"malformed registry host {name!r}")
 
 
+def host_port(host: str, what: str) -> str:
+    """`host[:port]` (a name, or an IPv6 literal in brackets), checked and lowercased; a
+    malformed one is a `UserError` that begins with `what`."""
+    if not isinstance(host, str) or not host or len(host) > 300:
+        raise UserError(f"{what}: a registry host is 1 to 300 characters")
+    if not host.isascii() or not host.isprintable() or any(c.isspace() for c in host):
+        raise UserError(f"{what}: {host[:100]!r} holds characters a host name cannot have")
+    try:
+        _check_host(host, host)
+    except UserError as e:
+        raise UserError(f"{what}: {str(e).rsplit(': ', 1)[-1]}") from None
+    return host.lower()
+
+
+def registry_host(host: str, what: str) -> str:
+    """A registry as references name it: `host_port`, with Docker Hub's aliases as
+    `docker.io`."""
+    host = host_port(host, what)
+    return DOCKER_HUB if host in HUB_ALIASES else host
+
+
 def _port_ok(port: str) -> bool:
     return port.isascii() and port.isdigit() and str(int(port)) == port and 0 < int(port) < 65536
 
@@ -182,7 +203,7 @@ def parse_reference(ref: str) -> Reference:
     if explicit:
         registry, path = first, remainder
         _check_host(ref, registry)
-        if registry in _HUB_ALIASES:
+        if registry in HUB_ALIASES:
             registry = DOCKER_HUB
     else:
         registry, path = DOCKER_HUB, name

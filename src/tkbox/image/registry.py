@@ -14,6 +14,16 @@ What it does, and where:
 - `fetch_blob`: a blob streamed into a `sink.BlobSink` through its writer (bounded
   by its descriptor's size, hashed, verified, fsynced, renamed); a transfer
   broken halfway is restarted from byte 0, within the same retry budget.
+- `RegistryPull`: one pull's endpoints in order (a registry's mirrors, then the
+  registry: `mirrors.Registries`), a `RegistryClient` each. A request goes to the
+  first endpoint that may answer it; one that cannot (`Unavailable`: unreachable, kept
+  failing, wants credentials; `NotFound`) passes it to the next, and an unreachable one
+  is not asked again in that pull. One that answers wrongly (another digest than the
+  one asked, a manifest that does not hash to the `Docker-Content-Digest` it claims, a
+  blob that fails verification, a certificate that does not verify) ends the pull, in
+  one line naming the mirror and where it was configured: a mirror is not trusted for
+  content. The endpoint that answered the reference, and the digest it answered, are
+  what `provenance` reports (kept with the image's name, and in the run's open record).
 
 Nothing unverified reaches the store, and no token reaches a log or an error.
 """
@@ -21,25 +31,29 @@ Nothing unverified reaches the store, and no token reaches a log or an error.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import random
 import ssl
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
 from types import TracebackType
-from typing import Any
+from typing import Any, TypeVar
 from urllib.parse import urljoin, urlsplit
 
 import httpx
 
-from tkbox.errors import RegistryError, UserError
+from tkbox.errors import RegistryError, TkboxError, UserError
 from tkbox.image import oci
 from tkbox.image.auth import parse_challenges, parse_token_response, token_request
+from tkbox.image.mirrors import Endpoint, candidates
 from tkbox.image.progress import ProgressEvent, ProgressSink
 from tkbox.image.sink import BlobSink
 
 MAX_ATTEMPTS = 5
+#: attempts at an endpoint that another follows: one retry, then the next is asked
+FALLBACK_ATTEMPTS = 2
 MAX_REDIRECTS = 5
 MAX_RETRY_AFTER = 30.0
 MAX_ERROR_BODY = 4096
@@ -61,14 +75,31 @@ Sleep = Callable[[float], Awaitable[None]]
 _UNPARSABLE = (httpx.InvalidURL, UnicodeError)
 
 
-def ssl_context(ca_bundle: Path | None = None) -> ssl.SSLContext:
-    """Trust `ca_bundle`, else `SSL_CERT_FILE`, else the system's certificates."""
+class NotFound(UserError):
+    """The endpoint has no such manifest or blob (404): the next endpoint is asked."""
+
+
+class Unavailable(RegistryError):
+    """The endpoint could not answer (unreachable, kept failing, wants credentials): the
+    next endpoint is asked. An endpoint that answered wrongly raises another error."""
+
+
+def ssl_context(ca_bundle: Path | None = None, extra: Sequence[str] = (),
+                where: str = "") -> ssl.SSLContext:
+    """Trust `ca_bundle`, else `SSL_CERT_FILE`, else the system's certificates; and the CA
+    files in `extra` besides (an endpoint's `ca` in hosts.toml, named by `where`)."""
     cafile = ca_bundle or (Path(os.environ["SSL_CERT_FILE"]) if os.environ.get("SSL_CERT_FILE")
                            else None)
     try:
-        return ssl.create_default_context(cafile=str(cafile) if cafile else None)
+        ctx = ssl.create_default_context(cafile=str(cafile) if cafile else None)
     except (OSError, ssl.SSLError) as e:
         raise UserError(f"cannot read the CA bundle {cafile}: {e}") from None
+    for ca in extra:
+        try:
+            ctx.load_verify_locations(cafile=ca)
+        except (OSError, ssl.SSLError) as e:
+            raise UserError(f"{where}: cannot read the CA {ca[:200]!r}: {e}") from None
+    return ctx
 
 
 def _https_url(base: str, ref: str, what: str) -> str:
@@ -103,14 +134,23 @@ def _origin(url: str) -> tuple[str, str, int]:
 
 
 class RegistryClient:
+    """One endpoint of a registry: `https://host/v2` (`host`), or the `endpoint` given (a
+    mirror's API root, its CA files). A mirror is asked with `?ns=<namespace>` (the
+    registry it stands in for, as containerd asks), and is named so in every error."""
+
     def __init__(
         self, host: str, repository: str, *, ca_bundle: Path | None = None,
         transport: httpx.AsyncBaseTransport | None = None, sleep: Sleep | None = None,
-        max_attempts: int = MAX_ATTEMPTS,
+        max_attempts: int = MAX_ATTEMPTS, endpoint: Endpoint | None = None,
+        namespace: str | None = None,
     ) -> None:
-        self.host = host
+        self.endpoint = endpoint or Endpoint(f"https://{host}", "/v2")
+        self.host = self.endpoint.netloc
         self.repository = repository
-        self.base = f"https://{host}"
+        self.base = self.endpoint.url
+        #: how errors name it: its host, or "the mirror https://…/v2"
+        self.label = f"the mirror {self.base}" if self.endpoint.mirror else self.host
+        self._query = f"?ns={namespace}" if namespace and self.endpoint.mirror else ""
         self._origin = _origin(self.base)
         self._sleep: Sleep = sleep or asyncio.sleep
         self._max_attempts = max_attempts
@@ -118,7 +158,7 @@ class RegistryClient:
         if transport is not None:
             kwargs["transport"] = transport
         else:
-            kwargs["verify"] = ssl_context(ca_bundle)
+            kwargs["verify"] = ssl_context(ca_bundle, self.endpoint.ca, self.endpoint.where)
         self._client = httpx.AsyncClient(
             follow_redirects=False, trust_env=False,
             timeout=httpx.Timeout(READ_TIMEOUT, connect=CONNECT_TIMEOUT),
@@ -141,7 +181,9 @@ class RegistryClient:
 
     # --- one request --------------------------------------------------------------------
 
-    def _where(self) -> str:
+    def where(self) -> str:
+        if self.endpoint.mirror:
+            return f"{self.repository} on the mirror {self.base}"
         return f"{self.host}/{self.repository}"
 
     async def _backoff(self, attempt: int, retry_after: str | None = None) -> None:
@@ -164,7 +206,7 @@ class RegistryClient:
         self._token_tried = True
         self._token_used = False
         req = token_request(bearer, self.repository)
-        url = _https_url(self.base, req.url, f"{self.host} sent its token service to")
+        url = _https_url(self.base, req.url, f"{self.label} sent its token service to")
         for attempt in range(self._max_attempts):
             try:
                 async with self._client.stream("GET", url) as r:
@@ -176,8 +218,8 @@ class RegistryClient:
                     if r.status_code in (401, 403):
                         raise self._private()
                     if r.status_code != 200:
-                        raise RegistryError(
-                            f"the token service of {self.host} answered {r.status_code}")
+                        raise Unavailable(
+                            f"the token service of {self.label} answered {r.status_code}")
                     body = await _read_bounded(r, 64 * 1024, "the token service's answer")
                     self._token = parse_token_response(body)
                     return
@@ -185,15 +227,15 @@ class RegistryClient:
                 raise self._unparsable(e) from None
             except httpx.TransportError:
                 await self._backoff(attempt)
-        raise RegistryError(f"the token service of {self.host} did not answer; try again later")
+        raise Unavailable(f"the token service of {self.label} did not answer; try again later")
 
     def _unparsable(self, e: BaseException) -> RegistryError:
-        return RegistryError(f"{self.host} answered with a header httpx cannot parse "
+        return RegistryError(f"{self.label} answered with a header httpx cannot parse "
                              f"({type(e).__name__}: {str(e)[:100]!r}); refused")
 
-    def _private(self) -> RegistryError:
-        return RegistryError(
-            f"{self._where()} needs credentials (it answered 401 to an anonymous token): "
+    def _private(self) -> Unavailable:
+        return Unavailable(
+            f"{self.where()} needs credentials (it answered 401 to an anonymous token): "
             "private registries and images are not supported yet"
         )
 
@@ -201,7 +243,7 @@ class RegistryClient:
                     attempt_box: list[int] | None = None) -> httpx.Response:
         """GET `path` on the registry; returns a streaming 2xx response (caller closes)."""
         attempts = attempt_box if attempt_box is not None else [0]
-        url = self.base + path
+        url = self.base + path + self._query
         redirects = 0
         while True:
             headers = {}
@@ -219,11 +261,12 @@ class RegistryClient:
                     raise RegistryError(
                         f"the TLS certificate of {_shown(urlsplit(url).netloc)} does not verify; "
                         "if it is a private CA, pass its bundle with --ca-bundle or "
-                        "SSL_CERT_FILE") from None
+                        "SSL_CERT_FILE" + (", or name it with ca = \"FILE\" in hosts.toml"
+                                           if self.endpoint.mirror else "")) from None
                 attempts[0] += 1
                 if attempts[0] >= self._max_attempts:
-                    raise RegistryError(
-                        f"{self.host} could not be reached after {attempts[0]} attempts "
+                    raise Unavailable(
+                        f"{self.label} could not be reached after {attempts[0]} attempts "
                         f"({type(e).__name__}); check the name and your network"
                     ) from None
                 await self._backoff(attempts[0])
@@ -240,16 +283,16 @@ class RegistryClient:
                 await r.aclose()
                 redirects += 1
                 if not location or redirects > MAX_REDIRECTS:
-                    raise RegistryError(f"{self.host} redirected too often or nowhere")
-                url = _https_url(url, location, f"{self.host} redirected to")
+                    raise RegistryError(f"{self.label} redirected too often or nowhere")
+                url = _https_url(url, location, f"{self.label} redirected to")
                 continue
             if status == 429 or status >= 500:
                 retry_after = r.headers.get("retry-after")
                 await r.aclose()
                 attempts[0] += 1
                 if attempts[0] >= self._max_attempts:
-                    raise RegistryError(
-                        f"{self.host} kept answering {status} after {attempts[0]} attempts; "
+                    raise Unavailable(
+                        f"{self.label} kept answering {status} after {attempts[0]} attempts; "
                         "try again later")
                 await self._backoff(attempts[0], retry_after)
                 continue
@@ -258,54 +301,50 @@ class RegistryClient:
                 raise self._private()
             if status == 404:
                 await r.aclose()
-                raise UserError(f"{self._where()}: not found ({path.rsplit('/', 1)[-1]}); "
-                                "check the image name and tag")
+                raise NotFound(f"{self.where()}: not found ({path.rsplit('/', 1)[-1]}); "
+                               "check the image name and tag")
             if not 200 <= status < 300:
                 await r.aclose()
-                raise RegistryError(f"{self.host} answered {status} for {path}")
+                raise Unavailable(f"{self.label} answered {status} for {path}")
             if r.headers.get("content-encoding", "identity").lower() != "identity":
                 await r.aclose()
-                raise RegistryError(f"{self.host} sent {path} with a Content-Encoding after "
+                raise RegistryError(f"{self.label} sent {path} with a Content-Encoding after "
                                     "being asked for none; refused")
             return r
 
     # --- manifests ----------------------------------------------------------------------
 
-    async def _document(self, reference: str) -> tuple[bytes, str | None, str]:
-        r = await self._send(f"/v2/{self.repository}/manifests/{reference}", accept=oci.ACCEPT)
+    async def document(self, reference: str) -> tuple[bytes, str | None, str]:
+        """(body, content type, digest) of the manifest or index `reference` names, checked
+        against the digest asked for and the `Docker-Content-Digest` the answer claims."""
+        r = await self._send(f"/{self.repository}/manifests/{reference}", accept=oci.ACCEPT)
         try:
             body = await _read_bounded(r, oci.MAX_MANIFEST, "the manifest")
         finally:
             await r.aclose()
         digest = oci.sha256_digest(body)
+        distrust = ": a mirror is not trusted for content" if self.endpoint.mirror else ""
         if reference.startswith("sha256:") and digest != reference:
             raise RegistryError(
-                f"{self._where()} sent a manifest that hashes to {digest}, not the "
-                f"{reference} asked for; refused")
+                f"{self.where()} sent a manifest that hashes to {digest}, not the "
+                f"{reference} asked for; refused{distrust}")
         header = r.headers.get("docker-content-digest")
         if header and header.startswith("sha256:") and header != digest:
             raise RegistryError(
-                f"{self._where()}: the manifest hashes to {digest} but the registry says "
-                f"{header[:80]!r}; refused")
+                f"{self.where()}: the manifest hashes to {digest} but the "
+                f"{'mirror' if self.endpoint.mirror else 'registry'} says "
+                f"{header[:80]!r}; refused{distrust}")
         return body, r.headers.get("content-type"), digest
 
     async def resolve_manifest(
         self, reference: str, store: BlobSink
     ) -> tuple[str, str | None, oci.Manifest]:
         """(manifest digest, index digest or None, manifest), both documents stored."""
-        body, ctype, digest = await self._document(reference)
-        doc = oci.parse_document(body, ctype, f"the manifest of {self._where()}")
-        index_digest: str | None = None
-        if isinstance(doc, oci.Index):
-            store.put_bytes(body, digest)
-            index_digest = digest
-            entry = oci.select_platform(doc)
-            body, ctype, digest = await self._document(entry.digest)
-            doc = oci.parse_document(body, ctype, f"the manifest of {self._where()}")
-            if isinstance(doc, oci.Index):
-                raise RegistryError(f"{self._where()}: an index inside an index; not supported")
-        store.put_bytes(body, digest)
-        return digest, index_digest, doc
+
+        async def fetch(ref: str) -> tuple[RegistryClient, bytes, str | None, str]:
+            return (self, *await self.document(ref))
+
+        return await resolve_documents(fetch, reference, store)
 
     # --- blobs ----------------------------------------------------------------------------
 
@@ -331,7 +370,7 @@ class RegistryClient:
             with store.blob_writer(desc.digest, desc.size) as w:
                 attempts = [0]
                 while True:
-                    r = await self._send(f"/v2/{self.repository}/blobs/{desc.digest}",
+                    r = await self._send(f"/{self.repository}/blobs/{desc.digest}",
                                          attempt_box=attempts)
                     try:
                         # As the bytes come (not gathered into large chunks, which
@@ -354,8 +393,8 @@ class RegistryClient:
                     except httpx.TransportError as e:
                         attempts[0] += 1
                         if attempts[0] >= self._max_attempts:
-                            raise RegistryError(
-                                f"blob {desc.digest} from {self.host} broke off "
+                            raise Unavailable(
+                                f"blob {desc.digest} from {self.label} broke off "
                                 f"{attempts[0]} times ({type(e).__name__}); try again later"
                             ) from None
                         w.reset()
@@ -396,8 +435,149 @@ async def _read_bounded(r: httpx.Response, limit: int, what: str) -> bytes:
             if len(buf) > limit:
                 raise RegistryError(f"{what} is more than the {limit} bytes allowed")
             if _now() - start > DOCUMENT_DEADLINE:
-                raise RegistryError(f"{what} took more than {DOCUMENT_DEADLINE:.0f} s to "
+                raise Unavailable(f"{what} took more than {DOCUMENT_DEADLINE:.0f} s to "
                                     "arrive; refused")
     except httpx.TransportError as e:
-        raise RegistryError(f"{what} broke off ({type(e).__name__}); try again") from None
+        raise Unavailable(f"{what} broke off ({type(e).__name__}); try again") from None
     return bytes(buf)
+
+
+Fetch = Callable[[str], Awaitable[tuple[RegistryClient, bytes, str | None, str]]]
+
+
+async def resolve_documents(fetch: Fetch, reference: str,
+                            store: BlobSink) -> tuple[str, str | None, oci.Manifest]:
+    """(manifest digest, index digest or None, manifest) for `reference`: an index is
+    resolved to its linux/amd64 manifest. Both documents are stored once both are
+    verified and parsed, so a pull that fails between them leaves neither."""
+    client, body, ctype, digest = await fetch(reference)
+    doc = oci.parse_document(body, ctype, f"the manifest of {client.where()}")
+    if not isinstance(doc, oci.Index):
+        store.put_bytes(body, digest)
+        return digest, None, doc
+    entry = oci.select_platform(doc)
+    child, cbody, cctype, cdigest = await fetch(entry.digest)
+    cdoc = oci.parse_document(cbody, cctype, f"the manifest of {child.where()}")
+    if isinstance(cdoc, oci.Index):
+        raise RegistryError(f"{child.where()}: an index inside an index; not supported")
+    store.put_bytes(body, digest)
+    store.put_bytes(cbody, cdigest)
+    return cdigest, digest, cdoc
+
+
+T = TypeVar("T")
+
+
+def _fact(client: RegistryClient, e: TkboxError) -> str:
+    """What an endpoint's error says happened, without its advice, naming the endpoint."""
+    fact = str(e).split("; ", 1)[0]
+    return fact if client.label in fact else f"{client.label}: {fact}"
+
+
+class RegistryPull:
+    """One pull's registry: its endpoints in the order they are asked (`mirrors`), one
+    `RegistryClient` each (module docstring). `provenance` says who answered."""
+
+    def __init__(self, registry: str, repository: str, endpoints: Sequence[Endpoint], *,
+                 ca_bundle: Path | None = None,
+                 transport: httpx.AsyncBaseTransport | None = None,
+                 sleep: Sleep | None = None) -> None:
+        if not endpoints:
+            raise UserError(f"no endpoint is configured for {registry}")
+        self.registry = registry
+        self.repository = repository
+        self.endpoints = tuple(endpoints)
+        self._options: dict[str, Any] = {"ca_bundle": ca_bundle, "transport": transport,
+                                         "sleep": sleep}
+        self._stack = contextlib.AsyncExitStack()
+        self.clients: list[RegistryClient] = []
+        self._down: dict[int, Unavailable] = {}  # could not answer: not asked again
+        #: the endpoint that answered the reference, and the digest it answered
+        self.answered: tuple[Endpoint, str] | None = None
+
+    async def __aenter__(self) -> RegistryPull:
+        try:
+            for i, e in enumerate(self.endpoints):
+                last = i == len(self.endpoints) - 1
+                self.clients.append(await self._stack.enter_async_context(RegistryClient(
+                    e.netloc, self.repository, endpoint=e, namespace=self.registry,
+                    max_attempts=MAX_ATTEMPTS if last else FALLBACK_ATTEMPTS,
+                    **self._options)))
+        except BaseException:
+            await self._stack.aclose()
+            raise
+        return self
+
+    async def __aexit__(self, t: type[BaseException] | None, e: BaseException | None,
+                        tb: TracebackType | None) -> None:
+        await self._stack.aclose()
+
+    def _ref(self, reference: str) -> str:
+        sep = "@" if reference.startswith("sha256:") else ":"
+        return f"{self.registry}/{self.repository}{sep}{reference}"
+
+    async def _first(self, by_digest: bool, what: str,
+                     ask: Callable[[RegistryClient], Awaitable[T]]) -> tuple[RegistryClient, T]:
+        """The answer of the first endpoint that may give one (see the module docstring)."""
+        order = candidates(self.endpoints, by_digest=by_digest)
+        if not order:
+            need = "pull" if by_digest else "pull and resolve"
+            raise UserError(f"no endpoint of {self.registry} may answer {what} (none has the "
+                            f"{need} capabilities in {self.endpoints[0].where}); give one "
+                            "those capabilities")
+        failures: list[tuple[RegistryClient, TkboxError]] = []
+        for i in order:
+            client = self.clients[i]
+            if i in self._down:
+                failures.append((client, self._down[i]))
+                continue
+            try:
+                return client, await ask(client)
+            except Unavailable as e:
+                self._down[i] = e
+                failures.append((client, e))
+            except NotFound as e:
+                failures.append((client, e))
+            except RegistryError as e:  # it answered wrongly: the pull ends here
+                if client.endpoint.mirror:
+                    named = "" if client.base in str(e) else f" {client.base}"
+                    raise RegistryError(f"{e}; fix the mirror{named} or remove it "
+                                        f"({client.endpoint.where}), then pull again") from None
+                raise
+        if len(failures) == 1:
+            raise failures[0][1]
+        tried = "; ".join(_fact(c, e) for c, e in failures)
+        if all(isinstance(e, NotFound) for _, e in failures):
+            raise NotFound(f"{what}: not found on any of {len(failures)} endpoints ({tried}); "
+                           "check the image name and tag")
+        raise Unavailable(f"{what}: no endpoint could answer ({tried}); check the mirrors "
+                          f"({self.endpoints[0].where}) and your network")
+
+    async def resolve_manifest(
+        self, reference: str, store: BlobSink
+    ) -> tuple[str, str | None, oci.Manifest]:
+        """As `RegistryClient.resolve_manifest`, each document from the first endpoint
+        that answers it; the endpoint that answered `reference` is kept (`answered`)."""
+
+        async def fetch(ref: str) -> tuple[RegistryClient, bytes, str | None, str]:
+            client, (body, ctype, digest) = await self._first(
+                ref.startswith("sha256:"), self._ref(ref), lambda c: c.document(ref))
+            if ref == reference:
+                self.answered = (client.endpoint, digest)
+            return client, body, ctype, digest
+
+        return await resolve_documents(fetch, reference, store)
+
+    async def fetch_blob(self, desc: oci.Descriptor, store: BlobSink, sink: ProgressSink,
+                         *, limit: int | None = None) -> Path:
+        _, path = await self._first(
+            True, f"blob {desc.digest} of {self.registry}/{self.repository}",
+            lambda c: c.fetch_blob(desc, store, sink, limit=limit))
+        return path
+
+    def provenance(self) -> dict[str, Any]:
+        """Who answered the reference: what the image's name keeps, and a run records."""
+        assert self.answered is not None, "resolve_manifest first"
+        endpoint, digest = self.answered
+        return {"registry": self.registry, "endpoint": endpoint.url,
+                "mirror": endpoint.mirror, "answered": digest}

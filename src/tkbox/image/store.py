@@ -55,6 +55,7 @@ from tkbox.image._fs import Lock, TempArea, host_error, temp_file
 from tkbox.image.blobs import BlobStore, BlobWriter
 from tkbox.image.disks import Disks
 from tkbox.image.layout import open_layout
+from tkbox.image.mirrors import Registries
 from tkbox.image.names import Entry, Names
 from tkbox.image.progress import NullProgress, ProgressEvent, ProgressSink
 from tkbox.image.reference import (
@@ -83,6 +84,9 @@ class Image:
     layers: tuple[str, ...] = ()
     index_digest: str | None = None  # the index / manifest list it was chosen from
     source: str = "pull"  # pull | import | build | oci
+    #: a pulled image: the endpoint that answered its reference (a mirror or the registry
+    #: itself) and the digest it answered (`names`); a run records it
+    pulled_from: dict[str, Any] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -94,15 +98,20 @@ class Image:
             "source": self.source,
             "layers": list(self.layers),
             "config": self.config.to_json(),
+            "pulled_from": self.pulled_from,
         }
 
 
 class ImageStore:
     def __init__(self, root: Path | None = None, *, ca_bundle: Path | None = None,
-                 transport: Any = None) -> None:
+                 transport: Any = None, registries: Registries | None = None,
+                 sleep: Any = None) -> None:
         self.root = Path(root) if root is not None else paths.images()
         self.ca_bundle = ca_bundle
+        #: where each registry is asked: its mirrors, then itself (`mirrors`)
+        self.registries = registries or Registries()
         self.transport = transport  # an httpx transport, for tests
+        self.sleep = sleep  # the registry client's backoff, for tests
         try:
             paths.private_dir(self.root)
             for sub in ("blobs/sha256", "disks/sha256", "locks"):
@@ -161,12 +170,19 @@ class ImageStore:
         return self.names.find(ref)
 
     def _image(self, ref: str, digest: str, *, source: str = "pull",
-               index_digest: str | None = None) -> Image:
+               index_digest: str | None = None,
+               pulled_from: dict[str, Any] | None = None) -> Image:
         manifest = self.blobs.manifest(digest)
         disk = self.disks.disk_path(digest)
         size = disk.stat().st_size if disk.exists() else 0
         return Image(ref, digest, disk, self.blobs.config(manifest), size,
-                     tuple(d.digest for d in manifest.layers), index_digest, source)
+                     tuple(d.digest for d in manifest.layers), index_digest, source,
+                     pulled_from)
+
+    def _entry_image(self, key: str, entry: Entry) -> Image:
+        return self._image(key, entry["digest"], source=entry.get("source", "pull"),
+                           index_digest=entry.get("index_digest"),
+                           pulled_from=entry.get("pulled_from"))
 
     def _ready(self, image: Image, sink: ProgressSink) -> Image:
         sink.emit(ProgressEvent("ready", ref=image.ref, digest=image.digest, size=image.size,
@@ -208,10 +224,8 @@ class ImageStore:
 
     def _stored_image(self, key: str, entry: Entry, sink: ProgressSink,
                       cancel: threading.Event | None = None) -> Image:
-        digest = entry["digest"]
-        self.disks.ensure(digest, sink, cancel)  # rebuilt from blobs if a person removed it
-        return self._image(key, digest, source=entry.get("source", "pull"),
-                           index_digest=entry.get("index_digest"))
+        self.disks.ensure(entry["digest"], sink, cancel)  # rebuilt if a person removed it
+        return self._entry_image(key, entry)
 
     async def resolve(self, ref: str, *, progress: ProgressSink | None = None) -> Image:
         """A ready root disk for `ref`: from the store if there, else pulled or read."""
@@ -241,10 +255,12 @@ class ImageStore:
             return await self._from_layout(parsed, sink)
         if not isinstance(parsed, RegistryRef):
             raise UserError(f"{ref} names no registry to pull from")
-        key, digest, index_digest = await pulling.pull(
+        key, digest, index_digest, pulled_from = await pulling.pull(
             parsed, self.root, self.blobs, self.disks, self.names, sink,
-            ca_bundle=self.ca_bundle, transport=self.transport)
-        return self._ready(self._image(key, digest, index_digest=index_digest), sink)
+            ca_bundle=self.ca_bundle, transport=self.transport, registries=self.registries,
+            sleep=self.sleep)
+        return self._ready(self._image(key, digest, index_digest=index_digest,
+                                       pulled_from=pulled_from), sink)
 
     async def _from_layout(self, ref: LayoutRef, sink: ProgressSink) -> Image:
         def work(cancel: threading.Event) -> Image:
@@ -261,8 +277,7 @@ class ImageStore:
         out = []
         for key, entry in sorted(self.names.read().items()):
             try:
-                out.append(self._image(key, entry["digest"], source=entry.get("source", "pull"),
-                                       index_digest=entry.get("index_digest")))
+                out.append(self._entry_image(key, entry))
             except TkboxError:
                 continue  # a damaged entry is listed by inspect, not here
         return out
@@ -272,8 +287,7 @@ class ImageStore:
         if found is None:
             raise UserError(f"no image {ref!r} in the store; see `tkbox image ls`")
         key, entry = found
-        return self._image(key, entry["digest"], source=entry.get("source", "pull"),
-                           index_digest=entry.get("index_digest"))
+        return self._entry_image(key, entry)
 
     def rm(self, ref: str) -> list[str]:
         """Forget the name(s) `ref` resolves to; drop the root disk if nothing else names it."""

@@ -7,6 +7,8 @@
   over TLS with that CA, its storage in a temporary directory.
 - `push_image` / `push_index`: the registry API's upload side (monolithic blob
   uploads, manifests, indexes) with httpx, enough for tests and benchmarks.
+- `StandInMirror`: a mirror in front of that registry, under any API root, whose
+  answers a test can rewrite (a mirror that lies).
 - `NpmRegistry`: an npm registry on 127.0.0.1 over TLS (abbreviated metadata and
   tarballs), for the agents' tool disks (`tkbox.image.tools`).
 
@@ -30,7 +32,7 @@ import subprocess
 import tarfile
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -330,6 +332,88 @@ def push_index(c: httpx.Client, repo: str, tag: str,
     r = c.put(f"/v2/{repo}/manifests/{tag}", content=body, headers={"Content-Type": mt})
     r.raise_for_status()
     return oci.sha256_digest(body)
+
+
+# --- a stand-in mirror --------------------------------------------------------------------
+
+Rewrite = Callable[[str, int, dict[str, str], bytes], tuple[int, dict[str, str], bytes]]
+
+
+@dataclass
+class StandInMirror:
+    """A mirror in front of a `LocalRegistry`, on 127.0.0.1 over TLS with the same CA.
+
+    It serves the registry's API under `root` (`/v2` as a plain mirror does,
+    `/docker-hub/v2` as an Artifactory or Nexus proxy does, `/v2/hub-proxy` as a Harbor
+    proxy project does), passing each answer through `rewrite(path, status, headers,
+    body)` first, so a test can make it lie. `requests` holds each path asked, with its
+    query. GET only, whole bodies: enough for the small images of tests.
+    """
+
+    upstream: LocalRegistry
+    root: str = "/v2"
+    rewrite: Rewrite | None = None
+    requests: list[str] = field(default_factory=list)
+    port: int = 0
+    _server: Any = None
+
+    @property
+    def host(self) -> str:
+        return f"127.0.0.1:{self.port}"
+
+    @property
+    def url(self) -> str:
+        """The mirror's URL as an operator writes it (containerd's rule adds `/v2`)."""
+        return f"https://{self.host}{self.root.removesuffix('/v2')}"
+
+    def start(self) -> StandInMirror:
+        import http.server
+        import threading
+
+        mirror = self
+        ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+        ctx.load_cert_chain(str(self.upstream.ca.cert_pem), str(self.upstream.ca.key_pem))
+        upstream = self.upstream.client()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def log_message(self, *args: Any) -> None:
+                pass
+
+            def do_GET(self) -> None:  # noqa: N802 - the stdlib's name
+                mirror.requests.append(self.path)
+                path = self.path.split("?", 1)[0]
+                if not path.startswith(mirror.root + "/"):
+                    self.send_error(404)
+                    return
+                r = upstream.get("/v2/" + path[len(mirror.root) + 1:],
+                                 headers={"Accept": self.headers.get("Accept", "*/*")})
+                status, body = r.status_code, r.content
+                headers = {k: r.headers[k] for k in ("content-type", "docker-content-digest")
+                           if k in r.headers}
+                if mirror.rewrite is not None:
+                    status, headers, body = mirror.rewrite(path, status, headers, body)
+                self.send_response(status)
+                for k, v in headers.items():
+                    self.send_header(k, v)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+        server = http.server.ThreadingHTTPServer(("127.0.0.1", self.port), Handler)
+        server.daemon_threads = True
+        server.socket = ctx.wrap_socket(server.socket, server_side=True)
+        self.port = server.server_address[1]
+        self._server = (server, upstream)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        return self
+
+    def stop(self) -> None:
+        if self._server is not None:
+            server, upstream = self._server
+            server.shutdown()
+            server.server_close()
+            upstream.close()
+            self._server = None
 
 # --- an npm registry ----------------------------------------------------------------------
 # A stand-in of an npm registry on loopback, over TLS, for the agent tool disks

@@ -1,6 +1,7 @@
 """Fuzz the image parsers: garbage raises only our error type, never anything else.
 
-Promise: `parse_reference` raises only `UserError`; `parse_document`,
+Promise: `parse_reference` and the mirror settings' parsers (`parse_hosts_toml`,
+`parse_daemon_json`, `parse_mirror_flag`) raise only `UserError`; `parse_document`,
 `parse_config`, `parse_challenges`, `parse_token_response` and the layer
 planner raise only `RegistryError`, whatever the bytes.
 """
@@ -114,3 +115,37 @@ def test_layer_bytes_raise_only_registry_errors(data: bytes) -> None:
         plan_layers([Layer("sha256:" + "0" * 64, lambda: io.BytesIO(data))])
     except RegistryError:
         pass
+
+
+# --- the mirror settings (an operator's files: UserError, one line, whatever the bytes) ----
+
+toml_chars = st.sampled_from(list('[]."=,{}#\n \\') + ["host", "server", "https://m",
+                                                          "capabilities", "ca", "skip_verify",
+                                                          "override_path", "true", '"pull"',
+                                                          '"resolve"', "'", '"""'])
+
+
+@FAST
+@given(st.one_of(st.text(max_size=300), st.lists(toml_chars, max_size=60).map("".join)))
+def test_hosts_toml_parser_raises_only_user_errors(text: str) -> None:
+    from pathlib import Path
+
+    from tkbox.image.mirrors import parse_hosts_toml
+
+    try:
+        parse_hosts_toml(text, base=Path("/d"), where="hosts.toml")
+    except UserError as e:
+        assert "\n" not in str(e)
+
+
+@FAST
+@given(st.binary(max_size=300), st.text(max_size=200))
+def test_daemon_json_and_mirror_flags_raise_only_user_errors(data: bytes, flag: str) -> None:
+    from tkbox.image.mirrors import parse_daemon_json, parse_mirror_flag
+
+    for fn in (lambda: parse_daemon_json(data, where="daemon.json"),
+               lambda: parse_mirror_flag(flag)):
+        try:
+            fn()
+        except UserError as e:
+            assert "\n" not in str(e)
