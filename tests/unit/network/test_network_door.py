@@ -614,3 +614,43 @@ async def test_no_task_of_a_connection_outlives_the_door_closing() -> None:
     await dialer.aclose()
     assert asyncio.all_tasks() == {asyncio.current_task()}
     assert [c["ended"] for c in completions(signer)] == ["box stopped"] * 3
+
+
+class _BrokenInterceptor:
+    """A secrets door with a bug: its tunnel raises what no crossing maps."""
+
+    ca_pem = None
+
+    def wants(self, host: str, port: int) -> bool:
+        return True
+
+    async def check_plain(self, host: str, port: int, method: str, target: str,
+                          headers: list[tuple[bytes, bytes]]) -> str | None:
+        return None
+
+    async def tunnel(self, guest_raw: ByteStream, origin_raw: ByteStream, host: str,
+                     port: int, leftover: bytes = b"", counts: Any = None) -> dict[str, Any]:
+        counts.up += 7
+        raise LookupError("a bug inside the tunnel")
+
+
+@aiotest
+async def test_a_tunnel_that_raises_anything_still_completes_its_decision() -> None:
+    """Attack: make the crossing raise past its error mapping (once, h11 inside the
+    secrets door) so that the Connect decision is never completed and the tunnel's
+    traffic is missing from the record. Whatever the crossing raises, the decision
+    is completed (an internal refusal, with the bytes counted so far)."""
+    door, signer, _, _ = make_door(["example.org"], dns={"example.org": [PUBLIC]},
+                                   mitm=_BrokenInterceptor())
+    guest, task = await open_conn(door, connect("example.org"))
+    await read_all(guest)
+    await task
+    [d] = decisions(signer)
+    [c] = [r for r in signer.records if r["kind"] == "tkbox.complete"]
+    assert c["decision"] == d["id"]
+    out = c["outcome"]
+    assert out["ended"] == "refused" and out["stage"] == "internal"
+    assert "LookupError" in out["reason"] and out["bytes_up"] == 7
+    assert out["address"] == PUBLIC
+    [r] = refusals(signer)
+    assert r["stage"] == "internal" and r["host"] == "example.org"

@@ -241,28 +241,44 @@ class EgressDoor:
         try:
             origin, address = await self._dial(conn, req, decided.addresses)
         except ConnectionEnded:
-            ending = Ending(BOX_STOPPED)
             await self._refuse(
                 stream,
                 EgressRefused(503, f"refused: box {self.box} is stopping", Stage.STOP,
                               recorded_elsewhere=True),
                 req,
             )
+            await self._complete(decided, req, Ending(BOX_STOPPED), conn, started)
+            return
         except EgressRefused as r:
-            ending = Ending("dial failed", facts={"reason": r.reason})
             await self._refuse(stream, r, req)
-        else:
-            try:
-                ending = await self._cross(stream, origin, conn, req, parser, decided)
-            except (StreamClosed, OSError):
-                # a stream reset before the crossing's directions ran (the guest gone
-                # before its `200`, the origin before the relayed request's head):
-                # an ordinary ending, as inside the crossing (`Ending.from_failure`)
-                ending = Ending("reset")
-            finally:
-                with contextlib.suppress(Exception):
-                    await origin.aclose()
+            await self._complete(decided, req, Ending("dial failed", facts={"reason": r.reason}),
+                                 conn, started)
+            return
+        # Whatever the crossing raises (a bug, a cancellation), the decision is completed:
+        # a crossing that began is never left out of the record.
+        ending = Ending("cancelled")
+        try:
+            ending = await self._cross(stream, origin, conn, req, parser, decided)
+        except (StreamClosed, OSError):
+            # a stream reset before the crossing's directions ran (the guest gone
+            # before its `200`, the origin before the relayed request's head):
+            # an ordinary ending, as inside the crossing (`Ending.from_failure`)
+            ending = Ending("reset")
+        except Exception as exc:  # noqa: BLE001 - a bug: recorded, never the loop's
+            log.exception("egress door: internal error in a crossing of %s", self.box)
+            ending = Ending.refusal(EgressRefused(
+                500, f"refused: internal error in the egress door ({exc.__class__.__name__})",
+                Stage.INTERNAL))
+        finally:
+            with contextlib.suppress(Exception):
+                await origin.aclose()
             ending.facts["address"] = str(address)
+            await self._complete(decided, req, ending, conn, started)
+
+    async def _complete(self, decided: Decided, req: ProxyRequest, ending: Ending,
+                        conn: Connection, started: float) -> None:
+        """The decision's completion (bytes each way, duration, how it ended), and for a
+        crossing refused after it began, its `tkbox.egress.refused` too."""
         outcome = ending.outcome()
         if "reason" in outcome:
             outcome["reason"] = excerpt(outcome["reason"])
