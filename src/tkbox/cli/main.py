@@ -506,15 +506,18 @@ def deny(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
 @app.command()
 def presets(as_json: JsonOpt = False) -> None:
     """What each allowlist preset means on this host (registry hosts read at run time)."""
-    from tkbox.doors.network.presets import describe_presets
+    from tkbox.doors.network.presets import PINNING_NOTE, RETARGET, describe_presets
 
     d = describe_presets()
 
     def human(d: dict[str, list[str]]) -> None:
-        t = Table("PRESET", "ENTRIES")
+        t = Table("PRESET", "ENTRIES (HOST [RULES])")
         for k, v in d.items():
-            t.add_row(k, ", ".join(v) or "(none found on this host)")
+            t.add_row(k, "\n".join(v) or "(none found on this host)")
         out.print(t)
+        for k, rules in RETARGET.items():
+            out.print(f"{k}@HOST[:PORT]: HOST {rules}")
+        out.print(f"Note: {PINNING_NOTE}.")
 
     _emit(d, as_json, human)
 

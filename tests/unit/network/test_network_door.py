@@ -629,7 +629,8 @@ class _BrokenInterceptor:
         return None
 
     async def tunnel(self, guest_raw: ByteStream, origin_raw: ByteStream, host: str,
-                     port: int, leftover: bytes = b"", counts: Any = None) -> dict[str, Any]:
+                     port: int, leftover: bytes = b"", counts: Any = None,
+                     gate: Any = None) -> dict[str, Any]:
         counts.up += 7
         raise LookupError("a bug inside the tunnel")
 

@@ -51,6 +51,7 @@ from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.connection import BOX_STOPPED, Connection, Ending, TimeLimits
 from tkbox.doors.network.decide import Decided, Decider, check_secrets, read_request
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, Stage
+from tkbox.doors.network.httpgate import BoxRequests, HttpGate, HttpRefused
 from tkbox.doors.network.limits import TUNNEL_IDLE, TUNNEL_TOTAL, ConnectionPool
 from tkbox.doors.network.policy import EgressPolicy, Explanation
 from tkbox.doors.network.records import RefusalLog, excerpt
@@ -137,6 +138,7 @@ class EgressDoor:
         self.decider = Decider(self.run_id, self.box, signer, self.policy, resolver, board)
         self._conns: set[Connection] = set()
         self._refusals = RefusalLog()
+        self._requests = BoxRequests()  # answers to `ask` rules, HTTP refusal records
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -308,13 +310,50 @@ class EgressDoor:
         """The crossing itself: a tunnel read by the secrets door, a tunnel spliced, or
         one plain-HTTP request relayed."""
         limits = TimeLimits(self.clock, self.tunnel_idle, self.tunnel_total)
+        gate = self._gate(req, decided)
         if req.kind == "http":
-            return await relay(stream, origin, conn, req, parser.conn, parser.leftover, limits,
-                               self.chunk)
+            if gate is None:
+                return await relay(stream, origin, conn, req, parser.conn, parser.leftover,
+                                   limits, self.chunk)
+            try:
+                admitted = await conn.wait_for(gate.check(
+                    req.method.encode("ascii", "replace"),
+                    req.path.encode("ascii", "replace"), req.headers, req.http_version))
+            except HttpRefused as r:
+                with contextlib.suppress(StreamClosed, OSError):
+                    await stream.send_all(answer(r.status, r.reason))
+                return Ending("refused request", facts={"reason": r.reason})
+            except ConnectionEnded as e:
+                return Ending(e.reason)
+            ending = await relay(stream, origin, conn, req, parser.conn, parser.leftover,
+                                 limits, self.chunk)
+            status = ending.facts.get("status")
+            await gate.done(admitted, status if isinstance(status, int) else None, conn.up,
+                            conn.down, None if ending.refused is None and status is not None
+                            else ending.ended)
+            return ending
         t = Tunnel(stream, origin, conn, req, parser.leftover, limits, self.chunk)
         if self.mitm is not None and self.mitm.wants(req.host.name, req.port):
-            return await intercept(t, self.mitm)
+            return await intercept(t, self.mitm, gate)
+        if gate is not None:
+            # never reached when the daemon wires the secrets door for every ruled host
+            await stream.send_all(answer(403, f"refused: {req.host}:{req.port} has request "
+                                              "rules but this door cannot read its traffic"))
+            return Ending.refusal(EgressRefused(403, "refused: a ruled host whose traffic "
+                                                "the door cannot read", Stage.POLICY))
         return await splice(t, decided.explanation.require_tls, self.hello_timeout)
+
+    def _gate(self, req: ProxyRequest, decided: Decided) -> HttpGate | None:
+        """The request gate of a ruled host and port, or None (not ruled)."""
+        if req.host.literal is not None:
+            return None
+        rules = self.policy.allowlist.rules_for(req.host.name, req.port)
+        if rules is None:
+            return None
+        return HttpGate(run_id=self.run_id, box=self.box, host=req.host.name, port=req.port,
+                        rules=rules, signer=self.signer, board=self.board, clock=self.clock,
+                        state=self._requests, connect_decision=decided.decision_id,
+                        on_record_lost=self._lost)
 
     async def _dial(
         self, conn: Connection, req: ProxyRequest, addresses: list[IPAddress]

@@ -47,6 +47,7 @@ from typing import Any
 import h11
 
 from tkbox.doors.network.errors import OriginError
+from tkbox.doors.network.httpgate import Admitted, HttpGate, HttpRefused
 from tkbox.doors.network.relay import next_event
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.model import ModelUsage
@@ -100,6 +101,7 @@ class SecretsDoor:
 
     def __init__(self, box: str, secrets: Sequence[Secret], *,
                  inspect_hosts: Iterable[str] = (), model_hosts: Iterable[str] = (),
+                 ruled_hosts: Iterable[str] = (),
                  ca_pems: Sequence[str] = (), record: Recorder | None = None,
                  origin_context: ssl.SSLContext | None = None,
                  clock: Callable[[], float] = time.time, chunk: int = CHUNK) -> None:
@@ -107,7 +109,7 @@ class SecretsDoor:
         self.secrets = list(secrets)
         self.model_hosts = frozenset(model_hosts)
         bound = {h for s in self.secrets for h in s.spec.hosts}
-        self.hosts = frozenset(bound | set(inspect_hosts) | self.model_hosts)
+        self.hosts = frozenset(bound | set(inspect_hosts) | self.model_hosts | set(ruled_hosts))
         self.ca = BoxCA(box, self.hosts, clock) if self.hosts else None
         if origin_context is None:
             origin_context = ssl.create_default_context()
@@ -158,7 +160,8 @@ class SecretsDoor:
     # --- one tunnel -----------------------------------------------------------
 
     async def tunnel(self, guest_raw: ByteStream, origin_raw: ByteStream, host: str, port: int,
-                     leftover: bytes = b"", counts: Any = None) -> dict[str, Any]:
+                     leftover: bytes = b"", counts: Any = None,
+                     gate: HttpGate | None = None) -> dict[str, Any]:
         """Serve one intercepted tunnel to its end; returns the completion's facts."""
         assert self.ca is not None
         stats: dict[str, Any] = {"intercepted": True, "requests": 0, "secret_uses": 0,
@@ -186,7 +189,7 @@ class SecretsDoor:
         oconn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         try:
             while True:
-                await self._one(guest, origin, gconn, oconn, rules, host, stats, counts)
+                await self._one(guest, origin, gconn, oconn, rules, host, stats, counts, gate)
                 if (gconn.our_state is h11.DONE and gconn.their_state is h11.DONE
                         and oconn.our_state is h11.DONE and oconn.their_state is h11.DONE):
                     gconn.start_next_cycle()
@@ -205,6 +208,10 @@ class SecretsDoor:
             stats["ended"] = "refused request"
             stats["reason"] = exc.message
             await self._answer_guest(guest, gconn, 403, exc.message)
+        except HttpRefused as exc:
+            stats["ended"] = "refused request"
+            stats["reason"] = exc.reason
+            await self._answer_guest(guest, gconn, exc.status, exc.reason)
         except _GuestBad as exc:
             stats["ended"] = "refused request"
             stats["reason"] = exc.message
@@ -256,15 +263,21 @@ class SecretsDoor:
 
     async def _one(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                    oconn: h11.Connection, rules: TunnelRules, host: str,
-                   stats: dict[str, Any], counts: Any) -> None:
+                   stats: dict[str, Any], counts: Any, gate: HttpGate | None) -> None:
         ev = await self._next(gconn, guest, _GuestBad)
         if isinstance(ev, h11.ConnectionClosed):
             raise _End("client closed")
         if not isinstance(ev, h11.Request):
             raise _GuestBad("refused: expected an HTTP/1.1 request")
-        headers, uses = rules.request(ev.method, ev.target, [(bytes(n), bytes(v))
-                                                             for n, v in ev.headers.raw_items()])
+        raw = [(bytes(n), bytes(v)) for n, v in ev.headers.raw_items()]
+        headers, uses = rules.request(ev.method, ev.target, raw)
         stats["requests"] += 1
+        admitted: Admitted | None = None
+        if gate is not None:
+            # the rules read the request the origin will get: h11 parsed it, and only
+            # what it parsed is written on (one request per request, no smuggling)
+            admitted = await gate.check(ev.method, ev.target, raw,
+                                        (gconn.their_http_version or b"1.1").decode())
         ex = _Exchange(ev.method, ev.target, time.monotonic())
         try:
             out = _send(oconn, h11.Request(method=ev.method, target=ev.target, headers=headers),
@@ -286,6 +299,8 @@ class SecretsDoor:
         finally:
             if ex.forwarded and host in self.model_hosts:
                 await self._record("tkbox.model.call", ex.model_call(host, rules))
+            if admitted is not None and gate is not None:
+                await gate.done(admitted, ex.status, ex.up, ex.down, ex.ended)
 
     async def _request_body(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                             oconn: h11.Connection, rules: TunnelRules, counts: Any,
