@@ -33,7 +33,8 @@ and is refused if any is refused (the refusal names the reading). Readings:
 - `\\` (raw) read both as data and as a separator (Windows servers);
 - dot segments (`.`, `..`, literal or escaped) are refused: clients remove
   them before sending (RFC 3986 §5.2.4), and origins differ on resolving them;
-- empty segments (`//`, a trailing `/`) read both as written and merged;
+- empty segments (`//`, a trailing `/`) read both as written and merged, and
+  a target beginning `//name/…` also as a URL whose authority is `name`;
 - `;params` read both as part of the segment and stripped (Tomcat, Jetty);
 - case: read both as written and case-folded (case-insensitive origins;
   a code host's owner and repository names are);
@@ -420,6 +421,11 @@ class Target:
                     raise Ambiguous("a dot segment once Unicode compatibility characters "
                                     "are folded (NFKC)")
                 forms.append((tuple(nfkc), [*hows, "Unicode NFKC"]))
+            if len(segments) > 1 and segments[0] == "":
+                # `//name/path`: a router that parses its path as a URL reference reads
+                # `name` as an authority (RFC 3986 §4.2) and routes `/path`
+                forms.append((tuple(segments[2:]) or ("",),
+                              [*hows, "read as //authority/path"]))
             for form, how in list(forms):
                 if "" in form:
                     forms.append((tuple(s for s in form if s != ""),
