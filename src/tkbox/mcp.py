@@ -75,7 +75,9 @@ def build_server(socket: str | None = None, *, answer_approvals: bool = False) -
                   allow: list[str] | None = None, env: dict[str, str] | None = None,
                   secrets: dict[str, str] | None = None) -> dict[str, Any]:
         """Create and boot a box with `workspace` copied in. `allow`: hosts, host:port or
-        presets (pypi, npm, ...). `secrets`: {"NAME": "env:VAR@host"} references only."""
+        presets (pypi, npm, github-read, ...), each with method and path rules after a
+        space if wanted ("api.github.com GET HEAD /**").
+        `secrets`: {"NAME": "env:VAR@host"} references only."""
         async def go() -> dict[str, Any]:
             async with client() as c:
                 box = await c.run(image=image, workspace=workspace, name=name,

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -124,7 +125,9 @@ def run(
                                       "picked and printed)")] = "",
     workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
     image: Annotated[str, typer.Option(help="image reference")] = "tkbox/default",
-    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    allow: Annotated[list[str], typer.Option(
+        help="host, host:port or preset; rules after a space: 'HOST GET HEAD /**; "
+             "ask DELETE /x/**' (docs/network.md)")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
@@ -480,10 +483,12 @@ def approvals(as_json: JsonOpt = False) -> None:
         if not items:
             out.print("nothing waits for approval")
             return
-        t = Table("BOX", "ID", "HOST", "PORT", "WAITING SINCE")
+        t = Table("BOX", "ID", "HOST", "PORT", "REQUEST", "WAITING SINCE")
         for i in items:
+            # an `ask` rule holds one request: its method and path (bounded, escaped)
+            req = f"{i.get('method')} {i.get('path')}" if i.get("method") else "(connection)"
             t.add_row(str(i.get("box")), str(i.get("id")), str(i.get("host")),
-                      str(i.get("port")), str(i.get("since")))
+                      str(i.get("port")), escape(req), str(i.get("since")))
         out.print(t)
 
     _emit(items, as_json, human)
@@ -581,7 +586,9 @@ def agent(
     workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
     image: Annotated[str | None, typer.Option(
         help="image (default: tkbox/claude-code or tkbox/default)")] = None,
-    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    allow: Annotated[list[str], typer.Option(
+        help="host, host:port or preset; rules after a space: 'HOST GET HEAD /**; "
+             "ask DELETE /x/**' (docs/network.md)")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for the box")] = [],  # noqa: B006
     secret: Annotated[list[str], typer.Option(
         help="NAME=env:VAR@host[:port][,host][;header=H]")] = [],  # noqa: B006

@@ -56,7 +56,7 @@ import itertools
 import re
 import unicodedata
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Literal
 
 from tkbox.errors import UserError
@@ -81,6 +81,8 @@ OVERRIDE_PARAMS = frozenset({"_method"})
 #: what Rails, Laravel and Symfony read from a form's `_method` on a POST
 FORM_METHODS = ("PUT", "PATCH", "DELETE")
 FORM_TYPES = (b"application/x-www-form-urlencoded", b"multipart/form-data")
+#: the only headers the rules read
+_READ_HEADERS = OVERRIDE_HEADERS | {b"content-type"}
 
 
 class RuleError(UserError):
@@ -379,6 +381,14 @@ class Target:
     readings: tuple[Reading, ...]
     query_raw: bytes | None
 
+    @property
+    def has_upper(self) -> bool:
+        """An upper-case letter anywhere, escapes decoded (`%41` is `A`) and in
+        every reading (NFKC can make one)."""
+        return any(c.isupper() for r in self.readings for s in r.segments for c in s) or (
+            any(c.isupper() for r in self.readings if r.query is not None
+                for kv in r.query.items for x in kv for c in x))
+
     @classmethod
     def parse(cls, target: bytes) -> Target:
         """Raises Ambiguous for a target no reading can be trusted of."""
@@ -500,28 +510,50 @@ def show(target: bytes, limit: int = SHOWN_PATH) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+#: verdicts a `RuleSet` keeps, by request (an agent repeats its requests)
+CACHE_ENTRIES = 512
+
+
 @dataclass(frozen=True)
 class RuleSet:
-    """The rules of one host (and port): `decide` one request."""
+    """The rules of one host (and port): `decide` one request. `decide_raw` keeps the
+    last `CACHE_ENTRIES` verdicts by (method, target, the headers the rules read):
+    a pure function of those, so a repeat costs a lookup."""
 
     host: str
     rules: tuple[Rule, ...]
+    _cache: dict[tuple[bytes, bytes, tuple[tuple[bytes, bytes], ...]], Verdict] = field(
+        default_factory=dict, compare=False, repr=False)
 
     @property
     def text(self) -> str:
         return "; ".join(r.text for r in self.rules)
 
+    @property
+    def _upper(self) -> bool:
+        return any(c.isupper() for r in self.rules for c in r.pattern.text)
+
     def decide_raw(self, method: bytes, target: bytes,
                    headers: Iterable[tuple[bytes, bytes]]) -> Verdict:
         """`decide` from the request's bytes: an ambiguous request is refused."""
+        read = tuple((n, v) for n, v in headers if n.lower() in _READ_HEADERS)
+        key = (method, target, read)
+        hit = self._cache.get(key)
+        if hit is not None:
+            return hit
         try:
-            facts = RequestFacts.parse(method, target, headers)
+            facts = RequestFacts.parse(method, target, read)
         except Ambiguous as a:
-            return Verdict("refuse", None,
-                           f"refused: {method[:32].decode('ascii', 'replace')} "
-                           f"{show(target)} on {self.host} is ambiguous ({a.why}); the "
-                           "rules cannot tell what the origin would do with it")
-        return self.decide(facts)
+            v = Verdict("refuse", None,
+                        f"refused: {method[:32].decode('ascii', 'replace')} "
+                        f"{show(target)} on {self.host} is ambiguous ({a.why}); the "
+                        "rules cannot tell what the origin would do with it")
+        else:
+            v = self.decide(facts)
+        if len(self._cache) >= CACHE_ENTRIES:
+            self._cache.pop(next(iter(self._cache)))
+        self._cache[key] = v
+        return v
 
     def _first(self, method: str, r: Reading) -> Rule | None:
         """The most restrictive rule matching this reading (refuse, ask, allow)."""
@@ -537,8 +569,12 @@ class RuleSet:
     def decide(self, facts: RequestFacts) -> Verdict:
         worst: tuple[int, Rule | None, str, Reading] | None = None
         plain: Rule | None = None
+        # a case-folded reading differs from its plain one only if a letter is upper
+        # case somewhere, in the target or in a pattern
+        fold = facts.target.has_upper or self._upper
+        readings = [r for r in facts.target.readings if fold or not r.fold]
         for method in facts.methods:
-            for r in facts.target.readings:
+            for r in readings:
                 rule = self._first(method, r)
                 action = rule.action if rule is not None else "refuse"
                 if method == facts.method and not r.how and plain is None:
