@@ -655,3 +655,47 @@ async def test_a_tunnel_that_raises_anything_still_completes_its_decision() -> N
     assert out["address"] == PUBLIC
     [r] = refusals(signer)
     assert r["stage"] == "internal" and r["host"] == "example.org"
+
+
+@aiotest
+async def test_plain_http_on_a_ruled_host_goes_through_the_rules() -> None:
+    """Attack: skip the rules by speaking plain http:// to a ruled host. The one request
+    of the connection is decided like a tunnel's: refused before the origin hears of
+    it, or let through with its Http decision and tkbox.http.request."""
+    door, signer, _, _ = make_door(
+        ["example.org GET /ok/**"], dns={"example.org": [PUBLIC]},
+        handler=answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+    guest, task = await open_conn(
+        door, b"DELETE http://example.org/ok/x HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    out = await read_all(guest)
+    await task
+    assert out.startswith(b"HTTP/1.1 403") and b"no rule of example.org:80 allows DELETE" in out
+    [refused] = [r["body"] for r in signer.records if r["kind"] == "tkbox.http.refused"]
+    assert refused["method"] == "DELETE" and refused["path"] == "/ok/x"
+    [c] = completions(signer)
+    assert c["ended"] == "refused request" and c["bytes_up"] == 0
+    guest, task = await open_conn(
+        door, b"GET http://example.org/ok/x HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    out = await read_all(guest)
+    await task
+    assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"ok")
+    [req] = [r["body"] for r in signer.records if r["kind"] == "tkbox.http.request"]
+    assert req["method"] == "GET" and req["status"] == 200 and req["bytes_down"] == 2
+    http = [d for d in decisions(signer) if d["action"] == "Http"]
+    assert len(http) == 1 and http[0]["id"] == req["decision"]
+
+
+@aiotest
+async def test_a_ruled_host_the_door_cannot_read_is_never_spliced() -> None:
+    """A tunnel to a ruled host with no secrets door behind the network door (a
+    wiring the daemon never makes) is refused, not spliced past the rules."""
+    origin = RecordingOrigin()
+    door, signer, _, _ = make_door(["example.org GET /**"], dns={"example.org": [PUBLIC]},
+                                   handler=origin)
+    guest, task = await open_conn(door, connect("example.org"))
+    await guest.send_all(records(client_hello("example.org")))
+    out = await read_all(guest)
+    await task
+    assert b"403" in out and origin.got == b""
+    [c] = completions(signer)
+    assert c["ended"] == "refused" and c["stage"] == "policy"
