@@ -52,6 +52,7 @@ from tkbox.doors.network.connection import BOX_STOPPED, Connection, Ending, Time
 from tkbox.doors.network.decide import Decided, Decider, check_secrets, read_request
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, Stage
 from tkbox.doors.network.httpgate import BoxRequests, HttpGate, HttpRefused
+from tkbox.doors.network.httprules import RuleSet
 from tkbox.doors.network.limits import TUNNEL_IDLE, TUNNEL_TOTAL, ConnectionPool
 from tkbox.doors.network.policy import EgressPolicy, Explanation
 from tkbox.doors.network.records import RefusalLog, excerpt
@@ -139,6 +140,7 @@ class EgressDoor:
         self._conns: set[Connection] = set()
         self._refusals = RefusalLog()
         self._requests = BoxRequests()  # answers to `ask` rules, HTTP refusal records
+        self._rulesets: dict[tuple[str, int], RuleSet | None] = {}
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -347,7 +349,12 @@ class EgressDoor:
         """The request gate of a ruled host and port, or None (not ruled)."""
         if req.host.literal is not None:
             return None
-        rules = self.policy.allowlist.rules_for(req.host.name, req.port)
+        key = (req.host.name, req.port)
+        if key not in self._rulesets:  # one per host and port: its verdict cache is shared
+            if len(self._rulesets) >= 256:  # bounded, whatever ports a range admits
+                self._rulesets.clear()
+            self._rulesets[key] = self.policy.allowlist.rules_for(*key)
+        rules = self._rulesets[key]
         if rules is None:
             return None
         return HttpGate(run_id=self.run_id, box=self.box, host=req.host.name, port=req.port,
