@@ -208,6 +208,10 @@ def _statuses(got: bytes) -> list[int]:
     ("an absolute-form target",
      f"DELETE https://{HOST}/repos/acme/app HTTP/1.1\r\n{HEAD}\r\n"),
     ("a lower-case method", f"delete /repos/acme/app HTTP/1.1\r\n{HEAD}\r\n"),
+    # HTTP/2 is not offered on a read host: its pseudo-headers and preface are refused
+    ("an HTTP/2 pseudo-header",
+     f"GET /repos/acme/app HTTP/1.1\r\n{HEAD}:method: DELETE\r\n\r\n"),
+    ("the HTTP/2 preface", "PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"),
 ])
 def test_smuggling_between_keep_alive_requests_never_reaches_the_origin(
         w: dict[str, Any], name: str, second: str) -> None:
