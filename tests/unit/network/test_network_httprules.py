@@ -310,3 +310,15 @@ def test_on_plain_targets_the_matcher_is_the_reference(method: str, target: str,
     matcher refuses nothing the rules allow)."""
     got = rs(rules).decide_raw(method.encode(), target.encode(), [])
     assert got.action == reference_verdict(rules, views(method, target, [])["strict"])
+
+
+@pytest.mark.parametrize("text,why", [
+    ("github@x.test", "only a ruled preset can be aimed"),
+    ("github-read@", "PRESET@HOST needs a host name"),
+    ("api.test GET /x;", "one at the end"),
+    ("api.test get /x", "methods are upper case"),
+])
+def test_allow_entries_that_do_not_parse_say_what_to_fix(text: str, why: str) -> None:
+    with pytest.raises(UserError) as e:
+        Allowlist([text])
+    assert why in e.value.message and "\n" not in e.value.message

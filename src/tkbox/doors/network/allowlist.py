@@ -115,6 +115,10 @@ class Allowlist:
             name = text.split("@", 1)[0]
             expanded = (expand(text) if ":" not in name and "." not in name
                         and not any(c.isspace() for c in text) else None)
+            if expanded is None and "@" in text and expand(name) is not None:
+                raise UserError(f"--allow {text[:120]!r}: PRESET@HOST needs a host name, and "
+                                "only a ruled preset can be aimed at one "
+                                "(github-read@HOST[:PORT])")
             if expanded is not None:
                 if not expanded:
                     self.unknown_empty.append(text)

@@ -198,7 +198,7 @@ def parse_rule(text: str) -> Rule:
         raise RuleError(f"a rule longer than {MAX_RULE_TEXT} characters")
     words = text.split()
     if not words:
-        raise RuleError("an empty rule (two ; in a row?)")
+        raise RuleError("an empty rule (two ; in a row, or one at the end?)")
     action: Action = "allow"
     if words[0] in ACTIONS:
         action = words[0]
