@@ -247,3 +247,43 @@ def test_a_refusal_never_keeps_the_tunnel_for_a_second_try(w: dict[str, Any]) ->
     assert _statuses(got) == [403]
     assert len(w["origin"].log) == before
     assert "DELETE" in json.dumps(bodies(w, "tkbox.http.refused")[-1])
+
+
+def test_a_request_waiting_for_a_person_ends_when_the_box_stops(
+        tmp_path_factory: pytest.TempPathFactory) -> None:
+    """A stop cuts a request an `ask` rule holds at once: the approval ends as
+    `stopped`, the tunnel's completion says `box stopped`, the origin never hears of
+    the request."""
+    d = tmp_path_factory.mktemp("rules-stop")
+    ca, cert, key = make_ca(d, [HOST])
+    origin = Origin(cert, key, _AllMethods)
+    hosts = d / "hosts"
+    hosts.write_text(f"127.0.0.1 {HOST}\n")
+    op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
+    rig = Rig([f"{HOST}:{origin.port} ask DELETE /**"], op, [], [ca.read_text()],
+              approval_wait=60)
+    try:
+        assert rig.mitm.ca_pem is not None
+        box_ca = d / "box-ca.pem"
+        box_ca.write_text(rig.mitm.ca_pem)
+        w = {"rig": rig, "port": origin.port, "box_ca": box_ca, "dir": d}
+        out: dict[str, subprocess.CompletedProcess[str]] = {}
+        t = threading.Thread(target=lambda: out.setdefault("p", curl(w, "DELETE", "/x")))
+        t.start()
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and not rig.board.list():
+            time.sleep(0.1)
+        assert rig.board.list(), "no approval opened"
+        started = time.monotonic()
+        rig.call(rig.door.close())
+        t.join(30)
+        assert time.monotonic() - started < 15
+        assert not out["p"].stdout.endswith("200")
+        assert origin.log == []
+        states = [r["body"]["state"] for r in rig.records("tkbox.approval")]
+        assert states == ["pending", "stopped"]
+        [c] = rig.records("tkbox.complete")
+        assert c["outcome"]["ended"] == "box stopped"
+    finally:
+        rig.close()
+        origin.close()
