@@ -67,6 +67,19 @@ def split_list(text: str) -> list[str]:
     return [x.strip() for line in text.splitlines() for x in line.split(",") if x.strip()]
 
 
+def split_allow(text: str) -> list[str]:
+    """`allow` entries: comma or newline separated, but a line holding rules (a host,
+    a space, then rules) is one entry whatever it holds."""
+    out: list[str] = []
+    for line in text.splitlines():
+        words = line.split()
+        if len(words) >= 3 and not words[0].endswith(","):  # HOST METHOD... /path
+            out.append(line.strip())
+        else:
+            out.extend(x.strip() for x in line.split(",") if x.strip())
+    return out
+
+
 def output(**values: str) -> None:
     path = os.environ.get("GITHUB_OUTPUT")
     if not path:
@@ -193,7 +206,7 @@ def main() -> None:
         argv += ["--model-host", i["model_host"]]
     if (i.get("apply") or "true").strip().lower() not in ("false", "0", "no"):
         argv += ["--apply"]
-    for a in split_list(i.get("allow", "")):
+    for a in split_allow(i.get("allow", "")):
         argv += ["--allow", a]
     for s in (x.strip() for x in i.get("secrets", "").splitlines()):
         if s:

@@ -23,6 +23,12 @@ CONNECT, TLS to the proxy's leaf, then requests with `Authorization: Bearer
 - requests/s: `--requests` sequential small `GET`s on one keep-alive
   connection (each: swap, scans, a 200 with a 2 KiB body, redaction).
 
+A third process is the tkbox door again with the host *ruled* (`HOST:PORT GET
+HEAD /**`, docs/network.md): every request also goes through the matcher, an
+`Http` decision (the fake signer in memory, as for the plain door) and a
+`tkbox.http.request` record. Goal: requests/s with rules at least 0.9x without.
+`--skip-mitmproxy` measures the two doors only.
+
 Figures include the client's own TLS and parsing, which is the same for both.
 
 mitmproxy is installed at run time into its own venv (`--mitm-venv`, created
@@ -39,6 +45,7 @@ import asyncio
 import os
 import socket
 import ssl
+import statistics
 import subprocess
 import sys
 import tempfile
@@ -96,7 +103,8 @@ async def serve_origin(cert: str, key: str, mib: int) -> None:
 # --- the tkbox door (its own process) ---------------------------------------------------
 
 
-async def serve_door(origin_ca: str, hosts: str, port: int, box_ca_out: str) -> None:
+async def serve_door(origin_ca: str, hosts: str, port: int, box_ca_out: str,
+                     rules: str = "") -> None:
     from tkbox.doors.network import (
         ApprovalBoard,
         EgressDoor,
@@ -115,11 +123,13 @@ async def serve_door(origin_ca: str, hosts: str, port: int, box_ca_out: str) -> 
     async def record(kind: str, body: dict[str, object]) -> None:
         return None  # the signer's cost is the signer benchmark's business
 
-    mitm = SecretsDoor("bench", [sec], ca_pems=[Path(origin_ca).read_text()], record=record)
+    entry = f"{HOST}:{port}" + (f" {rules}" if rules else "")
+    mitm = SecretsDoor("bench", [sec], ca_pems=[Path(origin_ca).read_text()], record=record,
+                       ruled_hosts=[HOST] if rules else [])
     Path(box_ca_out).write_text(mitm.ca_pem or "")
     op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=Path(hosts))
     clock = SystemClock()
-    door = EgressDoor("bench", signer, [f"{HOST}:{port}"], op, SystemResolver(),
+    door = EgressDoor("bench", signer, [entry], op, SystemResolver(),
                       ApprovalBoard(signer, clock), clock, box="bench", mitm=mitm)
     server = await serve_tcp(door)
     print(server.sockets[0].getsockname()[1], flush=True)
@@ -206,6 +216,51 @@ def measure(name: str, proxy: int, origin: int, ca: Path, mib: int, requests: in
     return best, rps
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of a process so far (/proc/PID/stat, fields 14 and 15)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def interleaved(plain: int, ruled: int, origin: int, plain_ca: Path, ruled_ca: Path,
+                requests: int, rounds: int = 20,
+                pids: tuple[int, int] | None = None) -> float:
+    """Requests/s with rules over without, from rounds that alternate between the two
+    doors, each pair of adjacent rounds giving one ratio (a machine whose load changes
+    during the run loads both rounds of a pair alike): the median ratio."""
+    clients = [Client(plain, origin, plain_ca), Client(ruled, origin, ruled_ca)]
+    for c in clients:
+        for _ in range(20):
+            c.get("/small")
+    per = max(1, requests // rounds)
+    ratios: list[float] = []
+    cpu0 = [cpu_seconds(p) for p in pids] if pids else []
+    for k in range(rounds):
+        rps = [0.0, 0.0]
+        order = (0, 1) if k % 2 == 0 else (1, 0)  # neither door always goes first
+        for i in order:
+            t = time.perf_counter()
+            for _ in range(per):
+                clients[i].get("/small")
+            rps[i] = per / (time.perf_counter() - t)
+        ratios.append(rps[1] / rps[0])
+    for c in clients:
+        c.close()
+    if pids:
+        # the doors' own CPU per request: what the rules cost, whatever else the
+        # machine runs meanwhile (wall-clock ratios swing with other load)
+        used = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
+        n = per * rounds
+        print(f"  door CPU per request: without {used[0] / n * 1e6:.0f} us, with rules "
+              f"{used[1] / n * 1e6:.0f} us (CPU-bound requests/s with / without: "
+              f"{used[0] / used[1]:.2f}x)", flush=True)
+    ratios.sort()
+    print(f"  interleaved: {rounds} pairs of {per} requests; with rules / without per pair: "
+          f"min {ratios[0]:.2f}, median {statistics.median(ratios):.2f}, "
+          f"max {ratios[-1]:.2f}", flush=True)
+    return statistics.median(ratios)
+
+
 def start(argv: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], int]:
     p = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
     assert p.stdout is not None
@@ -245,6 +300,7 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--mitm-venv", type=Path, default=Path(tempfile.gettempdir())
                     / "tkbox-bench-mitmproxy")
+    ap.add_argument("--skip-mitmproxy", action="store_true")
     ap.add_argument("--role", default="main", help=argparse.SUPPRESS)
     ap.add_argument("--args", nargs="*", default=[], help=argparse.SUPPRESS)
     a = ap.parse_args()
@@ -252,9 +308,10 @@ def main() -> None:
         asyncio.run(serve_origin(a.args[0], a.args[1], a.mib))
         return
     if a.role == "door":
-        asyncio.run(serve_door(a.args[0], a.args[1], int(a.args[2]), a.args[3]))
+        asyncio.run(serve_door(a.args[0], a.args[1], int(a.args[2]), a.args[3],
+                               " ".join(a.args[4:])))
         return
-    exe = mitmdump(a.mitm_venv)
+    exe = None if a.skip_mitmproxy else mitmdump(a.mitm_venv)
     with tempfile.TemporaryDirectory() as tmp:
         d = Path(tmp)
         origin_ca, cert, key = make_origin_cert(d)
@@ -269,6 +326,23 @@ def main() -> None:
             door, dport = start([*me, "--role", "door", "--args", str(origin_ca), str(hosts),
                                  str(oport), str(box_ca)])
             procs.append(door)
+            ruled_ca = d / "box-ca-ruled.pem"
+            ruled, rport = start([*me, "--role", "door", "--args", str(origin_ca), str(hosts),
+                                  str(oport), str(ruled_ca), "GET", "HEAD", "/**"])
+            procs.append(ruled)
+            print(f"transfer: GET of {a.mib} MiB (best of {a.repeat}); {a.requests} small GETs "
+                  "on one keep-alive connection; TLS on both legs; same client", flush=True)
+            t_mib, t_rps = measure("tkbox", dport, oport, box_ca, a.mib, a.requests, a.repeat)
+            r_mib, r_rps = measure("tkbox+rules", rport, oport, ruled_ca, a.mib, a.requests,
+                                   a.repeat)
+            print(f"tkbox with rules / without: requests/s {r_rps / t_rps:.2f}x, "
+                  f"throughput {r_mib / t_mib:.2f}x (one after the other)")
+            ratio = interleaved(dport, rport, oport, box_ca, ruled_ca, a.requests,
+                                pids=(door.pid, ruled.pid))
+            print(f"tkbox with rules / without, interleaved (median of pairs): requests/s "
+                  f"{ratio:.2f}x (goal: at least 0.9x)")
+            if exe is None:
+                return
             addon = d / "addon.py"
             addon.write_text(MITM_ADDON)
             mport = free_port()
@@ -281,9 +355,6 @@ def main() -> None:
             procs.append(mproc)
             wait_port(mport, mproc)
             mitm_ca = conf / "mitmproxy-ca-cert.pem"
-            print(f"transfer: GET of {a.mib} MiB (best of {a.repeat}); {a.requests} small GETs "
-                  "on one keep-alive connection; TLS on both legs; same client", flush=True)
-            t_mib, t_rps = measure("tkbox", dport, oport, box_ca, a.mib, a.requests, a.repeat)
             m_mib, m_rps = measure("mitmproxy", mport, oport, mitm_ca, a.mib, a.requests,
                                    a.repeat)
             print(f"tkbox / mitmproxy: throughput {t_mib / m_mib:.2f}x, "

@@ -172,10 +172,10 @@ def build_server(socket: str | None = None, *, answer_approvals: bool = False,
                   secrets: list[str] | dict[str, str] | None = None,
                   tools: str | None = None) -> dict[str, Any]:
         """Create and boot a box with `workspace` (a folder inside the server's, by
-        default that folder) copied in. `allow`: a subset of the operator's hosts
-        (default: all of them). `secrets`: names of the operator's bindings (default:
-        all of them). `tools`: an agent's program on its own disk, on PATH
-        (`claude-code`)."""
+        default that folder) copied in. `allow`: a subset of the operator's entries
+        (hosts, presets, each maybe with method and path rules; default: all of them).
+        `secrets`: names of the operator's bindings (default: all of them). `tools`: an
+        agent's program on its own disk, on PATH (`claude-code`)."""
         async def go() -> dict[str, Any]:
             chose = [k for k, v in (("workspace", workspace), ("allow", allow),
                                     ("secrets", secrets), ("env", env), ("tools", tools))

@@ -27,6 +27,7 @@ from typing import Annotated, Any
 
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.text import Text
 
@@ -163,7 +164,9 @@ def run(
                                       "picked and printed)")] = "",
     workspace: Annotated[Path, typer.Option(help="the checkout to copy in")] = Path("."),
     image: Annotated[str, typer.Option(help="image reference")] = "tkbox/default",
-    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    allow: Annotated[list[str], typer.Option(
+        help="host, host:port or preset; rules after a space: 'HOST GET HEAD /**; "
+             "ask DELETE /x/**' (docs/network.md)")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for every command")] = [],  # noqa: B006
     memory: Annotated[int, typer.Option(help="MiB")] = 1024,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
@@ -581,10 +584,12 @@ def approvals(as_json: JsonOpt = False) -> None:
         if not items:
             out.print("nothing waits for approval")
             return
-        t = Table("BOX", "ID", "HOST", "PORT", "WAITING SINCE")
+        t = Table("BOX", "ID", "HOST", "PORT", "REQUEST", "WAITING SINCE")
         for i in items:
+            # an `ask` rule holds one request: its method and path (bounded, escaped)
+            req = f"{i.get('method')} {i.get('path')}" if i.get("method") else "(connection)"
             t.add_row(str(i.get("box")), str(i.get("id")), str(i.get("host")),
-                      str(i.get("port")), str(i.get("since")))
+                      str(i.get("port")), escape(req), str(i.get("since")))
         out.print(t)
 
     _emit(items, as_json, human)
@@ -607,15 +612,18 @@ def deny(box: str, approval_id: int, as_json: JsonOpt = False) -> None:
 @app.command()
 def presets(as_json: JsonOpt = False) -> None:
     """What each allowlist preset means on this host (registry hosts read at run time)."""
-    from tkbox.doors.network.presets import describe_presets
+    from tkbox.doors.network.presets import PINNING_NOTE, RETARGET, describe_presets
 
     d = describe_presets()
 
     def human(d: dict[str, list[str]]) -> None:
-        t = Table("PRESET", "ENTRIES")
+        t = Table("PRESET", "ENTRIES (HOST [RULES])")
         for k, v in d.items():
-            t.add_row(k, ", ".join(v) or "(none found on this host)")
+            t.add_row(k, "\n".join(v) or "(none found on this host)")
         out.print(t)
+        for k, rules in RETARGET.items():
+            out.print(f"{k}@HOST[:PORT]: HOST {rules}")
+        out.print(f"Note: {PINNING_NOTE}.")
 
     _emit(d, as_json, human)
 
@@ -720,7 +728,9 @@ def agent(
         help="the agent's package version (default: the one tkbox pins)")] = None,
     agent_build: Annotated[str, typer.Option(
         help="the agent's build: auto (from the image's C library), glibc or musl")] = "auto",
-    allow: Annotated[list[str], typer.Option(help="host, host:port or preset")] = [],  # noqa: B006
+    allow: Annotated[list[str], typer.Option(
+        help="host, host:port or preset; rules after a space: 'HOST GET HEAD /**; "
+             "ask DELETE /x/**' (docs/network.md)")] = [],  # noqa: B006
     env: Annotated[list[str], typer.Option(help="NAME=VALUE for the box")] = [],  # noqa: B006
     secret: Annotated[list[str], typer.Option(
         help="NAME=env:VAR@host[:port][,host][;header=H]")] = [],  # noqa: B006

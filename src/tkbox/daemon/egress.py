@@ -64,7 +64,8 @@ async def install(manager: BoxManager, opts: Options, signer: SignerClient | Non
         mitm = None
         if hosts.any:
             mitm = SecretsDoor(box.name, box.secrets, inspect_hosts=hosts.inspect,
-                               model_hosts=hosts.models, ca_pems=opts.ca_certs, record=record)
+                               model_hosts=hosts.models, ruled_hosts=hosts.ruled,
+                               ca_pems=opts.ca_certs, record=record)
         return EgressDoor(box.run_id, signer, hosts.allow, op, resolver, board, clock,
                           box=box.name, on_record_lost=lost, pool=pool,
                           tunnel_idle=opts.tunnel_idle, tunnel_total=opts.tunnel_total,

@@ -13,7 +13,8 @@ When a run passes `max_records` or `max_bytes`, the call that crossed is
 refused (`RecordBudgetExhausted`, a `SignerUnavailable`: fail closed, so the
 crossing it was for does not happen) and `on_exhausted(run_id, why)` is told
 once: the daemon stops that box and records why. From then on, crossings the
-guest starts (`Connect` decisions, `tkbox.egress.*` events) are refused at
+guest starts (`Connect` and `Http` decisions, `tkbox.egress.*` and
+`tkbox.http.*` events) are refused at
 once; the host's own records (containment, gaps, stop, `apply`'s `Write`
 decisions, the close) still pass, within a `reserve`. Budget plus reserve
 stays well under the bundle's limits, so export always works.
@@ -64,7 +65,8 @@ class _Count:
 
 
 def _guest_driven(action: str | None, kind: str | None) -> bool:
-    return action == "Connect" or (kind is not None and kind.startswith("tkbox.egress"))
+    return action in ("Connect", "Http") or (kind is not None and kind.startswith(
+        ("tkbox.egress", "tkbox.http")))
 
 
 class BudgetedSigner(ForwardingSigner):

@@ -17,7 +17,8 @@ from `decide` treats it as a refusal; from `event` or `complete` it stops the
 box and the loss is recorded later as `tkbox.gap`.
 
 Actions decided: "Bash" (a command), "Connect" (an egress connection),
-"Write" (one file of an applied patch), "Approval" (a person's answer).
+"Write" (one file of an applied patch), "Approval" (a person's answer), "Http"
+(one request on a host with method and path rules).
 Records name secrets, never their values: callers must never put a secret
 value into `facts`, `resource`, `context`, `outcome` or `body`.
 """
@@ -31,7 +32,7 @@ from typing import Any, Literal
 
 from tkbox.errors import Refused
 
-Action = Literal["Bash", "Connect", "Write", "Approval"]
+Action = Literal["Bash", "Connect", "Write", "Approval", "Http"]
 JSON = Mapping[str, Any]
 
 

@@ -33,7 +33,8 @@ POLICY_TEMPLATE = """\
 // tkbox signer: your Cedar policy, added to the built-in packs (base,
 // download-exec). A forbid here refuses; a permit cannot override a pack's
 // forbid. The request: principal Tkbox::Run::"<run>", action Action::"Bash" |
-// "Connect" | "Write" | "Approval", context.resource, context.request,
+// "Connect" | "Write" | "Approval" | "Http" (a request on a host with rules:
+// context.resource.method, .path), context.resource, context.request,
 // context.analysis (see docs/signer.md). Example:
 //
 // @id("no-netcat")

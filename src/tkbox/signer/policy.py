@@ -5,9 +5,10 @@ Every decision is one Cedar request:
 | Cedar     | value |
 | --------- | ----- |
 | principal | `Tkbox::Run::"<run id>"` |
-| action    | `Action::"Bash"`, `"Connect"`, `"Write"` or `"Approval"` |
+| action    | `Action::"Bash"`, `"Connect"`, `"Write"`, `"Approval"` or `"Http"` |
 | resource  | `Tkbox::Command::"<command line>"`, `Tkbox::Host::"<host:port>"`, |
-|           | `Tkbox::File::"<path>"`, `Tkbox::Approval::"<id>"` |
+|           | `Tkbox::File::"<path>"`, `Tkbox::Approval::"<id>"`, |
+|           | `Tkbox::Request::"<METHOD host:port/path>"` |
 | context   | `{resource: <the request's resource>, request: <its context>, analysis: {...}}` |
 
 `context.analysis` is what the signer read in the request itself; for `Bash`
@@ -52,7 +53,7 @@ from tkbox.signer.download_exec import analyze
 
 log = logging.getLogger("tkbox.signer.policy")
 
-ACTIONS = ("Bash", "Connect", "Write", "Approval")
+ACTIONS = ("Bash", "Connect", "Write", "Approval", "Http")
 DEFAULT_PACKS = ("base", "download-exec")
 #: entries in each cache (analyses by command line, decisions by request)
 CACHE_ENTRIES = 4096
@@ -105,6 +106,10 @@ def _resource_id(action: str, resource: dict[str, Any], context: dict[str, Any])
         return f"{host}:{port}" if port is not None else str(host)
     if action == "Write":
         return str(resource.get("path", ""))
+    if action == "Http":
+        # one request on a ruled host: context.resource has method, host, port, path
+        return (f"{resource.get('method')} {resource.get('host')}:{resource.get('port')}"
+                f"{resource.get('path')}")
     return str(resource.get("id", resource.get("host", "")))
 
 
@@ -304,4 +309,5 @@ def _keep(cache: OrderedDict[Any, Any], key: Any, value: Any) -> None:
     cache[key] = value
 
 
-_RESOURCE_TYPE = {"Bash": "Command", "Connect": "Host", "Write": "File", "Approval": "Approval"}
+_RESOURCE_TYPE = {"Bash": "Command", "Connect": "Host", "Write": "File", "Approval": "Approval",
+                  "Http": "Request"}

@@ -30,6 +30,7 @@ from tkbox.doors.network import (
     SystemResolver,
     serve_tcp,
 )
+from tkbox.doors.network.allowlist import Allowlist
 from tkbox.doors.secrets import Secret, SecretsDoor
 from tkbox.image.testing import ScratchCA
 from tkbox.record.testing import FakeSigner
@@ -154,11 +155,12 @@ class Rig:
 
     def __init__(self, allow: Sequence[str], operator: OperatorConfig, secrets: Sequence[Secret],
                  ca_pems: Sequence[str], *, inspect: Sequence[str] = (),
-                 model_hosts: Sequence[str] = ()) -> None:
+                 model_hosts: Sequence[str] = (), signer: FakeSigner | None = None,
+                 approval_wait: float = 5) -> None:
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self.loop.run_forever, daemon=True)
         self.thread.start()
-        self.signer = FakeSigner()
+        self.signer = signer if signer is not None else FakeSigner()
         self.run_id = "run-secrets"
 
         async def setup() -> tuple[EgressDoor, asyncio.Server]:
@@ -168,11 +170,12 @@ class Rig:
                 await self.signer.event(self.run_id, kind, body)
 
             self.mitm = SecretsDoor("box", secrets, inspect_hosts=inspect,
-                                    model_hosts=model_hosts, ca_pems=ca_pems, record=record)
+                                    model_hosts=model_hosts, ca_pems=ca_pems, record=record,
+                                    ruled_hosts=Allowlist(allow).ruled_names())
             clock = SystemClock()
+            self.board = ApprovalBoard(self.signer, clock, wait_seconds=approval_wait)
             door = EgressDoor(self.run_id, self.signer, allow, operator, SystemResolver(),
-                              ApprovalBoard(self.signer, clock, wait_seconds=5), clock,
-                              box="box", mitm=self.mitm)
+                              self.board, clock, box="box", mitm=self.mitm)
             return door, await serve_tcp(door)
 
         self.door, self.server = self.call(setup())

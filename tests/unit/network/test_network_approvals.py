@@ -163,3 +163,37 @@ async def test_a_waiter_cut_as_its_box_stops_leaves_quietly_and_is_recorded_once
     states = [r["body"]["state"] for r in signer.of_run("run-a", "tkbox.approval")]
     assert states == ["pending", "stopped"]
     assert asyncio.all_tasks() == {asyncio.current_task()}
+
+
+@aiotest
+async def test_a_request_under_an_ask_rule_waits_with_its_method_and_path_shown() -> None:
+    """An `ask` rule holds one request: its method and path are shown and recorded,
+    escaped and bounded (guest bytes); an identical request joins it, another path
+    opens its own, and requests and hosts share the box's limits."""
+    b, signer, _ = board(max_pending=3)
+    path = "/repos/acme/app/git/refs/heads/\x1b[31mred" + "x" * 600
+    first = asyncio.ensure_future(b.wait_for_answer("demo", "run-a", "api.test", 443,
+                                                    ("DELETE", path)))
+    again = asyncio.ensure_future(b.wait_for_answer("demo", "run-a", "api.test", 443,
+                                                    ("DELETE", path)))
+    other = asyncio.ensure_future(b.wait_for_answer("demo", "run-a", "api.test", 443,
+                                                    ("DELETE", "/other")))
+    host = asyncio.ensure_future(b.wait_for_answer("demo", "run-a", "new.test", 443))
+    await settle()
+    items = b.list()
+    assert [(p.method, p.host) for p in items] == [("DELETE", "api.test"),
+                                                   ("DELETE", "api.test"), (None, "new.test")]
+    shown = items[0].path
+    assert shown is not None and "\x1b" not in shown and "\\x1b[31mred" in shown
+    assert len(shown) < 560 and shown.endswith("chars)")
+    with pytest.raises(Refused, match="DELETE /third on api.test:443 waits for a person"):
+        await b.wait_for_answer("demo", "run-a", "api.test", 443, ("DELETE", "/third"))
+    await b.answer("demo", items[0].id, allow=True)
+    assert (await first).approved and (await again).approved
+    pending = [r["body"] for r in signer.of_run("run-a", "tkbox.approval")
+               if r["body"]["state"] == "pending"]
+    assert pending[0]["method"] == "DELETE" and pending[0]["path"] == shown
+    assert "method" not in pending[-1]  # the host's approval names no request
+    for w in (other, host):
+        w.cancel()
+    await asyncio.gather(other, host, return_exceptions=True)

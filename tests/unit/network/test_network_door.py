@@ -614,3 +614,88 @@ async def test_no_task_of_a_connection_outlives_the_door_closing() -> None:
     await dialer.aclose()
     assert asyncio.all_tasks() == {asyncio.current_task()}
     assert [c["ended"] for c in completions(signer)] == ["box stopped"] * 3
+
+
+class _BrokenInterceptor:
+    """A secrets door with a bug: its tunnel raises what no crossing maps."""
+
+    ca_pem = None
+
+    def wants(self, host: str, port: int) -> bool:
+        return True
+
+    async def check_plain(self, host: str, port: int, method: str, target: str,
+                          headers: list[tuple[bytes, bytes]]) -> str | None:
+        return None
+
+    async def tunnel(self, guest_raw: ByteStream, origin_raw: ByteStream, host: str,
+                     port: int, leftover: bytes = b"", counts: Any = None,
+                     gate: Any = None) -> dict[str, Any]:
+        counts.up += 7
+        raise LookupError("a bug inside the tunnel")
+
+
+@aiotest
+async def test_a_tunnel_that_raises_anything_still_completes_its_decision() -> None:
+    """Attack: make the crossing raise past its error mapping (once, h11 inside the
+    secrets door) so that the Connect decision is never completed and the tunnel's
+    traffic is missing from the record. Whatever the crossing raises, the decision
+    is completed (an internal refusal, with the bytes counted so far)."""
+    door, signer, _, _ = make_door(["example.org"], dns={"example.org": [PUBLIC]},
+                                   mitm=_BrokenInterceptor())
+    guest, task = await open_conn(door, connect("example.org"))
+    await read_all(guest)
+    await task
+    [d] = decisions(signer)
+    [c] = [r for r in signer.records if r["kind"] == "tkbox.complete"]
+    assert c["decision"] == d["id"]
+    out = c["outcome"]
+    assert out["ended"] == "refused" and out["stage"] == "internal"
+    assert "LookupError" in out["reason"] and out["bytes_up"] == 7
+    assert out["address"] == PUBLIC
+    [r] = refusals(signer)
+    assert r["stage"] == "internal" and r["host"] == "example.org"
+
+
+@aiotest
+async def test_plain_http_on_a_ruled_host_goes_through_the_rules() -> None:
+    """Attack: skip the rules by speaking plain http:// to a ruled host. The one request
+    of the connection is decided like a tunnel's: refused before the origin hears of
+    it, or let through with its Http decision and tkbox.http.request."""
+    door, signer, _, _ = make_door(
+        ["example.org GET /ok/**"], dns={"example.org": [PUBLIC]},
+        handler=answering(b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\nok"))
+    guest, task = await open_conn(
+        door, b"DELETE http://example.org/ok/x HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    out = await read_all(guest)
+    await task
+    assert out.startswith(b"HTTP/1.1 403") and b"no rule of example.org:80 allows DELETE" in out
+    [refused] = [r["body"] for r in signer.records if r["kind"] == "tkbox.http.refused"]
+    assert refused["method"] == "DELETE" and refused["path"] == "/ok/x"
+    [c] = completions(signer)
+    assert c["ended"] == "refused request" and c["bytes_up"] == 0
+    guest, task = await open_conn(
+        door, b"GET http://example.org/ok/x HTTP/1.1\r\nHost: example.org\r\n\r\n")
+    out = await read_all(guest)
+    await task
+    assert out.startswith(b"HTTP/1.1 200") and out.endswith(b"ok")
+    [req] = [r["body"] for r in signer.records if r["kind"] == "tkbox.http.request"]
+    assert req["method"] == "GET" and req["status"] == 200 and req["bytes_down"] == 2
+    http = [d for d in decisions(signer) if d["action"] == "Http"]
+    assert len(http) == 1 and http[0]["id"] == req["decision"]
+
+
+@aiotest
+async def test_a_ruled_host_the_door_cannot_read_is_never_spliced() -> None:
+    """A tunnel to a ruled host with no secrets door behind the network door (a
+    wiring the daemon never makes) is refused, not spliced past the rules."""
+    origin = RecordingOrigin()
+    door, signer, _, _ = make_door(["example.org GET /**"], dns={"example.org": [PUBLIC]},
+                                   handler=origin)
+    guest, task = await open_conn(door, connect("example.org"))
+    await guest.send_all(records(client_hello("example.org")))
+    out = await read_all(guest)
+    await task
+    assert b"403" in out and origin.got == b""
+    [c] = completions(signer)
+    assert c["ended"] == "refused" and c["stage"] == "policy"

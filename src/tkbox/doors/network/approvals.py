@@ -12,10 +12,15 @@ CLI (a person), the SDK (a program), or `tkbox mcp --answer-approvals` (an
 agent, which may be answering what a box's output asked it to). The record
 and the connection's reason say which, never "a person" for the other two.
 
+An approval may also be for one HTTP request on a host whose rules say `ask`
+(`method` and `path` set, each bounded): the request waits, not the
+connection. Requests and hosts share the limits below.
+
 Limits per box, refused at once beyond them (so a flood from one box cannot
 bury the person or the daemon): at most `max_pending` (16) pending, at most
 `max_per_minute` (30) opened in any 60 seconds. A second connection to the
-same host and port joins the pending approval instead of opening another.
+same host and port (or a second identical request) joins the pending approval
+instead of opening another.
 
 Every approval is recorded in the box's run as a `tkbox.approval` event:
 when it opens, and how it ends (approved or denied by a person, expired,
@@ -32,12 +37,16 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from tkbox.doors.network.clock import Clock
+from tkbox.doors.network.records import excerpt
 from tkbox.errors import Refused, UserError
 from tkbox.record.client import SignerClient
 
 WAIT_SECONDS = 120.0
 MAX_PENDING = 16
 MAX_PER_MINUTE = 30
+#: characters of a request's method and path an approval shows and records
+MAX_METHOD = 32
+MAX_PATH = 512
 
 
 @dataclass(frozen=True)
@@ -47,6 +56,13 @@ class PendingApproval:
     host: str
     port: int
     since: float  # wall-clock seconds
+    method: str | None = None  # for one HTTP request under an `ask` rule
+    path: str | None = None
+
+    @property
+    def what(self) -> str:
+        where = f"{self.host}:{self.port}"
+        return where if self.method is None else f"{self.method} {self.path} on {where}"
 
 
 #: the clients that may answer, and who each answer is recorded as coming from
@@ -136,31 +152,39 @@ class ApprovalBoard:
                 p.future.set_result(Answer(p.info.id, "stopped"))
             await self._record(p, "stopped", by="tkbox (the box stopped)")
 
-    async def wait_for_answer(self, box: str, run_id: str, host: str, port: int) -> Answer:
+    async def wait_for_answer(self, box: str, run_id: str, host: str, port: int,
+                              request: tuple[str, str] | None = None) -> Answer:
         """Open (or join) an approval and wait for its answer or its expiry.
+        `request`: (method, path) of one HTTP request an `ask` rule holds.
 
         Raises `Refused` at once when the box has too many pending or opened
         too many in the last minute.
         """
+        method = path = None
+        if request is not None:  # guest bytes: shown to a person, so escaped and bounded
+            method, path = excerpt(request[0], MAX_METHOD), excerpt(request[1], MAX_PATH)
         b = self._boxes.setdefault(box, _Box())
         for p in b.pending.values():
-            if p.info.host == host and p.info.port == port:
+            if (p.info.host, p.info.port, p.info.method, p.info.path) == (host, port, method,
+                                                                            path):
                 return await self._wait(b, p)
         now = self._clock.monotonic()
         while b.opened and now - b.opened[0] >= 60.0:
             b.opened.popleft()
+        what = (f"{host}:{port} is not allowed" if method is None else
+                f"{method} {path} on {host}:{port} waits for a person")
         if len(b.pending) >= self.max_pending:
             raise Refused(
-                f"refused: {host}:{port} is not allowed and box {box} already has "
+                f"refused: {what} and box {box} already has "
                 f"{self.max_pending} approvals pending; answer them on the host (tkbox approvals)"
             )
         if len(b.opened) >= self.max_per_minute:
             raise Refused(
-                f"refused: {host}:{port} is not allowed and box {box} opened "
+                f"refused: {what} and box {box} opened "
                 f"{self.max_per_minute} approvals in the last minute; try again later or "
                 "add it with --allow"
             )
-        info = PendingApproval(box, b.next_id, host, port, self._clock.time())
+        info = PendingApproval(box, b.next_id, host, port, self._clock.time(), method, path)
         b.next_id += 1
         b.opened.append(now)
         p = _Pending(info, run_id, now, asyncio.get_running_loop().create_future())
@@ -174,6 +198,7 @@ class ApprovalBoard:
                     "id": info.id,
                     "host": host,
                     "port": port,
+                    **_request_fields(info),
                     "state": "pending",
                     "wait_ms": int(self.wait_seconds * 1000),
                 },
@@ -219,8 +244,16 @@ class ApprovalBoard:
                 "id": p.info.id,
                 "host": p.info.host,
                 "port": p.info.port,
+                **_request_fields(p.info),
                 "state": outcome,
                 "by": by,
                 "waited_ms": int((self._clock.monotonic() - p.opened) * 1000),
             },
         )
+
+
+def _request_fields(info: PendingApproval) -> dict[str, str]:
+    """The request an approval is for, in its records (none for a host's approval)."""
+    if info.method is None or info.path is None:
+        return {}
+    return {"method": info.method, "path": info.path}

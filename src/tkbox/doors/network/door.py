@@ -51,6 +51,8 @@ from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.connection import BOX_STOPPED, Connection, Ending, TimeLimits
 from tkbox.doors.network.decide import Decided, Decider, check_secrets, read_request
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, Stage
+from tkbox.doors.network.httpgate import BoxRequests, HttpGate, HttpRefused
+from tkbox.doors.network.httprules import RuleSet
 from tkbox.doors.network.limits import TUNNEL_IDLE, TUNNEL_TOTAL, ConnectionPool
 from tkbox.doors.network.policy import EgressPolicy, Explanation
 from tkbox.doors.network.records import RefusalLog, excerpt
@@ -137,6 +139,8 @@ class EgressDoor:
         self.decider = Decider(self.run_id, self.box, signer, self.policy, resolver, board)
         self._conns: set[Connection] = set()
         self._refusals = RefusalLog()
+        self._requests = BoxRequests()  # answers to `ask` rules, HTTP refusal records
+        self._rulesets: dict[tuple[str, int], RuleSet | None] = {}
         self._closed = False
         self._idle = asyncio.Event()
         self._idle.set()
@@ -241,28 +245,44 @@ class EgressDoor:
         try:
             origin, address = await self._dial(conn, req, decided.addresses)
         except ConnectionEnded:
-            ending = Ending(BOX_STOPPED)
             await self._refuse(
                 stream,
                 EgressRefused(503, f"refused: box {self.box} is stopping", Stage.STOP,
                               recorded_elsewhere=True),
                 req,
             )
+            await self._complete(decided, req, Ending(BOX_STOPPED), conn, started)
+            return
         except EgressRefused as r:
-            ending = Ending("dial failed", facts={"reason": r.reason})
             await self._refuse(stream, r, req)
-        else:
-            try:
-                ending = await self._cross(stream, origin, conn, req, parser, decided)
-            except (StreamClosed, OSError):
-                # a stream reset before the crossing's directions ran (the guest gone
-                # before its `200`, the origin before the relayed request's head):
-                # an ordinary ending, as inside the crossing (`Ending.from_failure`)
-                ending = Ending("reset")
-            finally:
-                with contextlib.suppress(Exception):
-                    await origin.aclose()
+            await self._complete(decided, req, Ending("dial failed", facts={"reason": r.reason}),
+                                 conn, started)
+            return
+        # Whatever the crossing raises (a bug, a cancellation), the decision is completed:
+        # a crossing that began is never left out of the record.
+        ending = Ending("cancelled")
+        try:
+            ending = await self._cross(stream, origin, conn, req, parser, decided)
+        except (StreamClosed, OSError):
+            # a stream reset before the crossing's directions ran (the guest gone
+            # before its `200`, the origin before the relayed request's head):
+            # an ordinary ending, as inside the crossing (`Ending.from_failure`)
+            ending = Ending("reset")
+        except Exception as exc:  # noqa: BLE001 - a bug: recorded, never the loop's
+            log.exception("egress door: internal error in a crossing of %s", self.box)
+            ending = Ending.refusal(EgressRefused(
+                500, f"refused: internal error in the egress door ({exc.__class__.__name__})",
+                Stage.INTERNAL))
+        finally:
+            with contextlib.suppress(Exception):
+                await origin.aclose()
             ending.facts["address"] = str(address)
+            await self._complete(decided, req, ending, conn, started)
+
+    async def _complete(self, decided: Decided, req: ProxyRequest, ending: Ending,
+                        conn: Connection, started: float) -> None:
+        """The decision's completion (bytes each way, duration, how it ended), and for a
+        crossing refused after it began, its `tkbox.egress.refused` too."""
         outcome = ending.outcome()
         if "reason" in outcome:
             outcome["reason"] = excerpt(outcome["reason"])
@@ -292,13 +312,55 @@ class EgressDoor:
         """The crossing itself: a tunnel read by the secrets door, a tunnel spliced, or
         one plain-HTTP request relayed."""
         limits = TimeLimits(self.clock, self.tunnel_idle, self.tunnel_total)
+        gate = self._gate(req, decided)
         if req.kind == "http":
-            return await relay(stream, origin, conn, req, parser.conn, parser.leftover, limits,
-                               self.chunk)
+            if gate is None:
+                return await relay(stream, origin, conn, req, parser.conn, parser.leftover,
+                                   limits, self.chunk)
+            try:
+                admitted = await conn.wait_for(gate.check(
+                    req.method.encode("ascii", "replace"),
+                    req.path.encode("ascii", "replace"), req.headers, req.http_version))
+            except HttpRefused as r:
+                with contextlib.suppress(StreamClosed, OSError):
+                    await stream.send_all(answer(r.status, r.reason))
+                return Ending("refused request", facts={"reason": r.reason})
+            except ConnectionEnded as e:
+                return Ending(e.reason)
+            ending = await relay(stream, origin, conn, req, parser.conn, parser.leftover,
+                                 limits, self.chunk)
+            status = ending.facts.get("status")
+            await gate.done(admitted, status if isinstance(status, int) else None, conn.up,
+                            conn.down, None if ending.refused is None and status is not None
+                            else ending.ended)
+            return ending
         t = Tunnel(stream, origin, conn, req, parser.leftover, limits, self.chunk)
         if self.mitm is not None and self.mitm.wants(req.host.name, req.port):
-            return await intercept(t, self.mitm)
+            return await intercept(t, self.mitm, gate)
+        if gate is not None:
+            # never reached when the daemon wires the secrets door for every ruled host
+            await stream.send_all(answer(403, f"refused: {req.host}:{req.port} has request "
+                                              "rules but this door cannot read its traffic"))
+            return Ending.refusal(EgressRefused(403, "refused: a ruled host whose traffic "
+                                                "the door cannot read", Stage.POLICY))
         return await splice(t, decided.explanation.require_tls, self.hello_timeout)
+
+    def _gate(self, req: ProxyRequest, decided: Decided) -> HttpGate | None:
+        """The request gate of a ruled host and port, or None (not ruled)."""
+        if req.host.literal is not None:
+            return None
+        key = (req.host.name, req.port)
+        if key not in self._rulesets:  # one per host and port: its verdict cache is shared
+            if len(self._rulesets) >= 256:  # bounded, whatever ports a range admits
+                self._rulesets.clear()
+            self._rulesets[key] = self.policy.allowlist.rules_for(*key)
+        rules = self._rulesets[key]
+        if rules is None:
+            return None
+        return HttpGate(run_id=self.run_id, box=self.box, host=req.host.name, port=req.port,
+                        rules=rules, signer=self.signer, board=self.board, clock=self.clock,
+                        state=self._requests, connect_decision=decided.decision_id,
+                        on_record_lost=self._lost)
 
     async def _dial(
         self, conn: Connection, req: ProxyRequest, addresses: list[IPAddress]

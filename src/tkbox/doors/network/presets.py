@@ -18,6 +18,18 @@ preset says honestly when its client is missing.
 The others are fixed lists of hosts, each with its port rule (`host` → 443
 and 80; `host:port` → that port only).
 
+Read-only presets carry method and path rules (`httprules`), so the door
+reads their hosts and refuses what they do not allow:
+
+- `github-read`: git clone and fetch over smart HTTP (the `git-upload-pack`
+  service: `GET …/info/refs?service=git-upload-pack`, `POST
+  …/git-upload-pack`), archives and release downloads on `github.com`; `GET`
+  and `HEAD` on the API and the download hosts. Never `git-receive-pack`
+  (push), an API write, or GraphQL (a `POST`). `github-read@HOST[:PORT]` is
+  the same for a GitHub Enterprise Server at HOST (its API under `/api/v3`).
+- `pypi-read`, `npm-read`: `GET` and `HEAD` on the `pypi` and `npm` hosts
+  (and npm's audit, a `POST` that reads): download, never publish.
+
 The APT source parsers are hand-written: no maintained library parses both
 formats without python-apt, which is not installable from PyPI.
 """
@@ -53,8 +65,36 @@ FIXED: dict[str, tuple[str, ...]] = {
     ),
 }
 
+_GIT_READ = ("GET /*/*/info/refs?service=git-upload-pack; POST /*/*/git-upload-pack; "
+             "GET HEAD /*/*/archive/**; GET HEAD /*/*/releases/download/**")
+_READ = "GET HEAD /**"
+RULED: dict[str, tuple[str, ...]] = {
+    "github-read": (
+        f"github.com {_GIT_READ}",
+        f"api.github.com {_READ}",
+        f"codeload.github.com {_READ}",
+        f"raw.githubusercontent.com {_READ}",
+        f"objects.githubusercontent.com {_READ}",
+        f"release-assets.githubusercontent.com {_READ}",
+    ),
+}
+#: a ruled preset aimed at another host (`PRESET@HOST[:PORT]`): the rules that host gets
+RETARGET: dict[str, str] = {
+    "github-read": f"{_GIT_READ}; GET HEAD /api/v3/**",
+}
+#: download-only variants of derived presets: (the preset, its rules)
+READ_ONLY: dict[str, tuple[str, str]] = {
+    "pypi-read": ("pypi", _READ),
+    "npm-read": ("npm", _READ + "; POST /-/npm/v1/security/advisories/bulk; "
+                 "POST /-/npm/v1/security/audits/quick"),
+}
+#: clients known to work with a read (ruled) host, and those that cannot
+PINNING_NOTE = ("ruled hosts are read by the door: a client must trust the box CA "
+                "(curl, git, pip, npm, gh, Python, Node and Go do, through the variables "
+                "tkbox sets); one that pins a certificate or carries only its own roots fails")
+
 DERIVED = ("pypi", "npm", "debian", "apt-ubuntu")
-NAMES = tuple(sorted((*FIXED, *DERIVED)))
+NAMES = tuple(sorted((*FIXED, *DERIVED, *RULED, *READ_ONLY)))
 MODEL_PRESETS = ("anthropic", "openai", "claude-code")
 
 _MAX_SOURCE_FILE = 1 << 20
@@ -237,9 +277,20 @@ def _derived(name: str) -> tuple[str, ...]:
 
 
 def preset_entries(name: str) -> tuple[str, ...] | None:
-    """The entries a preset means on this host, or None if no such preset."""
+    """The entries a preset means on this host, or None if no such preset.
+    `PRESET@HOST[:PORT]` aims a ruled preset at another host."""
+    base, at, target = name.partition("@")
+    if at:
+        if base not in RETARGET or not target or any(c.isspace() for c in target):
+            return None
+        return (f"{target} {RETARGET[base]}",)
     if name in FIXED:
         return FIXED[name]
+    if name in RULED:
+        return RULED[name]
+    if name in READ_ONLY:
+        preset, rules = READ_ONLY[name]
+        return tuple(f"{e} {rules}" for e in _derived(preset))
     if name in DERIVED:
         return _derived(name)
     return None

@@ -32,6 +32,8 @@ SUMMARY_KEYS = 16
 def excerpt(text: object, limit: int = EXCERPT) -> str:
     """`text` safe for a record: printable ASCII, other characters escaped, bounded."""
     s = text if isinstance(text, str) else str(text)
+    if len(s) <= limit and s.isascii() and s.isprintable() and "\\" not in s:
+        return s  # nothing to escape or cut (the common case, checked in C)
     out: list[str] = []
     size = 0
     for i, c in enumerate(s):

@@ -24,6 +24,7 @@ from typing import Any, Protocol
 
 from tkbox.doors.network.connection import Connection, Ending, TimeLimits, run_crossing
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, Stage
+from tkbox.doors.network.httpgate import HttpGate
 from tkbox.doors.network.request import ProxyRequest
 from tkbox.doors.network.tls import TLSRefused, TunnelInspector
 from tkbox.protocol.streams import ByteStream
@@ -57,10 +58,12 @@ class Interceptor(Protocol):
         port: int,
         leftover: bytes = b"",
         counts: Connection | None = None,
+        gate: HttpGate | None = None,
     ) -> dict[str, Any]:
         """Serve one intercepted tunnel to its end; returns the completion's facts
         (`ended`, and for a refusal `reason` and `stage`). Bytes relayed are added
-        to `counts.up` and `counts.down` as they pass, so the time limits see them."""
+        to `counts.up` and `counts.down` as they pass, so the time limits see them.
+        With a `gate` (a ruled host), every request is let through by it first."""
 
 
 @dataclass(frozen=True)
@@ -136,14 +139,16 @@ async def splice(t: Tunnel, require_tls: bool, hello_timeout: float) -> Ending:
     return ending
 
 
-async def intercept(t: Tunnel, interceptor: Interceptor) -> Ending:
+async def intercept(t: Tunnel, interceptor: Interceptor, gate: HttpGate | None = None
+                    ) -> Ending:
     """Hand the tunnel to the secrets door, under the same cut and time limits
     as a spliced tunnel."""
     await t.guest.send_all(ESTABLISHED)
     req = t.request
     try:
         facts = await t.conn.wait_for(
-            interceptor.tunnel(t.guest, t.origin, req.host.name, req.port, t.leftover, t.conn),
+            interceptor.tunnel(t.guest, t.origin, req.host.name, req.port, t.leftover, t.conn,
+                               gate),
             limits=t.limits,
         )
     except ConnectionEnded as e:

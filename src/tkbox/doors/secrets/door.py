@@ -19,8 +19,14 @@ this door's set (`wants`), hands both streams here instead of splicing them:
 4. every response is redacted (headers, body, trailers), streaming; the body's
    chunks already read are redacted and sent together (one read, one write),
    so an origin's 1-byte chunks do not each cost a redaction and a TLS write;
-5. records: `tkbox.secret.use` per swap; `tkbox.model.call` per request to a
-   model host (model and token usage read as the body streams by).
+5. the two sides' versions and framings may differ: every send to either
+   side can fail, so each goes through `_send`, which makes h11's refusal the
+   refusal of that side; before that, what can be normalised is (a 1.0 guest
+   gets no 1xx and no trailers, and `Connection: close` when the origin's
+   connection ends with the response);
+6. records: `tkbox.secret.use` per swap; `tkbox.model.call` per request
+   forwarded to a model host, in a `finally` (model and token usage read as
+   the body streams by; `ended` when the exchange did not complete).
 
 Memory per tunnel: one chunk, the scanner's span, the redactor's hold, the
 h11 buffers (bounded heads).
@@ -34,12 +40,14 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
+from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
 import h11
 
 from tkbox.doors.network.errors import OriginError
+from tkbox.doors.network.httpgate import Admitted, HttpGate, HttpRefused
 from tkbox.doors.network.relay import next_event
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.model import ModelUsage
@@ -93,6 +101,7 @@ class SecretsDoor:
 
     def __init__(self, box: str, secrets: Sequence[Secret], *,
                  inspect_hosts: Iterable[str] = (), model_hosts: Iterable[str] = (),
+                 ruled_hosts: Iterable[str] = (),
                  ca_pems: Sequence[str] = (), record: Recorder | None = None,
                  origin_context: ssl.SSLContext | None = None,
                  clock: Callable[[], float] = time.time, chunk: int = CHUNK) -> None:
@@ -100,7 +109,7 @@ class SecretsDoor:
         self.secrets = list(secrets)
         self.model_hosts = frozenset(model_hosts)
         bound = {h for s in self.secrets for h in s.spec.hosts}
-        self.hosts = frozenset(bound | set(inspect_hosts) | self.model_hosts)
+        self.hosts = frozenset(bound | set(inspect_hosts) | self.model_hosts | set(ruled_hosts))
         self.ca = BoxCA(box, self.hosts, clock) if self.hosts else None
         if origin_context is None:
             origin_context = ssl.create_default_context()
@@ -151,7 +160,8 @@ class SecretsDoor:
     # --- one tunnel -----------------------------------------------------------
 
     async def tunnel(self, guest_raw: ByteStream, origin_raw: ByteStream, host: str, port: int,
-                     leftover: bytes = b"", counts: Any = None) -> dict[str, Any]:
+                     leftover: bytes = b"", counts: Any = None,
+                     gate: HttpGate | None = None) -> dict[str, Any]:
         """Serve one intercepted tunnel to its end; returns the completion's facts."""
         assert self.ca is not None
         stats: dict[str, Any] = {"intercepted": True, "requests": 0, "secret_uses": 0,
@@ -179,7 +189,7 @@ class SecretsDoor:
         oconn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         try:
             while True:
-                await self._one(guest, origin, gconn, oconn, rules, host, stats, counts)
+                await self._one(guest, origin, gconn, oconn, rules, host, stats, counts, gate)
                 if (gconn.our_state is h11.DONE and gconn.their_state is h11.DONE
                         and oconn.our_state is h11.DONE and oconn.their_state is h11.DONE):
                     gconn.start_next_cycle()
@@ -198,6 +208,10 @@ class SecretsDoor:
             stats["ended"] = "refused request"
             stats["reason"] = exc.message
             await self._answer_guest(guest, gconn, 403, exc.message)
+        except HttpRefused as exc:
+            stats["ended"] = "refused request"
+            stats["reason"] = exc.reason
+            await self._answer_guest(guest, gconn, exc.status, exc.reason)
         except _GuestBad as exc:
             stats["ended"] = "refused request"
             stats["reason"] = exc.message
@@ -209,6 +223,12 @@ class SecretsDoor:
         except (TLSError, StreamClosed, OSError) as exc:
             stats["ended"] = "reset"
             log.debug("intercepted tunnel to %s reset: %s", host, exc.__class__.__name__)
+        except h11.ProtocolError as exc:
+            # every send is mapped to its side's refusal (`_send`); an event h11 would
+            # not even build from what the sides sent is a refusal of the exchange too
+            stats["ended"] = "refused request"
+            stats["reason"] = f"refused: the exchange cannot be relayed ({str(exc)[:120]})"
+            await self._answer_guest(guest, gconn, 502, stats["reason"])
         with contextlib.suppress(Exception):
             await guest.send_eof()
         return stats
@@ -243,48 +263,48 @@ class SecretsDoor:
 
     async def _one(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                    oconn: h11.Connection, rules: TunnelRules, host: str,
-                   stats: dict[str, Any], counts: Any) -> None:
+                   stats: dict[str, Any], counts: Any, gate: HttpGate | None) -> None:
         ev = await self._next(gconn, guest, _GuestBad)
         if isinstance(ev, h11.ConnectionClosed):
             raise _End("client closed")
         if not isinstance(ev, h11.Request):
             raise _GuestBad("refused: expected an HTTP/1.1 request")
-        started = time.monotonic()
-        headers, uses = rules.request(ev.method, ev.target, [(bytes(n), bytes(v))
-                                                             for n, v in ev.headers.raw_items()])
+        raw = [(bytes(n), bytes(v)) for n, v in ev.headers.raw_items()]
+        headers, uses = rules.request(ev.method, ev.target, raw)
         stats["requests"] += 1
+        admitted: Admitted | None = None
+        if gate is not None:
+            # the rules read the request the origin will get: h11 parsed it, and only
+            # what it parsed is written on (one request per request, no smuggling)
+            admitted = await gate.check(ev.method, ev.target, raw,
+                                        (gconn.their_http_version or b"1.1").decode())
+        ex = _Exchange(ev.method, ev.target, time.monotonic())
         try:
+            out = _send(oconn, h11.Request(method=ev.method, target=ev.target, headers=headers),
+                        _GuestBad, "the request cannot be relayed")
             if gconn.they_are_waiting_for_100_continue:
-                await guest.send_all(gconn.send(h11.InformationalResponse(
-                    status_code=100, headers=[])) or b"")
-            await origin.send_all(oconn.send(h11.Request(
-                method=ev.method, target=ev.target, headers=headers)) or b"")
-        except h11.LocalProtocolError as exc:
-            raise _GuestBad(f"refused: the request cannot be relayed ({str(exc)[:120]})") from None
-        for u in uses:
-            stats["secret_uses"] += 1
-            await self._record("tkbox.secret.use", {"name": u.name, "host": u.host,
-                                                    "header": u.header})
-        up = await self._request_body(guest, origin, gconn, oconn, rules, counts)
-        status, down, model = await self._response(guest, origin, gconn, oconn, rules, stats,
-                                                    ev.method, host, counts)
-        if host in self.model_hosts:
-            path = ev.target.decode("ascii", "replace")
-            body: dict[str, Any] = {
-                "host": host, "method": ev.method.decode("ascii", "replace"),
-                "path": path if len(path) <= MAX_PATH else path[:MAX_PATH] + "...",
-                "status": status, "bytes_up": up, "bytes_down": down,
-                "duration_ms": round((time.monotonic() - started) * 1000)}
-            fields = model.fields()
-            name = fields.get("model")
-            if name is not None and scan_once(rules.scan_patterns,
-                                              name.encode("ascii", "replace")):
-                fields["model"] = "(withheld)"  # a form the redactor does not replace
-            body.update(fields)
-            await self._record("tkbox.model.call", body)
+                await guest.send_all(_send(gconn, h11.InformationalResponse(
+                    status_code=100, headers=[]), OriginError, _NOT_RELAYED))
+            # From here the origin may have the request: whatever happens next, a model
+            # host's request is recorded (the `finally` below).
+            ex.forwarded = True
+            await origin.send_all(out)
+            for u in uses:
+                stats["secret_uses"] += 1
+                await self._record("tkbox.secret.use", {"name": u.name, "host": u.host,
+                                                        "header": u.header})
+            await self._request_body(guest, origin, gconn, oconn, rules, counts, ex)
+            await self._response(guest, origin, gconn, oconn, rules, stats, host, counts, ex)
+            ex.ended = None
+        finally:
+            if ex.forwarded and host in self.model_hosts:
+                await self._record("tkbox.model.call", ex.model_call(host, rules))
+            if admitted is not None and gate is not None:
+                await gate.done(admitted, ex.status, ex.up, ex.down, ex.ended)
 
     async def _request_body(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
-                            oconn: h11.Connection, rules: TunnelRules, counts: Any) -> int:
+                            oconn: h11.Connection, rules: TunnelRules, counts: Any,
+                            ex: _Exchange) -> None:
         scanner = rules.body_scanner()
         hold = scanner.hold
         # `pending`: received, not scanned yet; `held`: scanned, not forwarded yet (the
@@ -295,7 +315,7 @@ class SecretsDoor:
         # byte, on the loop every box shares.
         pending = bytearray()
         held = bytearray()
-        sent = 0
+        ex.ended = "client closed mid-request"
 
         async def scan() -> None:
             hits = scanner.feed(bytes(pending))
@@ -316,8 +336,9 @@ class SecretsDoor:
                 if len(held) > hold:
                     out = bytes(held[:len(held) - hold])
                     del held[:len(held) - hold]
-                    await origin.send_all(oconn.send(h11.Data(data=out)) or b"")
-                    sent += len(out)
+                    await origin.send_all(_send(oconn, h11.Data(data=out), _GuestBad,
+                                                _BODY_NOT_RELAYED))
+                    ex.up += len(out)
                     if counts is not None:
                         counts.up += len(out)
             elif isinstance(ev, h11.EndOfMessage):
@@ -331,23 +352,30 @@ class SecretsDoor:
                         await origin.aclose()
                     raise
                 if held:
-                    await origin.send_all(oconn.send(h11.Data(data=bytes(held))) or b"")
-                    sent += len(held)
+                    await origin.send_all(_send(oconn, h11.Data(data=bytes(held)), _GuestBad,
+                                                _BODY_NOT_RELAYED))
+                    ex.up += len(held)
                     if counts is not None:
                         counts.up += len(held)
-                await origin.send_all(oconn.send(h11.EndOfMessage(headers=trailers)) or b"")
-                return sent
+                await origin.send_all(_send(oconn, h11.EndOfMessage(headers=trailers),
+                                            _GuestBad, _BODY_NOT_RELAYED))
+                ex.ended = "no response"
+                return
             else:
                 raise _End("client closed mid-request")
 
     async def _response(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                         oconn: h11.Connection, rules: TunnelRules, stats: dict[str, Any],
-                        method: bytes, host: str, counts: Any
-                        ) -> tuple[int | None, int, ModelUsage]:
-        model = ModelUsage()
+                        host: str, counts: Any, ex: _Exchange) -> None:
+        """Relay the origin's response to the guest, redacted, framed for the guest's
+        HTTP version: a 1.0 guest gets no interim (1xx) response and no trailers
+        (RFC 9110 sections 15.2 and 6.5; h11 sends it the body close-delimited, never
+        chunked), and a guest whose origin ends the connection after this response
+        (HTTP/1.0, `Connection: close`, a close-delimited body) is told so, so it never
+        sends another request into a tunnel whose origin is gone. What still cannot be
+        relayed is the origin's refusal (`OriginError`), never an exception of h11."""
         redactor = rules.redactor()
-        status: int | None = None
-        down = 0
+        old_guest = (gconn.their_http_version or b"1.0") < b"1.1"
         after: Any = None  # an event read while gathering Data, handled next
         while True:
             ev, after = (after, None) if after is not None else (
@@ -364,6 +392,9 @@ class SecretsDoor:
                 if ev.status_code == 101:
                     raise OriginError("refused: the origin switched protocols, which an "
                                      "intercepted tunnel does not carry")
+                final = isinstance(ev, h11.Response)
+                if not final and old_guest:
+                    continue  # RFC 9110 section 15.2: never a 1xx to an HTTP/1.0 client
                 headers, n = rules.redact_headers([(bytes(k), bytes(v))
                                                    for k, v in ev.headers.raw_items()])
                 stats["redactions"] += n
@@ -373,40 +404,111 @@ class SecretsDoor:
                         raise OriginError(f"refused: {host} sent an encoded response "
                                          "(Content-Encoding other than identity) after "
                                          "being asked for identity; it cannot be redacted")
-                cls = h11.Response if isinstance(ev, h11.Response) else h11.InformationalResponse
                 if isinstance(ev, h11.Response):
-                    status = ev.status_code
+                    ex.status = ev.status_code
+                    ex.ended = "origin closed mid-response"
+                    if old_guest:
+                        headers = [(k, v) for k, v in headers if k.lower() != b"trailer"]
+                    if origin_closes(ex.method, ev):
+                        headers = [(k, v) for k, v in headers if k.lower() != b"connection"]
+                        headers.append((b"connection", b"close"))
+                cls = h11.Response if isinstance(ev, h11.Response) else h11.InformationalResponse
                 # The origin's reason phrase is never passed on: it is free text the
                 # origin chose (it could quote the request's credentials).
-                await guest.send_all(gconn.send(cls(status_code=ev.status_code,
-                                                    headers=headers,
-                                                    reason=_reason(ev.status_code))) or b"")
+                await guest.send_all(_send(gconn, cls(status_code=ev.status_code,
+                                                      headers=headers,
+                                                      reason=_reason(ev.status_code)),
+                                           OriginError, _NOT_RELAYED))
             elif isinstance(ev, h11.Data):
                 data = bytes(ev.data)
-                down += len(data)
+                ex.down += len(data)
                 if counts is not None:
                     counts.down += len(data)
                 # The model name and usage are read from what the guest gets (redacted):
                 # a model field echoing the value must not put it in the record.
                 out = redactor.feed(data)
                 if out:
-                    model.feed(out)
-                    await guest.send_all(gconn.send(h11.Data(data=out)) or b"")
+                    ex.model.feed(out)
+                    await guest.send_all(_send(gconn, h11.Data(data=out), OriginError,
+                                               _NOT_RELAYED))
             elif isinstance(ev, h11.EndOfMessage):
                 out = redactor.feed(b"", final=True)
-                model.feed(out)
-                model.finish()
+                ex.model.feed(out)
+                ex.model.finish()
                 stats["redactions"] += redactor.count
                 if out:
-                    await guest.send_all(gconn.send(h11.Data(data=out)) or b"")
+                    await guest.send_all(_send(gconn, h11.Data(data=out), OriginError,
+                                               _NOT_RELAYED))
                 trailers, n = rules.redact_headers([(bytes(k), bytes(v))
                                                     for k, v in ev.headers.raw_items()])
                 stats["redactions"] += n
-                await guest.send_all(gconn.send(h11.EndOfMessage(headers=trailers)) or b"")
-                return status, down, model
+                if old_guest:
+                    trailers = []  # RFC 9110 section 6.5: an HTTP/1.0 client gets none
+                await guest.send_all(_send(gconn, h11.EndOfMessage(headers=trailers),
+                                           OriginError, _NOT_RELAYED))
+                return
             else:
                 raise OriginError(f"the origin {host} closed the connection before its "
                                  "response ended")
+
+
+@dataclass
+class _Exchange:
+    """One request on an intercepted tunnel, as far as it got: what its
+    `tkbox.model.call` says, whichever way it ended."""
+
+    method: bytes
+    target: bytes
+    started: float
+    forwarded: bool = False
+    status: int | None = None
+    up: int = 0
+    down: int = 0
+    ended: str | None = "refused"
+    model: ModelUsage = field(default_factory=ModelUsage)
+
+    def model_call(self, host: str, rules: TunnelRules) -> dict[str, Any]:
+        path = self.target.decode("ascii", "replace")
+        body: dict[str, Any] = {
+            "host": host, "method": self.method.decode("ascii", "replace"),
+            "path": path if len(path) <= MAX_PATH else path[:MAX_PATH] + "...",
+            "status": self.status, "bytes_up": self.up, "bytes_down": self.down,
+            "duration_ms": round((time.monotonic() - self.started) * 1000)}
+        if self.ended is not None:
+            body["ended"] = self.ended
+        fields = self.model.fields()
+        name = fields.get("model")
+        if name is not None and scan_once(rules.scan_patterns, name.encode("ascii", "replace")):
+            fields["model"] = "(withheld)"  # a form the redactor does not replace
+        body.update(fields)
+        return body
+
+
+def origin_closes(method: bytes, response: h11.Response) -> bool:
+    """Whether the origin's connection ends with this response (RFC 9112 sections 9.3
+    and 6.3): it spoke HTTP/1.0, said `Connection: close`, or framed a body by closing
+    (no Content-Length, no Transfer-Encoding, on a response that has a body)."""
+    tokens = {t.strip().lower() for n, v in response.headers.raw_items()
+              if bytes(n).lower() == b"connection" for t in bytes(v).split(b",")}
+    if response.http_version < b"1.1" or b"close" in tokens:
+        return True
+    if method == b"HEAD" or response.status_code in (204, 304):
+        return False
+    names = {bytes(n).lower() for n, _ in response.headers.raw_items()}
+    return not names & {b"content-length", b"transfer-encoding"}
+
+
+def _send(conn: h11.Connection, event: Any, error: type[TkboxError], what: str) -> bytes:
+    """`conn.send(event)`; h11's refusal (the two sides' versions or framings do not
+    fit) as `error`, naming `what` could not be done."""
+    try:
+        return conn.send(event) or b""
+    except h11.LocalProtocolError as exc:
+        raise error(f"refused: {what} ({str(exc)[:120]})") from None
+
+
+_NOT_RELAYED = "the origin's response cannot be relayed to the box's HTTP client"
+_BODY_NOT_RELAYED = "the request body cannot be relayed"
 
 
 class _GuestBad(GuestError):

@@ -6,7 +6,9 @@
 - model hosts: the hosts of the `anthropic`, `openai` and `claude-code`
   presets that the box may reach (its allowlist, expanded, or bound), and the
   hosts the user marks (`--model-host`), which must be allowed or bound;
-- under `inspect == "all"`: every name the allowlist admits (never an IP).
+- under `inspect == "all"`: every name the allowlist admits (never an IP);
+- ruled hosts: every name an allowlist entry gives method and path rules
+  (`httprules`): the door must read a request to decide on it.
 """
 
 from __future__ import annotations
@@ -27,10 +29,11 @@ class ReadHosts:
     bound: frozenset[str]
     models: frozenset[str]
     inspect: frozenset[str]
+    ruled: frozenset[str] = frozenset()
 
     @property
     def any(self) -> bool:
-        return bool(self.bound or self.models or self.inspect)
+        return bool(self.bound or self.models or self.inspect or self.ruled)
 
 
 def read_hosts(allow: Sequence[str], secrets: Sequence[Secret], inspect: str,
@@ -40,7 +43,8 @@ def read_hosts(allow: Sequence[str], secrets: Sequence[Secret], inspect: str,
     bound = sorted({h for s in secrets for h in s.spec.hosts})
     full = list(allow) + [f"{h}:{p}" for h, p in sorted({b for s in secrets
                                                          for b in s.spec.binds})]
-    names = {e.host.name for e in Allowlist(full, expand).entries if e.host.literal is None}
+    allowlist = Allowlist(full, expand)
+    names = {e.host.name for e in allowlist.entries if e.host.literal is None}
     model_names = {h for p in presets.MODEL_PRESETS for h in (expand(p) or ())}
     for text in marked:
         try:
@@ -52,4 +56,5 @@ def read_hosts(allow: Sequence[str], secrets: Sequence[Secret], inspect: str,
                             "a secret to it)")
         model_names.add(host)
     return ReadHosts(full, frozenset(bound), frozenset(model_names & names),
-                     frozenset(names) if inspect == "all" else frozenset())
+                     frozenset(names) if inspect == "all" else frozenset(),
+                     allowlist.ruled_names())
