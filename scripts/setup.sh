@@ -26,7 +26,7 @@ esac
 PKGS="qemu-system-x86 $KERNEL_PKG squashfs-tools squashfs-tools-ng e2fsprogs mmdebstrap
       docker-registry git ca-certificates curl kmod binutils openssl python3 python3-venv
       skopeo umoci tinyproxy busybox-static procps chromium fonts-dejavu-core tmux
-      gcc libc6-dev"
+      gcc libc6-dev zstd"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
