@@ -240,6 +240,11 @@ def decide(*, boot: Path = Path("/boot"), release: str | None = None,
         "(Debian's linux-image-amd64 is one) and its modules in /lib/modules"))
 
 
+def command_data(text: str) -> str:
+    """`text` as a workflow command's message: one line, GitHub's escapes."""
+    return text.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
+
+
 def _append(var: str, text: str) -> None:
     path = os.environ.get(var)
     if path:
@@ -256,8 +261,7 @@ def main(argv: list[str]) -> int:
     for line in d.lines:
         print(line, flush=True)
     if d.error:
-        msg = d.error.replace("%", "%25").replace("\r", "%0D").replace("\n", "%0A")
-        print(f"::error title=tkbox guest kernel::{msg}", flush=True)
+        print(f"::error title=tkbox guest kernel::{command_data(d.error)}", flush=True)
         return 1
     if argv[0] == "plan":
         _append("GITHUB_OUTPUT", f"package={d.package}\n")

@@ -141,7 +141,8 @@ def prepare(argv: list[str]) -> int:
         for line in d.lines:
             print(line, flush=True)
         if d.error:
-            print(f"::error title=tkbox guest kernel::{d.error}", flush=True)
+            print(f"::error title=tkbox guest kernel::{guest_kernel.command_data(d.error)}",
+                  flush=True)
             return 1
         package = d.package
     else:
@@ -162,7 +163,8 @@ def settle(argv: list[str]) -> int:
     for line in d.lines:
         print(line, flush=True)
     if d.error or d.kernel is None:
-        print(f"::error title=tkbox guest kernel::{d.error}", flush=True)
+        print(f"::error title=tkbox guest kernel::{guest_kernel.command_data(d.error)}",
+              flush=True)
         return 1
     env_file = os.environ.get("GITHUB_ENV")
     if env_file:

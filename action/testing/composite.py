@@ -453,8 +453,9 @@ def run_action(action: Path, inputs: Mapping[str, str], *, workspace: Path, runn
     `inputs` are the calling step's `with:`, `env` its `env:` (the `env` context),
     `os_env` the runner machine's environment (default this process's, less
     GITHUB_*/RUNNER_*/INPUT_*), `runner_environment` GitHub's `github-hosted` or
-    `self-hosted` (what the Action may change on the machine differs). Raises `CompositeError` (or `ExpressionError`) for a
-    mistake in the file; a step that fails is a result (`ok` False), not an error."""
+    `self-hosted` (what the Action may change on the machine differs). Raises
+    `CompositeError` for a mistake in the file; a step that fails is a result (`ok`
+    False), not an error."""
     doc = _load(action)
     action_dir = Path(doc["_path"]).parent
     declared = doc.get("inputs") or {}

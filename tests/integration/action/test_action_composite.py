@@ -18,9 +18,8 @@ import sys
 from pathlib import Path
 
 import pytest
-from sdk_daemon import SdkDaemon, checkout
-
 from action.testing.composite import ActionRun, CompositeError, run_action
+from sdk_daemon import SdkDaemon, checkout
 
 ROOT = Path(__file__).resolve().parents[3]
 ACTION = ROOT / "action"

@@ -14,7 +14,6 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from action import guest_kernel as gk
 
 ALL = ["kernel/drivers/virtio/virtio.ko", "kernel/drivers/virtio/virtio_ring.ko",

@@ -8,7 +8,6 @@ import math
 from pathlib import Path
 
 import pytest
-
 from action.testing.composite import (
     ActionsCache,
     CompositeError,
