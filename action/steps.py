@@ -35,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -147,7 +148,19 @@ def prepare(argv: list[str]) -> int:
         package = d.package
     else:
         package = ""
-    python = os.environ.get("TKBOX_PYTHON") or str(temp() / "tkbox-venv" / "bin" / "python")
+    python = os.environ.get("TKBOX_PYTHON") or ""
+    if not python and install:
+        python = str(temp() / "tkbox-venv" / "bin" / "python")
+    elif not python:
+        # install: false: the runner's python3, if it has tkbox
+        found = shutil.which("python3")
+        if found is None or subprocess.run([found, "-c", "import tkbox"], capture_output=True,
+                                           timeout=120).returncode != 0:
+            print("::error title=tkbox::install is false but the runner's python3 has no "
+                  "tkbox: set TKBOX_PYTHON to a Python that has it, or install: true",
+                  flush=True)
+            return 1
+        python = found
     source = tkbox_digest()
     venv_key = "" if not install or os.environ.get("TKBOX_PYTHON") else (
         f"tkbox-venv-v1-{runner_id()}-py{python_version(sys.executable)}-{source}")

@@ -444,7 +444,7 @@ def run_action(action: Path, inputs: Mapping[str, str], *, workspace: Path, runn
                cache_dir: Path, env: Mapping[str, str] | None = None,
                os_env: Mapping[str, str] | None = None,
                github: Mapping[str, str] | None = None,
-               runner_environment: str = "github-hosted", step_timeout: float = 1800,
+               runner_environment: str = "self-hosted", step_timeout: float = 1800,
                echo: Callable[[str], None] | None = None) -> ActionRun:
     """Run `action` (its folder or its action.yml) as one step of a job on a fresh
     runner whose temporary folder is `runner_temp` and whose cache service keeps its
@@ -452,8 +452,10 @@ def run_action(action: Path, inputs: Mapping[str, str], *, workspace: Path, runn
 
     `inputs` are the calling step's `with:`, `env` its `env:` (the `env` context),
     `os_env` the runner machine's environment (default this process's, less
-    GITHUB_*/RUNNER_*/INPUT_*), `runner_environment` GitHub's `github-hosted` or
-    `self-hosted` (what the Action may change on the machine differs). Raises
+    GITHUB_*/RUNNER_*/INPUT_*), `runner_environment` GitHub's `self-hosted` or
+    `github-hosted`: the second lets the Action change the machine as it does a
+    runner that is the job's own (a udev rule opening /dev/kvm to every user), so
+    give it only on such a machine. Raises
     `CompositeError` for a mistake in the file; a step that fails is a result (`ok`
     False), not an error."""
     doc = _load(action)

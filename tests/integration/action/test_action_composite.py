@@ -179,3 +179,19 @@ def test_a_mistake_in_the_action_file_fails_the_runner(tmp_path: Path, old: str,
     with pytest.raises(CompositeError) as e:
         run_once(tmp_path, tmp_path / "cache", "job", action=broken)
     assert said in str(e.value)
+
+
+def test_install_false_without_tkbox_is_one_error_at_the_first_step(tmp_path: Path):
+    """`install: false` on a runner whose python3 has no tkbox and no TKBOX_PYTHON: the
+    first step says so in one line; nothing else runs."""
+    ws = checkout(tmp_path)
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith(("TKBOX_", "GITHUB_", "RUNNER_", "INPUT_", "PYTHON"))}
+    env["PATH"] = "/usr/bin:/bin"  # the system's python3, without this checkout's tkbox
+    run = run_action(ACTION, {"prompt": "p", "install": "false"}, workspace=ws,
+                     runner_temp=tmp_path / "temp", cache_dir=tmp_path / "cache", os_env=env)
+    assert not run.ok and run.step("prepare").outcome == "failure"
+    assert run.annotations == [("error", "install is false but the runner's python3 has no "
+                                "tkbox: set TKBOX_PYTHON to a Python that has it, or "
+                                "install: true")]
+    assert all(s.outcome == "skipped" for s in run.steps[1:])
