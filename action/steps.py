@@ -14,7 +14,8 @@ repeats never hits, one that misses an input restores stale files):
 
 - venv (`RUNNER_TEMP/tkbox-venv`): the runner's OS and arch, Python's version,
   tkbox's source;
-- guest (`guest/*` but `guest/templates`): the same and the guest kernel's release;
+- guest (`guest/*` but `guest/templates` and `guest/accel.json`, the daemon's KVM
+  decision for this very machine): the same and the guest kernel's release;
 - templates (`guest/templates`): the same and QEMU's version, KVM or not, the host
   CPU (model and flags: a saved VM restores on the CPU it was saved on), the memory;
 - images (`images`): OS and arch, the image input (else the checkout's

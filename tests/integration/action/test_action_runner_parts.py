@@ -133,7 +133,8 @@ def test_paths_resolve_as_actions_glob_does(tmp_path: Path):
     (g / "initramfs-1.cpio").write_text("i")
     (g / ".hidden").write_text("h")
     (g / "templates" / "t1" / "ram").write_text("r")
-    got = resolve_paths(f"{g}/*\n!{g}/templates\n", tmp_path, "/root")
+    (g / "accel.json").write_text("{}")
+    got = resolve_paths(f"{g}/*\n!{g}/templates\n!{g}/accel.json\n", tmp_path, "/root")
     assert sorted(p.name for p in got) == [".hidden", "initramfs-1.cpio"]
     # a directory taken whole: a `!` line below it does not cut it (implicitDescendants
     # false), as a user of actions/cache might expect it to
