@@ -91,6 +91,11 @@ class ActionRun:
     path: list[str]  # what GITHUB_PATH put in front of PATH, first first
     seconds: float
 
+    def timings(self) -> list[tuple[str, float]]:
+        """(name, seconds) of every step that ran, post steps included, in order."""
+        return [(s.name, s.seconds) for s in (*self.steps, *self.posts)
+                if s.outcome != "skipped"]
+
     def step(self, key: str) -> StepRun:
         """A step by its id, else by the start of its name."""
         for s in self.steps:

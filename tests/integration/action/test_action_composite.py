@@ -122,6 +122,13 @@ def test_the_action_runs_as_github_runs_it_and_the_second_run_starts_warm(tmp_pa
     again = sorted((temp / "tkbox" / "guest").glob("initramfs-*.cpio"))
     assert [p.name for p in again] == [p.name for p in built]
     assert again[0].stat().st_mtime_ns == built_mtime
+    # each step's time, the post steps (last first) at the end, as the job's log shows them
+    names = [n for n, _ in second.timings()]
+    assert names[-3:] == ["Post Restore pulled images (cache)",
+                          "Post Restore the booted templates (cache)",
+                          "Post Restore the guest build (cache)"]
+    assert "Run the agent in a box" in names and "Restore tkbox's Python environment " \
+        "(cache)" not in names, "a skipped step has no time"
     guest = (first.step("Build the guest").seconds, second.step("Build the guest").seconds)
     print(f"\nguest step: cold {guest[0]:.2f} s, warm {guest[1]:.2f} s; whole action: "
           f"cold {first.seconds:.2f} s, warm {second.seconds:.2f} s")
