@@ -14,6 +14,7 @@ from action.testing.composite import (
     UsesContext,
     parse_file_command,
     resolve_paths,
+    run_action,
 )
 from action.testing.expressions import (
     ExpressionError,
@@ -182,3 +183,86 @@ def test_the_cache_stand_in_refuses_keys_actions_cache_refuses(tmp_path: Path, k
     a, w, ctx = cache_step(tmp_path, tmp_path, str(tmp_path), key)
     with pytest.raises(CompositeError):
         a.main(w, ctx)
+
+
+SYNTHETIC = """\
+name: t
+description: what the runner carries between steps
+inputs:
+  who:
+    description: a name
+    default: world
+outputs:
+  said:
+    description: the greeting
+    value: ${{ steps.greet.outputs.said }}
+runs:
+  using: composite
+  steps:
+    - id: setup
+      shell: bash
+      run: |
+        mkdir -p "$RUNNER_TEMP/bin"
+        printf '#!/bin/sh\\necho "hi from the path"\\n' > "$RUNNER_TEMP/bin/tool"
+        chmod +x "$RUNNER_TEMP/bin/tool"
+        echo "$RUNNER_TEMP/bin" >> "$GITHUB_PATH"
+        { echo 'MULTI<<END'; echo 'one'; echo 'two'; echo 'END'; } >> "$GITHUB_ENV"
+        echo "::add-mask::s3cret-value"
+        echo "the value is s3cret-value"
+        echo "### from setup" >> "$GITHUB_STEP_SUMMARY"
+    - id: greet
+      shell: bash
+      env:
+        WHO: ${{ inputs.who }}
+        FROM_ENV: ${{ env.MULTI }}
+      run: |
+        tool
+        test "$MULTI" = "$(printf 'one\\ntwo')"
+        test "$FROM_ENV" = "$MULTI"
+        echo "said=hello $WHO" >> "$GITHUB_OUTPUT"
+        echo "- greeted $WHO" >> "$GITHUB_STEP_SUMMARY"
+    - id: flaky
+      shell: bash
+      continue-on-error: true
+      run: echo "::warning::about to fail" && exit 3
+    - id: after
+      shell: sh
+      run: echo "ran after a failure that was allowed"
+    - id: broken
+      shell: bash
+      run: exit 1
+    - id: skipped
+      shell: bash
+      run: echo never
+    - id: cleanup
+      if: failure() && steps.broken.outcome == 'failure'
+      shell: python
+      run: print("cleaning up after", "${{ steps.broken.conclusion }}")
+"""
+
+
+def test_the_runner_carries_env_path_outputs_and_summaries_between_steps(tmp_path: Path):
+    (tmp_path / "a").mkdir()
+    (tmp_path / "a" / "action.yml").write_text(SYNTHETIC)
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    r = run_action(tmp_path / "a", {"who": "tkbox"}, workspace=ws,
+                   runner_temp=tmp_path / "temp", cache_dir=tmp_path / "cache")
+    assert [(s.id, s.outcome, s.conclusion) for s in r.steps] == [
+        ("setup", "success", "success"), ("greet", "success", "success"),
+        ("flaky", "failure", "success"), ("after", "success", "success"),
+        ("broken", "failure", "failure"), ("skipped", "skipped", "skipped"),
+        ("cleanup", "success", "success")]
+    assert not r.ok and r.outputs == {"said": "hello tkbox"}
+    assert "hi from the path" in r.log and "cleaning up after failure" in r.log
+    assert "the value is ***" in r.log and "s3cret-value" not in r.log
+    assert r.summary == "### from setup\n- greeted tkbox\n"
+    assert r.env == {"MULTI": "one\ntwo"} and r.path == [str(tmp_path / "temp" / "bin")]
+    assert ("warning", "about to fail") in r.annotations
+
+
+def test_the_runner_refuses_inputs_the_action_does_not_declare(tmp_path: Path):
+    (tmp_path / "action.yml").write_text(SYNTHETIC)
+    with pytest.raises(CompositeError, match="does not declare"):
+        run_action(tmp_path / "action.yml", {"whom": "x"}, workspace=tmp_path,
+                   runner_temp=tmp_path / "t", cache_dir=tmp_path / "c")
