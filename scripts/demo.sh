@@ -66,10 +66,11 @@ GH_BINDING="${TKBOX_DEMO_GH_BINDING:-api.github.com:$PORT}"
 
 say "the signer (its own process) and the daemon (which may reach the stand-ins)"
 tk signer init --dev >/dev/null 2>&1 || true
-tk signer serve & pids+=($!)
+# Started directly, not through tk: $! is then the service itself, which cleanup ends.
+"$PY" -m tkbox.cli signer serve & pids+=($!)
 for _ in $(seq 100); do tk signer status >/dev/null 2>&1 && break; sleep 0.2; done
 tk signer status >/dev/null 2>&1 || fail "the signer does not answer"
-tk daemon --egress-permit 127.0.0.1/32 --egress-hosts "$work/hosts" \
+"$PY" -m tkbox.cli daemon --egress-permit 127.0.0.1/32 --egress-hosts "$work/hosts" \
   --ca-cert "$work/origin/ca.pem" & pids+=($!)
 for _ in $(seq 100); do tk ls >/dev/null 2>&1 && break; sleep 0.2; done
 tk ls >/dev/null 2>&1 || fail "the daemon does not answer"

@@ -48,4 +48,22 @@ def test_the_demo_fails_at_a_step_whose_outcome_does_not_happen(tmp_path: Path):
     assert "Authorization held the real token: True" not in r.stdout
     # the token (made by the demo: ghp_demo + 32 hex digits) is in no output
     assert "ghp_demo" not in r.stdout + r.stderr
+    # and nothing it started outlives it (a daemon left running keeps its VMs, its
+    # sockets and whatever file descriptors it inherited)
+    assert leftovers(home) == []
+
+
+def leftovers(home: Path) -> list[str]:
+    """Processes still running with the demo's TKBOX_HOME in their environment."""
+    mark = f"TKBOX_HOME={home}".encode()
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            if mark in (proc / "environ").read_bytes().split(b"\0"):
+                found.append((proc / "cmdline").read_bytes().replace(b"\0", b" ").decode())
+        except OSError:
+            continue
+    return found
 
