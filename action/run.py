@@ -99,6 +99,99 @@ def summary(text: str) -> None:
             f.write(text + "\n")
 
 
+#: the caches the Action restores (action.yml), by the name in TKBOX_CACHE_<NAME>
+CACHES = (("venv", "tkbox's Python environment"), ("guest", "guest build"),
+          ("templates", "booted templates"), ("images", "pulled images"),
+          ("tools", "agent tool disks"))
+MAX_PHASES = 24
+
+
+def cache_states() -> list[tuple[str, str, str]]:
+    """(what, state, key) per cache, from the restore steps' `cache-hit` outputs; empty
+    when this script runs without the Action's cache steps."""
+    if not any(f"TKBOX_CACHE_{n.upper()}_KEY" in os.environ for n, _ in CACHES):
+        return []
+    out = []
+    for name, what in CACHES:
+        key = os.environ.get(f"TKBOX_CACHE_{name.upper()}_KEY", "")
+        hit = os.environ.get(f"TKBOX_CACHE_{name.upper()}", "")
+        state = ("not used" if not key else "hit" if hit == "true" else
+                 "restored from an older key" if hit == "false" else
+                 "miss: filled by this run, saved when the job succeeds")
+        out.append((what, state, key))
+    return out
+
+
+def cache_lines() -> list[str]:
+    return [f"tkbox: cache {what}: {state}" + (f" ({key})" if key else "")
+            for what, state, key in cache_states()]
+
+
+def cache_table() -> str:
+    rows = cache_states()
+    if not rows:
+        return ""
+    return ("#### Caches\n\n| cache | | key |\n| --- | --- | --- |\n" +
+            "".join(f"| {what} | {state} | {code_span(key) if key else ''} |\n"
+                    for what, state, key in rows))
+
+
+def read_marks() -> dict[str, float]:
+    """`NAME EPOCH` lines the Action's steps wrote; the last of each name."""
+    path = os.environ.get("TKBOX_ACTION_MARKS")
+    marks: dict[str, float] = {}
+    if not path or not os.path.isfile(path):
+        return marks
+    with open(path, encoding="ascii", errors="replace") as f:
+        for line in f.read(1 << 16).splitlines():
+            parts = line.split()
+            if len(parts) == 2:
+                try:
+                    marks[parts[0]] = float(parts[1])
+                except ValueError:
+                    continue
+    return marks
+
+
+def phase_name(name: object) -> str:
+    """A phase's name as a table cell: printable, no `|` or backtick, bounded."""
+    text = "".join(c if c.isprintable() and c not in "|`" else "?" for c in str(name)[:40])
+    return text or "?"
+
+
+def timing_rows(phases: object, agent_seconds: float) -> list[tuple[str, float | None]]:
+    """Where the time went: what the Action measured (install, the cache restores, the
+    guest build) from its marks, then `tkbox agent`'s own phases (its JSON `phases`,
+    seconds by name, in its order), then the total. None: did not run."""
+    m = read_marks()
+    rows: list[tuple[str, float | None]] = []
+
+    def span(a: str, b: str) -> float | None:
+        return m[b] - m[a] if a in m and b in m and m[b] >= m[a] else None
+
+    if m:
+        rows.append(("install", span("prepared", "install-end")))
+        rows.append(("cache restore", span("keyed", "guest-start")))
+        rows.append(("guest", span("guest-start", "guest-end")))
+    given = [(phase_name(k), float(v)) for k, v in list(
+        phases.items() if isinstance(phases, dict) else [])[:MAX_PHASES]
+        if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e7]
+    rows += given
+    rest = agent_seconds - sum(v for _, v in given)
+    rows.append(("tkbox agent, other" if given else "tkbox agent", max(rest, 0.0)))
+    if "start" in m:
+        rows.append(("total", time.time() - m["start"]))
+    return rows
+
+
+def timing_table(phases: object, agent_seconds: float) -> str:
+    rows = timing_rows(phases, agent_seconds)
+    print("tkbox: time: " + ", ".join(
+        f"{k} {'skipped' if v is None else f'{v:.1f} s'}" for k, v in rows), flush=True)
+    return ("#### Where the time went\n\n| phase | seconds |\n| --- | ---: |\n" +
+            "".join(f"| {k} | {'skipped' if v is None else f'{v:.1f}'} |\n" for k, v in rows))
+
+
 class Services:
     """The signer and the daemon this script started (and only those)."""
 
@@ -212,16 +305,15 @@ def main() -> None:
         if s:
             argv += ["--secret", s]
 
+    for line in cache_lines():
+        print(line, flush=True)
     remote = remote_signer(i)
     services = Services(home, env)
     try:
         services.up([*remote, *shlex.split(env.get("TKBOX_DAEMON_ARGS", ""))], bool(remote))
-        if agent != "claude-code" and not i.get("image") and \
-                services.tk("image", "inspect", "tkbox/default").returncode != 0:
-            print("tkbox: building tkbox/default (once)", flush=True)
-            if services.tk("image", "build").returncode != 0:
-                fail("could not build the tkbox/default image (mmdebstrap); see the log")
+        started = time.time()
         proc = subprocess.run(argv, env=env, stdout=subprocess.PIPE, stderr=None, text=True)
+        agent_seconds = time.time() - started
     finally:
         services.down()
     try:
@@ -267,15 +359,20 @@ def main() -> None:
         did = "" if not isinstance(applied, dict) else (
             f"- applied to the workspace: {counts or 'nothing to apply'}"
             f" (`{outcome.get('applied_patch')}`)\n")
+        timings = timing_table(outcome.get("phases"), agent_seconds)
         summary(f"### tkbox: {agent} in box `{outcome.get('box')}`\n\n"
                 f"- exit status: `{outcome.get('status')}`\n"
                 f"- patch: `{outcome.get('patch')}` ({outcome.get('patch_bytes')} bytes)\n"
                 + did + "".join(f"{line}\n" for line in lines) +
                 f"- bundle: `{outcome.get('bundle')}` (verify: `tkbox verify BUNDLE "
                 f"--trust TRUST`)\n" + (f"- **failed**: {code_span(str(outcome['error']))}\n"
-                                        if outcome.get("error") else ""))
+                                        if outcome.get("error") else "")
+                + "\n" + timings + "\n" + cache_table())
         if outcome.get("error"):
             fail(f"{outcome['error']}; the bundle is {outcome.get('bundle')}", proc.returncode or 1)
+    else:
+        summary(f"### tkbox: {agent}: no box ran\n\n"
+                + timing_table(None, agent_seconds) + "\n" + cache_table())
     if proc.returncode != 0:
         fail("tkbox agent failed before the box started (see the line above)", proc.returncode)
 

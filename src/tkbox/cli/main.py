@@ -64,6 +64,28 @@ def _emit(data: Any, as_json: bool, human: Any = None) -> None:
         human(data)
 
 
+def waiting_since(since: object, now: float) -> str:
+    """A wall-clock time (seconds since the epoch) as a person reads it: the local
+    time, with the date unless it is today, and how long ago (`14:03:07 (12 s ago)`).
+    Anything but a finite number is shown as `?` (`--json` keeps the raw value)."""
+    import math
+    import time
+
+    if isinstance(since, bool) or not isinstance(since, int | float) \
+            or not math.isfinite(since) or abs(since) > 1e11:
+        return "?"
+    at, today = time.localtime(since), time.localtime(now)
+    clock = time.strftime("%H:%M:%S" if at[:3] == today[:3] else "%Y-%m-%d %H:%M:%S", at)
+    ago = now - since
+    if ago < 0:
+        return f"{clock} (in the future: check the clocks)" if ago < -5 else f"{clock} (now)"
+    # each unit until 120 (or 48 hours) of it have passed, then the next one
+    for unit, size, until in (("s", 1, 120), ("min", 60, 7200), ("h", 3600, 172800)):
+        if ago < until:
+            return f"{clock} ({int(ago // size)} {unit} ago)"
+    return f"{clock} ({int(ago // 86400)} days ago)"
+
+
 def _box_line(b: dict[str, Any]) -> str:
     e = f" — {b['error']}" if b.get("error") else ""
     return f"{b.get('display_name', b['name'])}: {b['state']}{e}"
@@ -584,12 +606,15 @@ def approvals(as_json: JsonOpt = False) -> None:
         if not items:
             out.print("nothing waits for approval")
             return
+        import time
+
+        now = time.time()
         t = Table("BOX", "ID", "HOST", "PORT", "REQUEST", "WAITING SINCE")
         for i in items:
             # an `ask` rule holds one request: its method and path (bounded, escaped)
             req = f"{i.get('method')} {i.get('path')}" if i.get("method") else "(connection)"
             t.add_row(str(i.get("box")), str(i.get("id")), str(i.get("host")),
-                      str(i.get("port")), escape(req), str(i.get("since")))
+                      str(i.get("port")), escape(req), waiting_since(i.get("since"), now))
         out.print(t)
 
     _emit(items, as_json, human)

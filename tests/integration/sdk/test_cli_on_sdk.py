@@ -52,3 +52,29 @@ def test_cli_errors_stay_one_line_with_their_exit_status(daemon: SdkDaemon, tmp_
                        capture_output=True, text=True, timeout=60)
     assert r.returncode == 3 and r.stderr.count("\n") == 1
     assert "daemon is not running" in r.stderr
+
+
+def test_cli_approvals_show_a_time_a_person_reads(daemon: SdkDaemon, ws: Path):
+    """`tkbox approvals` prints when each connection began to wait as a local clock time
+    and how long ago (`14:03:07 (2 s ago)`), not seconds since the epoch; `--json`
+    keeps the number for programs."""
+    import asyncio
+    import re
+
+    assert tk(daemon, "run", "--name", "w1", "--workspace", str(ws), "--image", "oci:/x"
+              ).returncode == 0
+    run_id = json.loads(tk(daemon, "inspect", "w1", "--json").stdout)["run_id"]
+    assert daemon.loop is not None
+    waiting = asyncio.run_coroutine_threadsafe(
+        daemon.approvals.wait_for_answer("w1", run_id, "held.test", 443), daemon.loop)
+    try:
+        [item] = json.loads(tk(daemon, "approvals", "--json").stdout)
+        assert isinstance(item["since"], float) and item["host"] == "held.test"
+        r = tk(daemon, "approvals")
+        assert r.returncode == 0, r.stderr
+        row = next(line for line in r.stdout.splitlines() if "held.test" in line)
+        assert re.search(r"\b\d\d:\d\d:\d\d \(\d+ s ago\)", row), row
+        assert str(int(item["since"])) not in r.stdout
+    finally:
+        tk(daemon, "deny", "w1", str(item["id"]))
+        waiting.result(30)

@@ -1,0 +1,1 @@
+"""Running the Action as GitHub does, for tests and benchmarks (no part of the Action)."""
