@@ -11,8 +11,8 @@ The facts about one kernel release R (all read, nothing guessed from the OS name
   installs it readable by root only, so with `--may-sudo` that one file is made
   readable (`sudo -n chmod 0644`), as the install step may change the runner;
 - tkbox can unpack it: `extract_vmlinux` finds the ELF kernel (an ELF image, or a
-  bzImage whose payload is XZ); otherwise the payload's compression is read from
-  the bzImage's setup header (`payload_offset`, boot protocol 2.08+) and named;
+  bzImage whose payload is XZ, ZSTD, LZ4, gzip, bzip2 or LZMA); otherwise the
+  payload's compression, read from the bzImage's setup header, is named with why;
 - it boots through PVH, as tkbox boots the ELF kernel: `/boot/config-R` says
   `CONFIG_PVH=y` (no config file: not known, not refused);
 - its modules directory has `modules.dep`, and each of `REQUIRED` is there as a
@@ -131,10 +131,9 @@ def examine(image: Path, may_sudo: bool = False,
     try:
         extract_vmlinux(raw)
         facts.notes.append("its image unpacks to an ELF kernel")
-    except TkboxError:
-        facts.problems.append(
-            f"its image's payload is {payload_compression(raw)}-compressed, which tkbox's "
-            "guest build does not unpack (it reads an ELF kernel or an XZ payload)")
+    except TkboxError as exc:
+        facts.problems.append(f"its image ({payload_compression(raw)}) does not unpack: "
+                              f"{str(exc).split(';')[0]}")
     config = image.parent / f"config-{facts.release}"
     if config.is_file():
         if re.search(r"^CONFIG_PVH=y$", config.read_text(errors="replace"), re.M):
@@ -236,8 +235,9 @@ def decide(*, boot: Path = Path("/boot"), release: str | None = None,
     return Decision(None, "", lines, (
         f"no kernel on this runner boots tkbox's guest (the running {release}: "
         f"{running.why()}" + "".join(f"; {f.release}: {f.why()}" for f in tried) +
-        "); set TKBOX_KERNEL to an ELF vmlinux or a bzImage with an XZ payload "
-        "(Debian's linux-image-amd64 is one) and its modules in /lib/modules"))
+        "); set TKBOX_KERNEL to an ELF vmlinux or a bzImage whose payload is XZ, ZSTD, "
+        "LZ4, gzip, bzip2 or LZMA (Debian's and Ubuntu's are) and its modules in "
+        "/lib/modules"))
 
 
 def command_data(text: str) -> str:

@@ -14,6 +14,7 @@ import struct
 from pathlib import Path
 
 import pytest
+import zstandard
 from action import guest_kernel as gk
 
 ALL = ["kernel/drivers/virtio/virtio.ko", "kernel/drivers/virtio/virtio_ring.ko",
@@ -31,9 +32,15 @@ def bzimage(payload: bytes) -> bytes:
     return bytes(img) + payload
 
 
-XZ_ELF = bzimage(lzma.compress(b"\x7fELF" + b"\0" * 60, format=lzma.FORMAT_XZ))
-LZ4 = bzimage(b"\x02\x21\x4c\x18" + b"\0" * 64)
-ZSTD = bzimage(b"\x28\xb5\x2f\xfd" + b"\0" * 64)
+ELF = b"\x7fELF" + b"\0" * 60
+XZ_ELF = bzimage(lzma.compress(ELF, format=lzma.FORMAT_XZ))
+# Ubuntu's kernels: LZ4's legacy frame (one block of literals) and ZSTD
+LZ4_ELF = bzimage(b"\x02\x21\x4c\x18" + struct.pack("<I", 2 + len(ELF))
+                  + bytes([0xF0, len(ELF) - 15]) + ELF)
+ZSTD_ELF = bzimage(zstandard.ZstdCompressor().compress(ELF))
+# a compression tkbox does not unpack, and an LZ4 payload that is not a kernel
+LZO = bzimage(b"\x89LZO" + b"\0" * 64)
+LZ4_JUNK = bzimage(b"\x02\x21\x4c\x18" + b"\0" * 64)
 
 
 def add_kernel(root: Path, release: str, image: bytes, *, modules: list[str] = ALL,
@@ -82,8 +89,10 @@ def test_built_in_drivers_count_as_present(runner: Path):
 
 
 @pytest.mark.parametrize(("image", "kw", "why"), [
-    (LZ4, {}, "payload is LZ4-compressed, which tkbox's guest build does not unpack"),
-    (ZSTD, {}, "payload is ZSTD-compressed"),
+    (LZO, {}, "its image (LZO) does not unpack: the kernel's payload is LZO-compressed, "
+              "which tkbox does not unpack"),
+    (LZ4_JUNK, {}, "its image (LZ4) does not unpack: the kernel's LZ4 payload is not an "
+                   "ELF kernel"),
     (XZ_ELF, {"pvh": False}, "cannot boot through PVH"),
     (XZ_ELF, {"modules": ALL[:3] + ALL[5:]}, "has neither module nor built-in "
                                              "virtio_blk, virtio_console"),
@@ -127,17 +136,26 @@ def test_an_unreadable_image_is_made_readable_only_when_the_step_may(
     assert d.kernel is not None and "made readable (sudo chmod 0644)" in d.lines[0]
 
 
+@pytest.mark.parametrize("image", [LZ4_ELF, ZSTD_ELF], ids=["lz4", "zstd"])
+def test_ubuntus_lz4_and_zstd_kernels_boot_the_guest_with_no_package(runner: Path,
+                                                                    image: bytes):
+    add_kernel(runner, "6.8.0-1-azure", image)
+    d = decide(runner)
+    assert d.kernel is not None and not d.package
+    assert "its image unpacks to an ELF kernel" in d.lines[0]
+
+
 def test_no_kernel_after_the_install_is_one_error_naming_the_fix(runner: Path):
-    add_kernel(runner, "6.8.0-1-azure", LZ4)
-    add_kernel(runner, "6.8.0-51-generic", LZ4)
+    add_kernel(runner, "6.8.0-1-azure", LZO)
+    add_kernel(runner, "6.8.0-51-generic", LZO)
     d = decide(runner, after_install=True)
     assert d.kernel is None and "\n" not in d.error
     assert d.error.startswith("no kernel on this runner boots tkbox's guest (the running "
-                              "6.8.0-1-azure: its image's payload is LZ4-compressed")
-    assert "6.8.0-51-generic: its image's payload is LZ4" in d.error
-    assert d.error.endswith("set TKBOX_KERNEL to an ELF vmlinux or a bzImage with an XZ "
-                            "payload (Debian's linux-image-amd64 is one) and its modules in "
-                            "/lib/modules")
+                              "6.8.0-1-azure: its image (LZO) does not unpack")
+    assert "6.8.0-51-generic: its image (LZO) does not unpack" in d.error
+    assert d.error.endswith("set TKBOX_KERNEL to an ELF vmlinux or a bzImage whose payload "
+                            "is XZ, ZSTD, LZ4, gzip, bzip2 or LZMA (Debian's and Ubuntu's "
+                            "are) and its modules in /lib/modules")
     # the package is installed already and does not help: said before any apt run
     d = decide(runner, is_installed=lambda p: True)
     assert d.error and not d.package
@@ -149,15 +167,16 @@ def test_tkbox_kernel_is_the_operators_choice(runner: Path):
     d = decide(runner, explicit=str(good))
     assert d.kernel is not None and d.kernel.image == good
     assert "the one TKBOX_KERNEL names" in d.lines[0]
-    bad = add_kernel(runner, "6.9.0-1-lz4", LZ4)
+    bad = add_kernel(runner, "6.9.0-1-lzo", LZO)
     d = decide(runner, explicit=str(bad))
     assert d.kernel is None and not d.package, "nothing is installed in its place"
-    assert d.error.startswith(f"TKBOX_KERNEL={bad} cannot boot tkbox's guest: its image's "
-                              "payload is LZ4-compressed")
+    assert d.error.startswith(f"TKBOX_KERNEL={bad} cannot boot tkbox's guest: its image "
+                              "(LZO) does not unpack")
 
 
 def test_the_payload_compression_is_read_from_the_setup_header():
     assert gk.payload_compression(XZ_ELF) == "XZ"
-    assert gk.payload_compression(LZ4) == "LZ4"
+    assert gk.payload_compression(LZ4_ELF) == "LZ4"
+    assert gk.payload_compression(ZSTD_ELF) == "ZSTD"
     assert gk.payload_compression(b"\x7fELF...") == "none (an ELF kernel)"
     assert gk.payload_compression(b"junk") == "unknown (not a bzImage)"
