@@ -164,7 +164,7 @@ def main() -> None:
     services = Services(home, env)
     try:
         services.up(shlex.split(env.get("TKBOX_DAEMON_ARGS", "")))
-        if agent != "claude-code" and not i.get("image") and \
+        if agent not in ("claude-code", "codex", "gemini") and not i.get("image") and \
                 services.tk("image", "inspect", "tkbox/default").returncode != 0:
             print("tkbox: building tkbox/default (once)", flush=True)
             if services.tk("image", "build").returncode != 0:

@@ -175,7 +175,7 @@ def build_server(socket: str | None = None, *, answer_approvals: bool = False,
         default that folder) copied in. `allow`: a subset of the operator's hosts
         (default: all of them). `secrets`: names of the operator's bindings (default:
         all of them). `tools`: an agent's program on its own disk, on PATH
-        (`claude-code`)."""
+        (`claude-code`, `codex` or `gemini`, as NAME[@VERSION][:BUILD])."""
         async def go() -> dict[str, Any]:
             chose = [k for k, v in (("workspace", workspace), ("allow", allow),
                                     ("secrets", secrets), ("env", env), ("tools", tools))
