@@ -8,6 +8,10 @@ bash scripts/setup.sh
 # The Claude Code image the agent tests run (an install step: its npm package comes
 # from the registry through a box's door, minutes under emulation, once).
 .venv/bin/python scripts/build_agent_image.py
+# Codex CLI's and Gemini CLI's program disks, fetched from their npm packages and
+# checked against their pinned integrity, once: their e2e tests then use only loopback.
+.venv/bin/python -m tkbox.cli tools pull codex
+.venv/bin/python -m tkbox.cli tools pull gemini
 echo "test: ruff"
 .venv/bin/ruff check src tests benchmarks
 echo "test: mypy --strict"
