@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 from pathlib import Path
 
 import pytest
