@@ -119,3 +119,24 @@ def test_request_rules_only_refuse_with_their_errors(target: bytes,
     except (SecretLeak, BadTunnelRequest):
         return
     assert all(PH not in v for _, v in out)
+
+
+@FUZZ
+@given(st.lists(_json_bits, max_size=80).map(b"".join))
+def test_model_usage_parsed_whole_or_streamed_reads_the_same(body: bytes) -> None:
+    """A small event is parsed whole by the C JSON parser, a large one streamed through
+    the lexer: for any body, both ways read the same."""
+    from tkbox.doors.secrets import model
+
+    whole = ModelUsage()
+    whole.feed(body)
+    whole.finish()
+    saved = model.EVENT_HOLD
+    model.EVENT_HOLD = 0
+    try:
+        streamed = ModelUsage()
+        streamed.feed(body)
+        streamed.finish()
+    finally:
+        model.EVENT_HOLD = saved
+    assert streamed.fields() == whole.fields()

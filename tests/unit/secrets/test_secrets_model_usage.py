@@ -1,7 +1,11 @@
 """`tkbox.model.call`'s model name and token counts, read from each API's responses as
 they stream by: the recorded shapes of each API, streamed and not, split at every
 byte, cut short at every byte; and shapes the table does not know, which are
-recorded as unknown, never guessed from."""
+recorded as unknown, never guessed from.
+
+Every test runs twice: as the door reads (an event or small body parsed whole by
+the C JSON parser, a larger one streamed through the lexer), and with every
+document streamed through the lexer (`EVENT_HOLD` 0): both must read the same."""
 
 from __future__ import annotations
 
@@ -10,7 +14,14 @@ from typing import Any
 
 import pytest
 
+from tkbox.doors.secrets import model
 from tkbox.doors.secrets.model import HELD_MAX, MAX_DEPTH, ModelUsage
+
+
+@pytest.fixture(autouse=True, params=["as-the-door-reads", "all-streamed"])
+def hold(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    if request.param == "all-streamed":
+        monkeypatch.setattr(model, "EVENT_HOLD", 0)
 
 
 def sse(events: list[tuple[str | None, Any]], eol: str = "\n") -> bytes:

@@ -1,10 +1,14 @@
 """Reading the model name and token usage from a model API's response. Pure, streaming.
 
-The body is read as it passes, never buffered: a streaming JSON lexer keeps the
-path of object keys from a document's root, and captures only the scalar values
-at the paths the API table (`SHAPES`) names, each bounded. Memory per body: the
-container kinds of the open document (at most `MAX_DEPTH`), a few keys, and the
-captured values of one document (at most `MAX_CAPTURE` bytes each).
+The body is read as it passes, never buffered whole. A document (an event's
+data, or a JSON body) of at most `EVENT_HOLD` bytes is held until it ends and
+parsed whole by the C JSON parser (`whole_documents`); a larger one streams
+through a JSON lexer (`_Lexer`) that keeps the path of object keys from the
+document's root and captures only the scalar values at the paths the API
+table (`SHAPES`) names, each bounded. Both read exactly the same (tests feed
+every document both ways). Memory per body: one held document, the container
+kinds of the open document (at most `MAX_DEPTH`), a few keys, and the captured
+values of one document (at most `MAX_CAPTURE` bytes each): `HELD_MAX` in all.
 
 Framing, sniffed from the body's first byte that is not white space (or a BOM):
 
@@ -16,8 +20,11 @@ Framing, sniffed from the body's first byte that is not white space (or a BOM):
   §9.2.6 "Interpreting an event stream"): lines end with CRLF, LF or CR; a line
   `data:VALUE` (one leading space dropped) adds VALUE to the event's data, the
   data lines of one event joined by LF; a blank line ends the event; comments
-  (`:`) and other fields are skipped. Each event's data is one document (an
-  event that is not JSON, like Chat Completions' `data: [DONE]`, is skipped).
+  (`:`) and other fields are skipped. Each event's data is one document; an
+  event that is not whole JSON (Chat Completions' `data: [DONE]`) is none, and
+  a held event in which no marker of any shape can be (`_MAYBE`: no marker
+  value as a JSON string, no marker key, no `\\u` escape) is passed over
+  unparsed (the text deltas that make up most of a stream).
 
 Which API a document is, and where its model and counts are, is decided by the
 table, never from a member found elsewhere: a document is a shape's when its
@@ -55,12 +62,14 @@ Anything else at those paths is not recorded.
 
 `fields()` gives `api` (`unknown` when no document was recognized: then no
 model and no counts, whatever members the body had), `model` and `usage` when
-read, and `incomplete: true` when the body ended inside a document or an event,
-or stopped being JSON: the counts are then those of the documents read whole.
+read, and `incomplete: true` when the body ended inside a document (a stream
+cut short), or a JSON body stopped being JSON: the counts are then those of the
+documents read whole.
 """
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from collections.abc import Callable
@@ -70,9 +79,10 @@ from typing import Any
 Path = tuple[str, ...]
 
 MAX_DEPTH = 512  # containers open at once; deeper is not read
-MAX_KEY = 64  # bytes of a key kept (no key tkbox reads is longer)
+MAX_KEY = 256  # bytes of a key kept (a key tkbox reads fits, each character escaped)
 MAX_CAPTURE = 1024  # bytes of a captured string or number kept (a model name's escapes)
-MAX_BARE = 256  # bytes of a number or literal
+MAX_BARE = 256  # bytes of a number or literal kept (a longer one is no count)
+EVENT_HOLD = 8192  # bytes of one event (or a small body) parsed whole
 MAX_FIELD = 16  # bytes of an SSE field name
 
 
@@ -143,13 +153,15 @@ def _wanted(shapes: tuple[Shape, ...]) -> frozenset[Path]:
 WANTED = _wanted(SHAPES)
 PREFIXES = frozenset(p[:i] for p in WANTED for i in range(1, len(p)))
 #: the most a reader holds between two chunks, whatever the body (`ModelUsage.held`)
-HELD_MAX = MAX_DEPTH + MAX_KEY + MAX_BARE + MAX_CAPTURE * (len(WANTED) + 1) + MAX_FIELD + 3
+HELD_MAX = MAX_DEPTH + MAX_KEY + MAX_BARE + MAX_CAPTURE * (len(WANTED) + 1) + MAX_FIELD + \
+    EVENT_HOLD + 3
 
 _WS = re.compile(rb"[ \t\r\n]+")
 _PLAIN = re.compile(rb'[^"\\]+')  # a run of a string's bytes that are not " or \
 _SKIP = re.compile(rb'[^"{}\[\]]+')  # inside a container nobody reads: all but these
 _BARE = re.compile(rb"[-+.0-9A-Za-z]+")
 _LINE = re.compile(rb"[^\r\n]+")
+_LINES = re.compile(rb"([^\r\n]*)(\r\n|\r|\n)")  # a whole line and its end
 _COUNT = re.compile(rb"0|[1-9][0-9]{0,11}")  # fullmatch: a canonical count
 _NUMBER = re.compile(rb"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?")
 _MODEL = re.compile(r"[\x20-\x7e]{1,128}")
@@ -190,6 +202,7 @@ class _Lexer:
         self.cap: bytearray | None = None  # a wanted string's raw bytes
         self.esc = False
         self.bare = bytearray()
+        self.bare_over = False
         self.skip_base = 0
         self.doc: dict[Path, object] = {}
 
@@ -215,10 +228,11 @@ class _Lexer:
                     i = self._skip_byte(data[i], i)
             elif st == _BARE_TOKEN:
                 j = _past(_BARE, data, i)
-                self.bare += data[i:j]
-                if len(self.bare) > MAX_BARE:
-                    self._broken()
-                    return
+                if not self.bare_over:
+                    self.bare += data[i:j]
+                    if len(self.bare) > MAX_BARE:
+                        self.bare_over = True  # no count is this long: read as none
+                        self.bare.clear()
                 i = j
                 if i < n:
                     self._bare_end()
@@ -292,6 +306,7 @@ class _Lexer:
         if c in b"-0123456789tfn":
             self.vpath = path
             self.bare.clear()
+            self.bare_over = False
             self.state = _BARE_TOKEN
             return i
         self._broken()
@@ -432,6 +447,12 @@ class _Lexer:
     def _bare_end(self) -> None:
         tok = bytes(self.bare)
         self.bare.clear()
+        if self.bare_over:
+            self.bare_over = False
+            if self.vpath is not None and self.vpath in WANTED:
+                self.doc[self.vpath] = None
+            self.state, self.first = _AFTER, False
+            return
         if tok not in (b"true", b"false", b"null") and not _NUMBER.fullmatch(tok):
             self._broken()
             return
@@ -455,6 +476,105 @@ class _Lexer:
         whole = self.idle
         self.reset()
         return whole
+
+
+class _NotJSON(ValueError):
+    pass
+
+
+def _no_constant(name: str) -> object:
+    raise _NotJSON(name)  # NaN, Infinity: not JSON
+
+
+class _NotCount:
+    """A number at a count's path that is not a canonical count."""
+
+
+_NOT_COUNT = _NotCount()
+
+
+def _int(text: str) -> object:
+    return int(text) if _COUNT.fullmatch(text.encode()) else _NOT_COUNT
+
+
+Getter = Callable[[Path], object]
+
+
+def whole_documents(raw: bytes) -> list[Getter] | None:
+    """The documents of `raw` read whole (the C JSON parser), each as a getter of the
+    value at a path, as the lexer would capture it; None when `raw` is not one JSON
+    value of at most `MAX_DEPTH` levels (the caller then streams it through the lexer)."""
+    if raw.count(b"{") + raw.count(b"[") > MAX_DEPTH:
+        return None  # perhaps deeper than the lexer reads
+    try:
+        text = raw.decode("utf-8")
+        # "-0" is a number no count is: only then is every integer checked as it is read
+        value = (_CHECKED if b"-0" in raw else _DECODER).decode(text)
+    except (ValueError, RecursionError):
+        return None
+    items = value if isinstance(value, list) else [value]
+    return [functools.partial(_at, item) for item in items if isinstance(item, dict)]
+
+
+def _at(item: dict[str, Any], path: Path) -> object:
+    """The value at `path`, as the lexer captures one: a string, a count, None for
+    another scalar, `_MISSING` for none or a container."""
+    node: object = item
+    for key in path:
+        if not isinstance(node, dict):
+            return _MISSING
+        node = node.get(key, _MISSING)
+    if node is _MISSING or isinstance(node, dict | list):
+        return _MISSING
+    if isinstance(node, str):
+        return node
+    if isinstance(node, int) and not isinstance(node, bool):
+        return node if 0 <= node < 10**12 else None
+    return None  # true, false, null, a number that is no count
+
+
+_DECODER = json.JSONDecoder(parse_constant=lambda t: _no_constant(t))
+_CHECKED = json.JSONDecoder(parse_int=lambda t: _int(t), parse_float=lambda t: _NOT_COUNT,
+                            parse_constant=lambda t: _no_constant(t))
+_MISSING = object()
+
+
+def _dispatch() -> dict[Path, dict[str, int] | int]:
+    """Marker path -> (its value -> the first shape's index), or the index of the
+    first shape any string or count there marks."""
+    out: dict[Path, dict[str, int] | int] = {}
+    for idx, shape in enumerate(SHAPES):
+        if shape.values is None:
+            out.setdefault(shape.marker, idx)
+        else:
+            table = out.setdefault(shape.marker, {})
+            assert isinstance(table, dict)
+            for v in shape.values:
+                table.setdefault(v, idx)
+    return out
+
+
+_DISPATCH = _dispatch()
+#: what any document of a known shape holds: a marker value as a whole JSON string,
+#: an any-value marker's key, or an escape (which could spell either)
+_MAYBE = re.compile(b"|".join(sorted(
+    {re.escape(json.dumps(v).encode()) for s in SHAPES for v in (s.values or ())}
+    | {re.escape(json.dumps(s.marker[-1]).encode()) for s in SHAPES if s.values is None}))
+    + rb"|\\u")
+
+
+def shape_of(get: Getter) -> Shape | None:
+    """The first shape (in `SHAPES`' order) whose marker the document holds."""
+    best: int | None = None
+    for path, rule in _DISPATCH.items():
+        v = get(path)
+        if isinstance(rule, int):
+            idx = rule if isinstance(v, str | int) and v is not _MISSING else None
+        else:
+            idx = rule.get(v) if isinstance(v, str) else None
+        if idx is not None and (best is None or idx < best):
+            best = idx
+    return None if best is None else SHAPES[best]
 
 
 def _decode(raw: bytes) -> str | None:
@@ -483,16 +603,23 @@ class ModelUsage:
         self._cr = False  # the last byte was CR: a LF now is part of that line end
         self._data = False  # the event has data
         self._finished = False
+        # an event's data (or a JSON body) while it is small enough to be parsed whole
+        self._hold = bytearray()
+        self._over = False  # it was not: it streams through the lexer
 
     @property
     def held(self) -> int:
         """Bytes this reader holds (bounded whatever the body: tests check it)."""
-        return self._lexer.held + len(self._field) + len(self._lead)
+        return self._lexer.held + len(self._field) + len(self._lead) + len(self._hold)
 
     # -- the documents -----------------------------------------------------------------
 
     def _document(self, doc: dict[Path, object]) -> None:
-        shape = next((s for s in SHAPES if _marks(s, doc.get(s.marker))), None)
+        self._read(doc.get)
+
+    def _read(self, get: Getter) -> None:
+        """One whole document, by its getter of the value at a path."""
+        shape = shape_of(get)
         if shape is None:
             return
         if self.api is None:
@@ -500,12 +627,12 @@ class ModelUsage:
         elif shape.api != self.api:
             return  # another API's document in this body: not read
         if shape.model is not None and self.model is None:
-            name = doc.get(shape.root + (shape.model,))
+            name = get(shape.root + (shape.model,))
             if isinstance(name, str) and _MODEL.fullmatch(name):
                 self.model = name
         for sub, key in shape.counts.items():
-            value = doc.get(shape.root + shape.usage + sub)
-            if isinstance(value, int):
+            value = get(shape.root + shape.usage + sub)
+            if isinstance(value, int) and not isinstance(value, bool):
                 self.usage[key] = value
 
     # -- framing -----------------------------------------------------------------------
@@ -532,9 +659,40 @@ class ModelUsage:
             self._mode = "json" if data[k] in b"{[" else "sse"
             data = data[k:]
         if self._mode == "json":
-            self._lexer.feed(data)
+            self._take(data)
         else:
             self._sse(data)
+
+    def _take(self, data: bytes) -> None:
+        """A document's bytes: held while the whole is small, else streamed."""
+        if self._over:
+            self._lexer.feed(data)
+            return
+        self._hold += data
+        if len(self._hold) > EVENT_HOLD:
+            self._over = True
+            held = bytes(self._hold)
+            self._hold.clear()
+            self._lexer.feed(held)
+
+    def _end(self, *, sift: bool = False) -> tuple[bool, bool]:
+        """The held or streamed input ended: (nothing was half-read, it stopped being
+        JSON somewhere). `sift`: a held event that cannot be any shape's document (no
+        marker in it, in any spelling) is passed over unparsed."""
+        if not self._over:
+            raw = bytes(self._hold)
+            self._hold.clear()
+            if sift and not _MAYBE.search(raw):
+                return True, False
+            docs = whole_documents(raw)
+            if docs is not None:
+                for get in docs:
+                    self._read(get)
+                return True, False
+            self._lexer.feed(raw)  # not one JSON value: as the lexer reads it
+        self._over = False
+        broken = self._lexer.state == _BROKEN
+        return self._lexer.end(), broken
 
     def _sse(self, data: bytes) -> None:
         i, n = 0, len(data)
@@ -544,10 +702,35 @@ class ModelUsage:
                 if data[i] == 0x0A:
                     i += 1
                     continue
+            if self._line == "start":
+                # the whole lines in this chunk, read at once (the byte-wise path below
+                # reads a line that a chunk's end cuts)
+                for m in _LINES.finditer(data, i):
+                    line = m.group(1)
+                    if not line:
+                        if self._data:
+                            self._event_end()  # a blank line
+                    elif line[:5] == b"data:":
+                        if self._data:
+                            self._take(b"\n")  # data lines of one event: joined by LF
+                        self._data = True
+                        value = line[6:] if line[5:6] == b" " else line[5:]
+                        if value:
+                            self._take(value)
+                    elif line == b"data":  # an empty value
+                        if self._data:
+                            self._take(b"\n")
+                        self._data = True
+                    # another field, or a comment: nothing to read
+                    i = m.end()
+                    if i == n and m.group(2) == b"\r":
+                        self._cr = True  # a LF may begin the next chunk
+                if i >= n:
+                    break
             if self._line in ("data", "skip"):
                 j = _past(_LINE, data, i)
                 if self._line == "data" and j > i:
-                    self._lexer.feed(data[i:j])
+                    self._take(data[i:j])
                 i = j
                 if i < n:
                     self._line_end(data[i])
@@ -577,7 +760,7 @@ class ModelUsage:
             # value-start: one space is dropped, then the value
             if self._field == b"data":
                 if self._data:
-                    self._lexer.feed(b"\n")  # data lines of one event are joined by LF
+                    self._take(b"\n")  # data lines of one event are joined by LF
                 self._data = True
                 self._line = "data"
             else:
@@ -594,15 +777,15 @@ class ModelUsage:
         elif self._line in ("field", "value-start") and self._field == b"data":
             # `data` or `data:` alone: an empty value
             if self._data:
-                self._lexer.feed(b"\n")
+                self._take(b"\n")
             self._data = True
         self._line = "start"
 
     def _event_end(self) -> None:
+        # an event that is not whole JSON (`data: [DONE]`, or JSON that does not end
+        # before the event does) is no document: nothing is read from it
         self._data = False
-        state = self._lexer.state
-        if not self._lexer.end() and state != _BROKEN:
-            self.incomplete = True  # an event whose JSON did not end
+        self._end(sift=True)
 
     def finish(self) -> None:
         """The body ended: whatever is half-read stays unread, and says so."""
@@ -610,13 +793,16 @@ class ModelUsage:
             return
         self._finished = True
         if self._mode == "json":
-            broken = self._lexer.state == _BROKEN
-            if not self._lexer.end() or broken:
+            whole, broken = self._end()
+            if not whole or broken:
                 self.incomplete = True
         elif self._mode == "sse" and self._data:
             # the stream ended without the event's blank line: a document already whole
-            # was read; one half-read is not (WHATWG: the pending event is discarded)
-            self._event_end()
+            # is read; one half-read is not, and says so
+            self._data = False
+            whole, broken = self._end()
+            if not whole and not broken:
+                self.incomplete = True
 
     def fields(self) -> dict[str, Any]:
         out: dict[str, Any] = {"api": self.api or "unknown"}
@@ -627,9 +813,3 @@ class ModelUsage:
         if self.incomplete:
             out["incomplete"] = True
         return out
-
-
-def _marks(shape: Shape, value: object) -> bool:
-    if shape.values is None:
-        return isinstance(value, str | int)
-    return isinstance(value, str) and value in shape.values
