@@ -68,7 +68,8 @@ APART_SHOWN = 50
 
 def _box_view(raw: dict[str, Any]) -> dict[str, Any]:
     keep = ("name", "state", "run_id", "image", "image_digest", "accel", "boot_seconds",
-            "error", "allow", "env_names", "secrets", "model_hosts", "patch", "workspace")
+            "error", "allow", "env_names", "secrets", "model_hosts", "patch", "workspace",
+            "tools")
     view = {k: raw[k] for k in keep if k in raw}
     patch = view.get("patch")
     if isinstance(patch, dict) and isinstance(patch.get("set_apart"), list):

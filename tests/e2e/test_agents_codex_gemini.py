@@ -137,8 +137,9 @@ def test_the_agent_fixes_the_code_through_the_doors(world: dict[str, Any], agent
     recs = records(s, outcome["bundle"])
     text = json.dumps(recs)
     assert key not in text
-    opened = next(rec["body"] for rec in recs if rec["kind"] == "tkbox.run.open")
-    assert opened["tools"]["name"] == agent and opened["tools"]["version"]
+    opened = next(rec["body"]["facts"] for rec in recs if rec["kind"] == "tkbox.run.open")
+    assert opened["tools"]["name"] == agent and opened["tools"]["version"] == \
+        outcome["tools"]["version"]
     model = [rec["body"] for rec in recs if rec["kind"] == "tkbox.model.call"
              and rec["body"]["method"] == "POST"]
     assert len(model) >= 4, [rec["kind"] for rec in recs]
@@ -155,7 +156,9 @@ def test_the_agent_fixes_the_code_through_the_doors(world: dict[str, Any], agent
         assert all(m["api"] == "gemini.generate" and m.get("model") and m["usage"] == want
                    for m in model), model
     # the host it was not allowed: refused, and recorded
-    refused = [rec for rec in recs if "other.test" in json.dumps(rec)]
-    assert refused, [rec["kind"] for rec in recs]
-    assert not any(rec["kind"] == "tkbox.decision" and rec["body"].get("verdict") == "allow"
-                   and "other.test" in json.dumps(rec["body"]) for rec in refused), refused
+    refused = [rec for rec in recs if "other.test" in json.dumps(rec["body"])]
+    assert any(rec["kind"] == "tkbox.egress.refused" or (
+        rec["kind"] == "tkbox.decision" and rec["body"].get("allowed") is False)
+        for rec in refused), [rec["kind"] for rec in recs]
+    assert not any(rec["kind"] == "tkbox.decision" and rec["body"].get("allowed")
+                   for rec in refused), refused
