@@ -216,6 +216,23 @@ def _claude_endpoint(ep: Endpoint) -> dict[str, str]:
     return {"ANTHROPIC_BASE_URL": ep.url()}
 
 
+def _claude_result(stdout: bytes) -> dict[str, Any] | None:
+    """Claude Code's `--output-format json` result object: the last JSON line that is one.
+
+    It comes from the box, so it is only read for a few known fields, never trusted.
+    """
+    for line in reversed(stdout.decode("utf-8", errors="replace").strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "result":
+            keep = ("subtype", "is_error", "num_turns", "result", "duration_ms",
+                    "permission_denials", "usage", "total_cost_usd")
+            return {k: obj[k] for k in keep if k in obj}
+    return None
+
+
 def _claude_failed(res: dict[str, Any] | None) -> str | None:
     if res is None:
         return "Claude Code printed no JSON result"
@@ -368,7 +385,7 @@ AGENT_TABLE: dict[str, Agent] = {a.name: a for a in (
           "api.anthropic.com", "x-api-key",
           # Claude Code's own settings: no telemetry, error reports or update checks
           {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"},
-          _claude_endpoint, _claude_argv, lambda out: _claude_result(out), _claude_failed),
+          _claude_endpoint, _claude_argv, _claude_result, _claude_failed),
     Agent("codex", "Codex CLI", "codex", "OPENAI_API_KEY", "api.openai.com", "authorization",
           {}, lambda ep: {}, _codex_argv, _codex_result, _codex_failed),
     Agent("gemini", "Gemini CLI", "gemini", "GEMINI_API_KEY",
@@ -602,23 +619,6 @@ def _run_agent(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
         out.error = f"the agent exited with {why}"
     elif agent is not None and (said := agent.failed(out.agent_result)) is not None:
         out.error = said
-
-
-def _claude_result(stdout: bytes) -> dict[str, Any] | None:
-    """Claude Code's `--output-format json` result object: the last JSON line that is one.
-
-    It comes from the box, so it is only read for a few known fields, never trusted.
-    """
-    for line in reversed(stdout.decode("utf-8", errors="replace").strip().splitlines()):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("type") == "result":
-            keep = ("subtype", "is_error", "num_turns", "result", "duration_ms",
-                    "permission_denials", "usage", "total_cost_usd")
-            return {k: obj[k] for k in keep if k in obj}
-    return None
 
 
 def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
