@@ -287,8 +287,7 @@ def _codex_result(stdout: bytes) -> dict[str, Any] | None:
             seen = True
             out["turns_completed"] += 1
             if isinstance(ev.get("usage"), dict):
-                out["usage"] = {k: v for k, v in ev["usage"].items()
-                                if isinstance(k, str) and isinstance(v, int)}
+                out["usage"] = _counts(ev["usage"])
         elif kind == "turn.failed":
             seen = True
             out["turns_failed"] += 1
@@ -356,8 +355,7 @@ def _gemini_result(stdout: bytes) -> dict[str, Any] | None:
         models = (obj.get("stats") or {}).get("models") if isinstance(obj.get("stats"),
                                                                         dict) else None
         if isinstance(models, dict):
-            out["tokens"] = {str(m)[:128]: {k: v for k, v in (t.get("tokens") or {}).items()
-                                            if isinstance(v, int)}
+            out["tokens"] = {str(m)[:128]: _counts(t.get("tokens"))
                              for m, t in list(models.items())[:16] if isinstance(t, dict)}
         return out
     return None
@@ -371,6 +369,14 @@ def _gemini_failed(res: dict[str, Any] | None) -> str | None:
         return f"Gemini CLI reported an error ({e.get('type', '')[:40]}: " \
                f"{e.get('message', '')[:120]})"
     return None
+
+
+def _counts(obj: object) -> dict[str, int]:
+    """An agent's own token counts, as it printed them: at most 16, names bounded."""
+    if not isinstance(obj, dict):
+        return {}
+    return {str(k)[:64]: v for k, v in list(obj.items())[:16]
+            if isinstance(v, int) and not isinstance(v, bool)}
 
 
 def _one_line(text: str, limit: int = 300) -> str:
