@@ -30,6 +30,7 @@ import json
 import re
 import time
 from collections.abc import Callable
+from typing import Any
 
 from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.scan import Redactor, patterns
@@ -44,7 +45,7 @@ def _words(i: int) -> str:
     return " ".join(WORDS[(i * 7 + k) % len(WORDS)] for k in range(4))
 
 
-def _sse(events: list[dict[str, object]], eol: str = "\n", named: bool = True) -> bytes:
+def _sse(events: list[dict[str, Any]], eol: str = "\n", named: bool = True) -> bytes:
     out = []
     for e in events:
         head = f"event: {e['type']}{eol}" if named and "type" in e else ""
@@ -57,8 +58,8 @@ def bodies(size: int) -> dict[str, bytes]:
     usage = {"input_tokens": 328, "output_tokens": 52, "total_tokens": 380,
              "input_tokens_details": {"cached_tokens": 64},
              "output_tokens_details": {"reasoning_tokens": 16}}
-    resp = {"id": "resp_1", "object": "response", "model": "gpt-x", "status": "in_progress",
-            "output": [], "usage": None}
+    resp: dict[str, Any] = {"id": "resp_1", "object": "response", "model": "gpt-x",
+                            "status": "in_progress", "output": [], "usage": None}
     responses = _sse([{"type": "response.created", "response": resp}] + [
         {"type": "response.output_text.delta", "sequence_number": i, "item_id": "msg_1",
          "output_index": 0, "content_index": 0, "delta": _words(i)} for i in range(n)] + [
