@@ -123,6 +123,17 @@ def summary_table(run: ActionRun, heading: str) -> dict[str, str]:
     return {r[0].strip(): r[1].strip() for r in rows if len(r) >= 2}
 
 
+def _steps(run: ActionRun) -> dict[str, float]:
+    """Each step's seconds by name (a name that repeats is numbered)."""
+    out: dict[str, float] = {}
+    for name, secs in run.timings():
+        key, n = name, 2
+        while key in out:
+            key, n = f"{name} ({n})", n + 1
+        out[key] = secs
+    return out
+
+
 def one_run(label: str, work: Path, cache: Path, machine: dict[str, str],
             inputs: dict[str, str]) -> dict[str, Any]:
     runner_temp = work / "runner-temp"
@@ -145,7 +156,7 @@ def one_run(label: str, work: Path, cache: Path, machine: dict[str, str],
         raise SystemExit(f"first_try: the {label} bundle does not verify: {v.stdout}{v.stderr}")
     fixed = "return a + b" in (ws / "calc.py").read_text()
     return {"label": label, "action": action_s, "verify": verify_s,
-            "total": action_s + verify_s, "steps": run.timings(), "fixed": fixed,
+            "total": action_s + verify_s, "steps": _steps(run), "fixed": fixed,
             "phases": summary_table(run, "Where the time went"),
             "caches": summary_table(run, "Caches")}
 
@@ -197,6 +208,9 @@ def main() -> None:
         reg.stop()
         if not args.keep:
             shutil.rmtree(work, ignore_errors=True)
+    raw = bench_cache / "first_try-last.json"
+    raw.write_text(json.dumps({"runs": runs, "model_log": model.log}, indent=1, default=str))
+    print(f"first_try: the raw figures are in {raw}", flush=True)
     report(runs, model.log, args.install)
 
 
