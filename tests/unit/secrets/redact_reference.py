@@ -270,10 +270,10 @@ NOISE = st.sampled_from([b"%", b"%2", b"%25", b"\\", b"\\\\", b"\\u00", b"\\u", 
 
 
 @st.composite
-def bodies(draw: st.DrawFn, value: bytes) -> bytes:
-    """A response: the value in some shapes (some cut short), among noise."""
+def bodies(draw: st.DrawFn, value: bytes, most: int = 4) -> bytes:
+    """A response: the value in up to `most` shapes (some cut short), among noise."""
     parts = []
-    for _ in range(draw(st.integers(1, 4))):
+    for _ in range(draw(st.integers(1, most))):
         parts.append(b"".join(draw(st.lists(NOISE, max_size=6))))
         one = shaped(value, draw(shapes(value)))
         if draw(st.integers(0, 4)) == 0:  # cut short: the start, or the end, of a form

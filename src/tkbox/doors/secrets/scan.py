@@ -66,6 +66,7 @@ from __future__ import annotations
 
 import base64
 import bisect
+import functools
 import html
 import json
 import re
@@ -310,7 +311,8 @@ def _decode(text: bytes) -> tuple[bytes, list[bytes | None], list[bytes], bool]:
 # --- views -------------------------------------------------------------------------------
 
 Span = tuple[int, int]
-TAIL_WALK = 256  # a position this near a view's end is mapped walking back from it
+TAIL_WALK = 256  # a position this near a view's end is mapped walking back from it,
+TAIL_PIECES = 16  # over at most this many pieces (else all pieces' ends are listed once)
 RECHECK_ESCAPES = 64  # at most this many escapes are looked at one by one (`decodes_again`)
 
 
@@ -379,15 +381,14 @@ class _Decoded(_View):
     def _piece(self, pos: int, in_source: bool) -> tuple[int, int, int, int, int]:
         """(piece, decoded start, source start, decoded length, source length) of the
         piece holding position `pos`, decoded or (`in_source`) in the outer view."""
-        if (len(self.outer.text) if in_source else len(self.text)) - pos <= TAIL_WALK:
+        if self._ends is None and (
+                (len(self.outer.text) if in_source else len(self.text)) - pos <= TAIL_WALK):
             d, s = len(self.text), len(self.outer.text)
-            k = len(self.parts) - 1
-            while True:
+            for k in range(len(self.parts) - 1, max(len(self.parts) - TAIL_PIECES, -1), -1):
                 dl, sl = self._lengths(k)
                 d, s = d - dl, s - sl
                 if (s <= pos and sl) if in_source else (d <= pos and dl):
                     return k, d, s, dl, sl
-                k -= 1
         dends, sends = self._piece_ends()
         k = bisect.bisect_right(sends if in_source else dends, pos)
         dl, sl = self._lengths(k)
@@ -676,6 +677,11 @@ def _merged(spans: Iterable[Span]) -> list[Span]:
     return out
 
 
+def _looks(text: bytes) -> list[tuple[_View, _Squeezed]]:
+    """The views of `text` (case-folded here), each with itself squeezed."""
+    return [(v, _Squeezed(v)) for v in _views(text.lower())]
+
+
 def _starred(data: bytes, spans: Iterable[Span]) -> bytes:
     out = bytearray(data)
     for a, b in spans:
@@ -735,6 +741,12 @@ class Redactor:
                         else None) for nd in self.needles]
         longest = len(self.needles[0]) if self.needles else 0
         self.width = longest * WIDTH_PER_CHARACTER
+        # a form holding a `*` can match across a redacted range as it is; the others,
+        # only squeezed, with at most `_reach` letters and digits on each side of it
+        self._starry = any(REDACT_BYTE in nd for nd in self.needles)
+        self._starts = _Starts.of(tuple(self.needles))
+        self._squeezed_starts = _Starts.of(tuple(self.squeezed))
+        self._reach = max(map(len, self.squeezed), default=0)
         self.hold = self.width + 2 * UNSTABLE if self.needles else 0  # bytes held, at most
         self._buf = b""
         self._carry: list[int] = []  # by round: the first bytes of `_buf` it redacts
@@ -752,24 +764,27 @@ class Redactor:
         floor = 0 if final else n - self.width - UNSTABLE
         ranges: list[_Range] = [(0, c, r, True) for r, c in enumerate(self._carry) if c]
         limit = n  # bytes from here on may still change what a round's views hold
-        first: list[_View] = []
-        looks: list[tuple[_View, _Squeezed]] = []
-        stars: list[Span] = []
-        search = True
+        looks = start = _looks(buf)
+        first = [v for v, _ in looks]
+        stars: list[Span] = []  # what this round's text has redacted
+        fresh: list[Span] = []  # of those, what the last round's had not
         rnd = 0
         while True:
-            if search:
-                views = _views((_starred(buf, stars) if stars else buf).lower())
-                first = first or views
-                looks = [(v, _Squeezed(v)) for v in views]
-            found, held = self._round(looks, limit, n, floor, final, search)
+            if not fresh:  # the text of the last round: looked at again only before `held`
+                found, held = self._round(looks, limit, n, floor, final, rnd == 0)
+            elif final or any(b > limit - self.width - 2 * UNSTABLE for _, b in fresh):
+                looks = _looks(_starred(buf, stars))  # near the end: all of it again
+                found, held = self._round(looks, limit, n, floor, final, True)
+            else:  # only around the new ranges can a match be new; the end is as it was
+                found = self._around(buf, stars, fresh, start)
+                held = self._round(looks, limit, n, floor, final, False)[1]
             ranges += [(a, b, rnd, False) for a, b in found]
             more = _merged((a, b) for a, b, r, _ in ranges if r <= rnd)
             # Bytes from `held` on may still be redacted in this round: what is before
             # them, joined with what is after, could make a form in the next.
-            search = more != stars
+            fresh = [iv for iv in more if iv not in stars]
             moved, limit = held < limit, (held if held >= n else _sync(first, held))
-            if rnd + 1 == MAX_ROUNDS or not (search or moved or len(self._carry) > rnd + 1):
+            if rnd + 1 == MAX_ROUNDS or not (fresh or moved or len(self._carry) > rnd + 1):
                 break
             rnd, stars = rnd + 1, more
         decided = limit
@@ -794,12 +809,16 @@ class Redactor:
         found: list[Span] = []
         held = limit
         u = limit  # the stable end, in the view being looked at
-        for level, (view, squeezed) in enumerate(looks):
+        # A level not decoded (nothing in it was an escape) is, up to its stable end, the
+        # level before it: looked at as that, for where an escape could yet begin.
+        for level in range(max(len(looks), 1 if final or limit < n else DECODE_LEVELS)):
+            view, squeezed = looks[min(level, len(looks) - 1)]
             text = view.text
             if final:
                 u = len(text)
             else:
-                u = view.inner(u) if isinstance(view, _Decoded) else min(u, len(text))
+                if level < len(looks):
+                    u = view.inner(u) if isinstance(view, _Decoded) else min(u, len(text))
                 if limit >= n and level < DECODE_LEVELS:
                     # only bytes still to come could finish an escape: a range redacted
                     # from `limit` on finishes none
@@ -807,7 +826,7 @@ class Redactor:
                 if u < len(text):
                     held = min(held, view.start(u))
             usq = squeezed.before(u)
-            if search:
+            if search and level < len(looks):
                 seen: set[bytes] = set()
                 for snd in self.squeezed:
                     j = squeezed.text.find(snd, 0, usq)
@@ -824,11 +843,48 @@ class Redactor:
                         self._take(found, views, view.source((j, j + len(nd))))
                         j = text.find(nd, j + 1, u)
             if not final:
-                for at in (_partial(view, u, self.needles, floor),
-                           _partial(squeezed, usq, self.squeezed, floor)):
+                for at in (self._starts.partial(view, u, floor),
+                           self._squeezed_starts.partial(squeezed, usq, floor)):
                     if at is not None:
                         held = min(held, at)
         return found, held
+
+    def _around(self, buf: bytes, stars: list[Span], fresh: list[Span],
+                first: list[tuple[_View, _Squeezed]]) -> list[Span]:
+        """The matches of a round's text (`buf` with `stars` redacted) near the ranges
+        redacted since the last round (`fresh`): elsewhere its text is the last round's.
+        A new match holds a new `*` (a form that holds one) or, squeezed, joins the
+        letters and digits on both sides of a new range: the stretch searched reaches
+        as many of them as the longest squeezed form has on each side, in each view of
+        the first round (`width`, for a form with a `*` or a range with another
+        redacted range that near, whose letters and digits are gone). Each stretch
+        begins and ends where no escape is cut (`_sync`), so it decodes as the whole
+        does there."""
+        views = [v for v, _ in first]
+        stretches: list[Span] = []
+        for a, b in fresh:
+            lo, hi = max(a - self.width, 0), b + self.width
+            alone = not any(c < hi and d > lo for c, d in stars if (c, d) != (a, b))
+            if alone and not self._starry:
+                lo, hi = a, b
+                i, j = a, b
+                for view, squeezed in first:
+                    if isinstance(view, _Decoded):
+                        i, j = view.inner(i), view.inner(j)
+                    k, m = squeezed.before(i), squeezed.before(j)
+                    if k:
+                        lo = min(lo, squeezed.start(max(k - self._reach, 0)))
+                    if m < len(squeezed.text):
+                        hi = max(hi, squeezed.source((m, min(m + self._reach, len(squeezed.text))))[1])
+            stretches.append((max(lo - UNSTABLE, 0), hi + UNSTABLE))
+        found: list[Span] = []
+        for lo, hi in _merged(stretches):
+            s0, s1 = _sync(views, lo), _sync(views, hi)
+            part = _starred(buf[s0:s1], [(max(a, s0) - s0, min(b, s1) - s0)
+                                         for a, b in stars if b > s0 and a < s1])
+            got, _ = self._round(_looks(part), len(part), len(part), 0, True, True)
+            found += [(a + s0, b + s0) for a, b in got]
+        return found
 
     def _take(self, found: list[Span], views: list[_View], span: Span) -> None:
         a, b = _expand(views, span)
@@ -836,20 +892,32 @@ class Redactor:
             found.append((a, b))
 
 
-def _partial(view: _View | _Squeezed, end: int, needles: list[bytes], floor: int
-             ) -> int | None:
-    """The window position where a match not yet complete at `end` of `view` could
-    begin (the earliest, at or after `floor`)."""
-    text = view.text
-    best: int | None = None
-    for nd in needles:
-        first = nd[:1]
-        j = text.find(first, max(end - len(nd) + 1, 0), end)
-        while j != -1:
-            if nd.startswith(text[j:end]):
-                at = view.start(j)
+class _Starts:
+    """Where a form could begin at a text's end: for each byte, the forms' proper
+    prefixes that end with it, as (length, form), longest first."""
+
+    def __init__(self, needles: tuple[bytes, ...]) -> None:
+        ends: dict[int, list[tuple[int, bytes]]] = {}
+        for nd in set(needles):
+            for k in range(1, len(nd)):
+                ends.setdefault(nd[k - 1], []).append((k, nd))
+        self.ends = {c: sorted(v, key=lambda t: -t[0]) for c, v in ends.items()}
+
+    @staticmethod
+    @functools.lru_cache(maxsize=64)
+    def of(needles: tuple[bytes, ...]) -> _Starts:
+        return _Starts(needles)
+
+    def partial(self, view: _View | _Squeezed, end: int, floor: int) -> int | None:
+        """The window position where a match not yet complete at `end` of `view` could
+        begin (the earliest, at or after `floor`): where the longest suffix of
+        `view.text[:end]` that begins a form begins."""
+        if not end:
+            return None
+        text = view.text
+        for k, nd in self.ends.get(text[end - 1], ()):
+            if k <= end and nd.startswith(text[end - k:end]):
+                at = view.start(end - k)
                 if at >= floor:
-                    best = at if best is None else min(best, at)
-                    break
-            j = text.find(first, j + 1, end)
-    return best
+                    return at
+        return None

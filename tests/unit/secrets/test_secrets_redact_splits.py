@@ -1,0 +1,190 @@
+"""Attack: a bound origin splits its answer where the redactor decides too early.
+
+A reflected value whose characters sit in escapes with separators between them
+(`%67%68...`, `\\u0067-\\u0068...`, `&#103; &#104;...`, base64 wrapped in a form
+body) was redacted when the answer came in one read, but a read that ended inside
+an unfinished escape let the bytes before it go out: through a view derived from
+another (separators dropped, decoded once or twice) they could no longer begin a
+match, and the rest never matched alone. Now each view's text is final only up to
+where an unfinished escape begins, nothing a later byte could make part of a
+match is sent, and the guest receives exactly what redacting the whole answer at
+once gives (`redact_reference.reference_redact`, written apart from `scan.py`), for
+every cut, and nothing a fresh `LeakScanner` finds in it.
+"""
+
+from __future__ import annotations
+
+import base64
+import urllib.parse
+
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+from redact_reference import (
+    CONTAINERS,
+    ESCAPE_FORMS,
+    SEPARATORS,
+    VALUES,
+    Shape,
+    bodies,
+    encodings,
+    reference_redact,
+    shaped,
+    values,
+)
+
+from tkbox.doors.secrets.scan import UNSTABLE, LeakScanner, Redactor, patterns
+
+VALUE = VALUES[0]
+
+
+def _redact(value: bytes, chunks: list[bytes]) -> bytes:
+    r = Redactor(patterns([("GH", "value", value)], for_redaction=True))
+    out = []
+    for c in chunks:
+        out.append(r.feed(c))
+        assert len(r._buf) <= r.hold
+    return b"".join(out) + r.feed(b"", final=True)
+
+
+def _clean(value: bytes, out: bytes) -> None:
+    assert LeakScanner(patterns([("GH", "value", value)])).feed(out) == []
+
+
+def _every_cut(value: bytes, body: bytes) -> None:
+    """Redacted alike at every single cut, as the whole body at once, and clean."""
+    want = reference_redact(body, [value])
+    _clean(value, want)
+    assert _redact(value, [body]) == want
+    bad = [i for i in range(1, len(body)) if _redact(value, [body[:i], body[i:]]) != want]
+    assert bad == [], f"cuts that change what the guest receives: {bad[:10]}"
+
+
+def _spread(value: bytes, escape: str, sep: bytes) -> bytes:
+    return sep.join(ESCAPE_FORMS[escape](c) for c in value)
+
+
+# --- the attacks, each as found ----------------------------------------------------------
+
+
+def test_redaction_split_inside_percent_escape_between_separated_characters() -> None:
+    body = b"q=" + _spread(VALUE, "percent", b"%20") + b"&page=2"
+    assert b"*" in reference_redact(body, [VALUE])
+    _every_cut(VALUE, body)
+
+
+def test_redaction_split_inside_unicode_escape_of_separated_characters() -> None:
+    body = b'{"echo": "' + _spread(VALUE, "json-u", b"-") + b'"}'
+    _every_cut(VALUE, body)
+
+
+def test_redaction_split_inside_html_reference_of_separated_characters() -> None:
+    for form in ("html-dec", "html-hex"):
+        body = b"<p>" + _spread(VALUE, form, b" ") + b"</p>"
+        _every_cut(VALUE, body)
+
+
+def test_redaction_split_inside_line_wrapped_base64_in_a_form_body() -> None:
+    """base64 wrapped at 76 columns (MIME), then form-encoded: `%0A` between lines."""
+    value = b"ab/cd/ef/gh_0123456789-XYZ/" + b"k" * 60  # 87 bytes: the base64 wraps
+    wrapped = base64.encodebytes(b"x" + value)
+    body = b"file=" + urllib.parse.quote_plus(wrapped).encode() + b"&name=a.txt"
+    _every_cut(value, body)
+
+
+def test_redaction_split_inside_a_doubly_escaped_character() -> None:
+    """`%2567` is `%67` is `g`: a cut after `%25` leaves a `%` in the first decoding."""
+    body = b"x=" + _spread(VALUE, "percent-twice", b"%2520") + b"&y"
+    _every_cut(VALUE, body)
+
+
+def test_redaction_split_before_a_form_joined_across_a_redacted_range() -> None:
+    """The start of a form, a whole one, and the rest of the first: with the whole one
+    redacted and its `*` dropped, the two parts make a form of their own."""
+    body = b"a " + VALUE[:9] + b" " + VALUE + b" " + VALUE[9:] + b" z"
+    assert reference_redact(body, [VALUE]).count(b"*") == 2 * len(VALUE) + 2
+    _every_cut(VALUE, body)
+
+
+# --- every escape form, separator, encoding and container: every cut ---------------------
+
+
+@pytest.mark.parametrize("escape", sorted(ESCAPE_FORMS))
+def test_every_escape_form_is_redacted_alike_at_every_cut(escape: str) -> None:
+    _every_cut(VALUE, b"<" + shaped(VALUE, Shape("raw-0", escape, 1, b"\n", "bare")) + b">")
+
+
+@pytest.mark.parametrize("sep", SEPARATORS, ids=repr)
+def test_every_separator_is_redacted_alike_at_every_cut(sep: bytes) -> None:
+    _every_cut(VALUE, b"<" + shaped(VALUE, Shape("raw-0", "json-u", 2, sep, "bare")) + b">")
+
+
+@pytest.mark.parametrize("encoding", sorted(encodings(VALUE)))
+def test_every_encoding_is_redacted_alike_at_every_cut(encoding: str) -> None:
+    _every_cut(VALUE, b"<" + shaped(VALUE, Shape(encoding, "percent", 3, b"", "bare")) + b">")
+
+
+@pytest.mark.parametrize("container", sorted(CONTAINERS))
+def test_every_container_is_redacted_alike_at_every_cut(container: str) -> None:
+    _every_cut(VALUE, shaped(VALUE, Shape("hex-1", "html-dec", 2, b"\\n", container)))
+
+
+SOME = settings(max_examples=30, deadline=None,
+                suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@SOME
+@given(st.data())
+def test_any_corpus_body_is_redacted_as_a_whole_at_every_cut(data: st.DataObject) -> None:
+    """Bodies of the corpus with one shape (more, and longer runs, in tests/fuzz/secrets),
+    every single cut."""
+    value = data.draw(values)
+    _every_cut(value, data.draw(bodies(value, most=1)))
+
+
+@SOME
+@given(st.data())
+def test_any_corpus_body_is_redacted_as_a_whole_at_random_cuts(data: st.DataObject) -> None:
+    value = data.draw(values)
+    body = data.draw(bodies(value))
+    cuts = sorted(set(data.draw(st.lists(st.integers(0, len(body)), max_size=24))))
+    chunks = [body[a:b] for a, b in zip([0, *cuts], [*cuts, len(body)], strict=True)]
+    want = reference_redact(body, [value])
+    assert _redact(value, chunks) == want
+    _clean(value, want)
+
+
+# --- the reference is no oracle that agrees with anything ------------------------------------
+
+
+def test_the_reference_redacts_each_shape_and_nothing_else() -> None:
+    for escape in ESCAPE_FORMS:
+        for sep in (b"", b"\\n", b"&#10;"):
+            body = shaped(VALUE, Shape("raw-0", escape, 1, sep, "bare"))
+            assert set(reference_redact(body, [VALUE])) == {ord("*")}, (escape, sep)
+    plain = b'{"a": "hello %41 &amp; \\n \\u00e9 &#x41;", "b": "' + VALUE[:12] + b'"}'
+    assert reference_redact(plain, [VALUE]) == plain
+
+
+# --- what is held back is bounded ----------------------------------------------------
+
+
+@pytest.mark.parametrize("stream", [
+    b"&" + b"a" * 40,  # a name too long to be one: no escape, however long
+    b"&#x" + b"0" * 7,  # unfinished numeric references, again and again
+    b"\\u00",
+    b"%2",
+    b" ",  # the first character of the value, then endless separators
+], ids=["long-name", "numeric", "unicode", "percent", "separators"])
+def test_an_endless_unfinished_form_holds_at_most_hold_bytes(stream: bytes) -> None:
+    """A hostile origin that never finishes: at most `hold` bytes wait, the rest goes
+    on, and the guest gets every byte (redacted or not) by the end."""
+    r = Redactor(patterns([("GH", "value", VALUE)], for_redaction=True))
+    assert r.hold == r.width + 2 * UNSTABLE
+    sent = len(r.feed(VALUE[:1]))
+    for _ in range(400):
+        sent += len(r.feed(stream * 8))
+        assert len(r._buf) <= r.hold
+    assert sent >= 1 + 400 * len(stream) * 8 - r.hold
+    sent += len(r.feed(b"", final=True))
+    assert sent == 1 + 400 * len(stream) * 8
