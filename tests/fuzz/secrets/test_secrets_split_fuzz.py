@@ -24,7 +24,6 @@ from html.entities import html5
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-
 from tests.unit.secrets.redact_reference import (
     NOISE,
     VALUES,
@@ -34,6 +33,7 @@ from tests.unit.secrets.redact_reference import (
     shapes,
     values,
 )
+
 from tkbox.doors.secrets.scan import LeakScanner, Redactor, patterns
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,

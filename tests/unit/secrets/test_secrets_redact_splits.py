@@ -85,9 +85,11 @@ def test_redaction_split_inside_html_reference_of_separated_characters() -> None
 
 
 def test_redaction_split_inside_line_wrapped_base64_in_a_form_body() -> None:
-    """base64 wrapped at 76 columns (MIME), then form-encoded: `%0A` between lines."""
-    value = b"ab/cd/ef/gh_0123456789-XYZ/" + b"k" * 60  # 87 bytes: the base64 wraps
-    wrapped = base64.encodebytes(b"x" + value)
+    """base64 wrapped at 64 columns (PEM), then form-encoded: `%0A` between lines, the
+    value's form over three of them."""
+    value = b"ab/cd/ef/gh_0123456789-XYZ/" + b"k" * 100  # its base64 spans three lines
+    raw = base64.b64encode(b"x" + value)
+    wrapped = b"\n".join(raw[i:i + 64] for i in range(0, len(raw), 64))
     body = b"file=" + urllib.parse.quote_plus(wrapped).encode() + b"&name=a.txt"
     _every_cut(value, body)
 

@@ -700,7 +700,7 @@ class Redactor:
     match. Every range is replaced by as many `*` (lengths, and so `Content-Length`,
     do not change). The views of the result are then searched again, since a form
     whose parts a redacted range kept apart is whole once the `*` are dropped, and
-    so on (a round each) until a round finds nothing new.
+    so on (a round each) until a round finds nothing new, `MAX_ROUNDS` at most.
 
     **Streaming.** The output is exactly that, however the body was split. A view's
     text is final only up to its *stable end*: the window's end, moved back to where
@@ -727,7 +727,10 @@ class Redactor:
     digits to have one); the second level is decoded only where an escape could hold
     a byte the first decoded to (`_Decoded.decodes_again`); positions are mapped back
     to the window's bytes only for a match found, one not yet complete, or a view's
-    stable end; a second round runs only when the first redacted something.
+    stable end; a later round runs only when the last redacted something or held
+    more back, and then searches only around what was redacted (`_around`) unless
+    that is near the end; where a form could begin at a text's end is looked up by
+    its last byte (`_Starts`).
     """
 
     def __init__(self, pats: Sequence[Pattern]) -> None:
@@ -875,7 +878,8 @@ class Redactor:
                     if k:
                         lo = min(lo, squeezed.start(max(k - self._reach, 0)))
                     if m < len(squeezed.text):
-                        hi = max(hi, squeezed.source((m, min(m + self._reach, len(squeezed.text))))[1])
+                        last = min(m + self._reach, len(squeezed.text))
+                        hi = max(hi, squeezed.source((m, last))[1])
             stretches.append((max(lo - UNSTABLE, 0), hi + UNSTABLE))
         found: list[Span] = []
         for lo, hi in _merged(stretches):
