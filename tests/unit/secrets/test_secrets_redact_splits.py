@@ -15,6 +15,7 @@ every cut, and nothing a fresh `LeakScanner` finds in it.
 from __future__ import annotations
 
 import base64
+import random
 import urllib.parse
 
 import pytest
@@ -33,6 +34,7 @@ from redact_reference import (
     values,
 )
 
+from tkbox.doors.secrets import scan
 from tkbox.doors.secrets.scan import UNSTABLE, LeakScanner, Redactor, patterns
 
 VALUE = VALUES[0]
@@ -190,3 +192,24 @@ def test_an_endless_unfinished_form_holds_at_most_hold_bytes(stream: bytes) -> N
     assert sent >= 1 + 400 * len(stream) * 8 - r.hold
     sent += len(r.feed(b"", final=True))
     assert sent == 1 + 400 * len(stream) * 8
+
+
+# --- positions mapped back alike, however they are looked up ---------------------------------
+
+
+def test_a_piece_is_found_alike_walking_back_summing_back_and_bisecting() -> None:
+    """`_Decoded._piece` finds the piece holding a position three ways (by how far from
+    the end it is, and whether all ends are listed): each gives what listing all does."""
+    rnd = random.Random(5)
+    toks = [b"%41", b"\\u00e9", b"\\\\", b"\\n", b"&amp;", b"&#x1f600;", b"abc", b"\x00", b"%",
+            b"&", b"xxxxx", b"\\u2028", b"&foo;"]
+    for _ in range(40):
+        text = b"".join(rnd.choice(toks) for _ in range(rnd.randrange(1, 3000))).lower()
+        for v in scan._views(text)[1:]:
+            assert isinstance(v, scan._Decoded)
+            listed = scan._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
+            listed._piece_ends()
+            for in_source, total in ((True, len(v.outer.text)), (False, len(v.text))):
+                for pos in rnd.sample(range(total), min(total, 40)):
+                    fresh = scan._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
+                    assert fresh._piece(pos, in_source) == listed._piece(pos, in_source)

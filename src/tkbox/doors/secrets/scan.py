@@ -299,7 +299,8 @@ def _decode(text: bytes) -> tuple[bytes, list[bytes | None], list[bytes], bool]:
         dec[1::2] = map(_TABLE.__getitem__, parts[1::2])
         out = b"".join(dec)
         # each escape took its marker (`\\\\` two), so the rest are in literal pieces
-        left = marks - len(parts) // 2 - parts[1::2].count(_MARKED_BACKSLASH)
+        left = marks - len(parts) // 2 - (
+            parts[1::2].count(_MARKED_BACKSLASH) if b"\\\\" in text else 0)
         if out.count(b"\0") == left:  # no escape stood for a NUL
             return out.replace(b"\0", b""), parts, dec, True
     parts = _MARK_SPLIT.split(marked)
@@ -366,29 +367,56 @@ class _Decoded(_View):
         n = len(p) - p.count(b"\0") if self.marked else len(p)
         return n, n
 
+    def _lens(self, k0: int) -> tuple[list[int], list[int]]:
+        """(decoded lengths, source lengths) of the pieces from `k0` (even) on, at C
+        speed."""
+        dec, parts = self.dec[k0:], self.parts[k0:]
+        dls = list(map(len, dec))
+        if self.marked:  # literal pieces: less their markers
+            dls[0::2] = map(sub, dls[0::2], map(bytes.count, dec[0::2], repeat(b"\0")))
+        sls = dls[:]  # literal pieces are the same in both
+        sls[1::2] = map(sub, map(length_hint, parts[1::2]),
+                        map(_HOLDS_MARK.__contains__, parts[1::2]))
+        return dls, sls
+
     def _piece_ends(self) -> tuple[list[int], list[int]]:
-        """Where each piece ends, decoded and in the source (computed once, at C speed)."""
+        """Where each piece ends, decoded and in the source (computed once)."""
         if self._ends is None:
-            dls = list(map(len, self.dec))
-            if self.marked:  # literal pieces: less their markers
-                dls[0::2] = map(sub, dls[0::2], map(bytes.count, self.dec[0::2], repeat(b"\0")))
-            sls = dls[:]  # literal pieces are the same in both
-            sls[1::2] = map(sub, map(length_hint, self.parts[1::2]),
-                            map(_HOLDS_MARK.__contains__, self.parts[1::2]))
+            dls, sls = self._lens(0)
             self._ends = list(accumulate(dls)), list(accumulate(sls))
         return self._ends
 
     def _piece(self, pos: int, in_source: bool) -> tuple[int, int, int, int, int]:
         """(piece, decoded start, source start, decoded length, source length) of the
-        piece holding position `pos`, decoded or (`in_source`) in the outer view."""
-        if self._ends is None and (
-                (len(self.outer.text) if in_source else len(self.text)) - pos <= TAIL_WALK):
+        piece holding position `pos`, decoded or (`in_source`) in the outer view.
+
+        Near the end, found walking back over the last pieces; further back, by
+        summing the lengths of the last pieces (more each time) until they reach it;
+        with all pieces' ends listed, by bisecting them."""
+        total, other = ((len(self.outer.text), len(self.text)) if in_source
+                        else (len(self.text), len(self.outer.text)))
+        if self._ends is None and total - pos <= TAIL_WALK:
             d, s = len(self.text), len(self.outer.text)
             for k in range(len(self.parts) - 1, max(len(self.parts) - TAIL_PIECES, -1), -1):
                 dl, sl = self._lengths(k)
                 d, s = d - dl, s - sl
                 if (s <= pos and sl) if in_source else (d <= pos and dl):
                     return k, d, s, dl, sl
+        many = 256
+        while self._ends is None and 4 * many < len(self.parts):
+            k0 = (len(self.parts) - many) & ~1
+            dls, sls = self._lens(k0)
+            mine, theirs = (sls, dls) if in_source else (dls, sls)
+            back = list(accumulate(reversed(mine)))  # bytes from each piece to the end
+            if back[-1] >= total - pos:
+                i = bisect.bisect_left(back, total - pos)
+                k = len(self.parts) - 1 - i
+                start = total - back[i]
+                other_start = other - sum(theirs[k - k0:])
+                ml, tl = mine[k - k0], theirs[k - k0]
+                return ((k, other_start, start, tl, ml) if in_source
+                        else (k, start, other_start, ml, tl))
+            many *= 8
         dends, sends = self._piece_ends()
         k = bisect.bisect_right(sends if in_source else dends, pos)
         dl, sl = self._lengths(k)
