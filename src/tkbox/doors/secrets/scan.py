@@ -27,9 +27,9 @@ text is case-folded before it is decoded, so an escape is recognised in any case
 - the C, JavaScript and Python byte escape `\\xXX` -> the byte;
 - HTML character references (WHATWG HTML, "Character references"): `&#DDD;`
   (1 to 10 digits) and `&#xHHH;` (1 to 8 hex digits) -> the code point in UTF-8,
-  with the spec's replacements (`html.unescape`: 0, surrogates and past U+10FFFF
-  are U+FFFD; 0x80 to 0x9F are windows-1252); and every named reference the
-  spec lists with its `;` (2125 names, `html.entities.html5`; folded to lower
+  as the spec reads it (`html.unescape`: 0, surrogates and past U+10FFFF are
+  U+FFFD, 0x80 to 0x9F windows-1252, other controls and noncharacters nothing);
+  and every named reference the spec lists with its `;` (2125 names, `html.entities.html5`; folded to lower
   case, a name that differs from another only in case decodes as its lower-case
   spelling does, so `&colon;` and `&Colon;` are both `:`).
 
@@ -120,6 +120,13 @@ def _named() -> dict[bytes, bytes]:
 
 
 NAMED = _named()
+# The numeric references HTML does not read as their code point (WHATWG HTML, "Numeric
+# character reference end state": 0 and 128-159 are replaced, controls and
+# noncharacters dropped), as `html.unescape` reads them; the rest are the code point,
+# or U+FFFD for a surrogate or past U+10FFFF.
+_NUMERIC = {n: html.unescape(f"&#{n};").encode() for n in (
+    *range(0x100), *range(0xFDD0, 0xFDF0), *(p << 16 | q for p in range(17) for q in (0xFFFE, 0xFFFF)))
+    if html.unescape(f"&#{n};") != chr(n)}
 # Bytes the squeezed views drop: everything but ASCII letters and digits.
 NOT_ALNUM = bytes(b for b in range(256) if not (48 <= b <= 57 or 97 <= b <= 122 or 65 <= b <= 90))
 MIN_SQUEEZED = 8
@@ -139,7 +146,9 @@ def decode_escape(esc: bytes) -> bytes:
         else:
             out = _JSON_SHORT[kind]
     elif kind == b"#":
-        out = html.unescape(esc.decode("ascii")).encode()
+        n = int(esc[3:-1], 16) if esc[2:3] == b"x" else int(esc[2:-1])
+        out = _NUMERIC[n] if n in _NUMERIC else (
+            b"\xef\xbf\xbd" if n > 0x10FFFF or 0xD800 <= n <= 0xDFFF else chr(n).encode())
     else:
         out = NAMED.get(esc[1:-1], esc)
     return out.lower()
@@ -248,7 +257,7 @@ class _EscapeTable(dict[bytes | None, bytes]):
     LIMIT = 1 << 15
 
     def __missing__(self, key: bytes | None) -> bytes:
-        assert key is not None and ESCAPES.fullmatch(key)  # an escape
+        assert key is not None  # an escape `ESCAPES` matched (None, a marker, is in)
         rep = decode_escape(key)
         if len(self) < self.LIMIT:
             self[key] = rep
