@@ -29,9 +29,10 @@ text is case-folded before it is decoded, so an escape is recognised in any case
   (1 to 10 digits) and `&#xHHH;` (1 to 8 hex digits) -> the code point in UTF-8,
   as the spec reads it (`html.unescape`: 0, surrogates and past U+10FFFF are
   U+FFFD, 0x80 to 0x9F windows-1252, other controls and noncharacters nothing);
-  and every named reference the spec lists with its `;` (2125 names, `html.entities.html5`; folded to lower
-  case, a name that differs from another only in case decodes as its lower-case
-  spelling does, so `&colon;` and `&Colon;` are both `:`).
+  and every named reference the spec lists with its `;` (2125 names,
+  `html.entities.html5`; folded to lower case, a name that differs from another
+  only in case decodes as its lower-case spelling does, so `&colon;` and
+  `&Colon;` are both `:`).
 
 Not decoded: an HTML reference without its `;` (`&amp` then text: a parse error
 in HTML), an unknown name, numeric references with more digits than above;
@@ -124,9 +125,10 @@ NAMED = _named()
 # character reference end state": 0 and 128-159 are replaced, controls and
 # noncharacters dropped), as `html.unescape` reads them; the rest are the code point,
 # or U+FFFD for a surrogate or past U+10FFFF.
-_NUMERIC = {n: html.unescape(f"&#{n};").encode() for n in (
-    *range(0x100), *range(0xFDD0, 0xFDF0), *(p << 16 | q for p in range(17) for q in (0xFFFE, 0xFFFF)))
-    if html.unescape(f"&#{n};") != chr(n)}
+_NUMERIC = {n: html.unescape(f"&#{n};").encode()
+            for n in (*range(0x100), *range(0xFDD0, 0xFDF0),
+                      *(p << 16 | q for p in range(17) for q in (0xFFFE, 0xFFFF)))
+            if html.unescape(f"&#{n};") != chr(n)}
 # Bytes the squeezed views drop: everything but ASCII letters and digits.
 NOT_ALNUM = bytes(b for b in range(256) if not (48 <= b <= 57 or 97 <= b <= 122 or 65 <= b <= 90))
 MIN_SQUEEZED = 8
