@@ -45,8 +45,8 @@ base64 file wrapped at 76 columns, in a JSON string with `\\n`) hide nothing.
 
 **Scanning** (requests: is any value or placeholder leaving?). The scanner keeps
 the last `span` bytes it saw (64 times the longest form), cut where no escape of
-the first two views is (`_sync`), so any occurrence ending in a chunk is inside
-that chunk's window and decoded as the whole stream decodes it: the set of hits
+the first two views is (`_sync`), so any occurrence (no wider than that) ending in
+a chunk is inside that chunk's window and decoded as the whole stream decodes it: the set of hits
 does not depend on how the bytes were split, and memory is bounded by `span`
 plus one chunk and `UNSTABLE`. Each feed looks at the tail again, so a streaming
 caller feeds at least `span` new bytes at a time (or what is left at the
@@ -58,7 +58,8 @@ escape it touches whole, at both levels, and the separators between its
 characters); a match whose range is wider than `width` (64 times the longest
 form) is not one. Each range is replaced by as many `*`; then the views of the
 result are searched again (a form whose parts a redacted range kept apart is
-joined once the `*` are dropped) until nothing is found. The guest receives
+joined once the `*` are dropped) until nothing is found (`MAX_ROUNDS` searches at
+most). The guest receives
 exactly what redacting the whole body at once gives, however the origin's bytes
 were split.
 """
