@@ -402,9 +402,9 @@ class _Decoded(_View):
         """(piece, decoded start, source start, decoded length, source length) of the
         piece holding position `pos`, decoded or (`in_source`) in the outer view.
 
-        Near the end, found walking back over the last pieces; further back, by
+        Near the end, found walking back over the last pieces; in the last quarter, by
         summing the lengths of the last pieces (more each time) until they reach it;
-        with all pieces' ends listed, by bisecting them."""
+        elsewhere, by listing all pieces' ends once and bisecting them."""
         total, other = ((len(self.outer.text), len(self.text)) if in_source
                         else (len(self.text), len(self.outer.text)))
         if self._ends is None and total - pos <= TAIL_WALK:
@@ -414,8 +414,8 @@ class _Decoded(_View):
                 d, s = d - dl, s - sl
                 if (s <= pos and sl) if in_source else (d <= pos and dl):
                     return k, d, s, dl, sl
-        many = 256
-        while self._ends is None and 4 * many < len(self.parts):
+        many = 256  # (only for the last quarter: further back, listing all costs less)
+        while self._ends is None and 4 * (total - pos) <= total and 4 * many < len(self.parts):
             k0 = (len(self.parts) - many) & ~1
             dls, sls = self._lens(k0)
             mine, theirs = (sls, dls) if in_source else (dls, sls)
