@@ -92,7 +92,7 @@ def escape_at(t: bytes, i: int) -> tuple[int, bytes] | None:
 Char = tuple[int, int, int]  # (byte, first body byte, end)
 
 
-def _decode(chars: list[Char]) -> tuple[list[Char], list[tuple[int, int]]]:
+def decode_level(chars: list[Char]) -> tuple[list[Char], list[tuple[int, int]]]:
     """One level of decoding, and the body ranges of the escapes it decoded."""
     t = bytes(c[0] for c in chars)
     out: list[Char] = []
@@ -134,8 +134,8 @@ def _widen(span: tuple[int, int], escapes: list[tuple[int, int]]) -> tuple[int, 
 def _round(body: bytes, needles: list[bytes], squeezed: list[bytes], width: int
            ) -> set[tuple[int, int]]:
     level0: list[Char] = [(x, i, i + 1) for i, x in enumerate(body.lower())]
-    level1, esc0 = _decode(level0)
-    level2, esc1 = _decode(level1)
+    level1, esc0 = decode_level(level0)
+    level2, esc1 = decode_level(level1)
     escapes = esc0 + esc1
     found: set[tuple[int, int]] = set()
     for view in (level0, level1, level2):

@@ -28,6 +28,7 @@ from redact_reference import (
     VALUES,
     Shape,
     bodies,
+    decode_level,
     encodings,
     reference_redact,
     shaped,
@@ -213,3 +214,43 @@ def test_a_piece_is_found_alike_walking_back_summing_back_and_bisecting() -> Non
                 for pos in rnd.sample(range(total), min(total, 40)):
                     fresh = scan._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
                     assert fresh._piece(pos, in_source) == listed._piece(pos, in_source)
+
+
+# --- the fast paths are the reference's ------------------------------------------------------
+
+
+def _reference_levels(low: bytes) -> list[bytes]:
+    level0 = [(x, i, i + 1) for i, x in enumerate(low)]
+    level1 = decode_level(level0)[0]
+    level2 = decode_level(level1)[0]
+    return [bytes(c[0] for c in lv) for lv in (level1, level2)]
+
+
+@SOME
+@given(st.lists(st.one_of(st.sampled_from([b"%41", b"%2541", b"\\u00e9", b"\\\\", b"\\\\u0041",
+                                           b"\\n", b"\\x41", b"&amp;", b"&#x1f600;", b"&#65;",
+                                           b"&colon;", b"&Colon;", b"&foo;", b"\x00", b"%",
+                                           b"&", b"\\", b";", b"#", b"x", b"\\u", b"&#x"]),
+                          st.binary(max_size=4)), max_size=300).map(b"".join))
+def test_decoding_is_the_reference_decoding(text: bytes) -> None:
+    """Both levels, on the sparse and the dense (marked) paths: what the reference's
+    escape-by-escape tokenizer gives."""
+    low = text.lower()
+    want = _reference_levels(low)
+    assert scan._decode(low)[0] == want[0]
+    views = scan._views(low)  # a level that would change nothing is left out
+    assert [v.text for v in views] + [views[-1].text] * (3 - len(views)) == [low, *want]
+
+
+@pytest.mark.parametrize("body", [
+    (VALUE + b" ") * 300 + b"z" * 3000,
+    b"-".join(VALUE[i:i + 1] for i in range(len(VALUE))) * 120 + b"x1" * 2000,
+    b"".join(b"%%%02x" % c for c in VALUE) * 80 + b"&amp;" * 600,
+    b"".join(b"\\u%04x" % c if i % 2 else bytes([c]) for i, c in enumerate(VALUE)) * 90
+    + b"q" * 900,
+], ids=["raw", "separators", "percent", "some-unicode"])
+@pytest.mark.parametrize("step", [65536, 4096, 333])
+def test_many_matches_in_one_read_are_redacted_as_the_reference(body: bytes, step: int) -> None:
+    """Hundreds of matches in a read, far from its end (positions listed, not walked)."""
+    want = reference_redact(body, [VALUE])
+    assert _redact(VALUE, [body[i:i + step] for i in range(0, len(body), step)]) == want
