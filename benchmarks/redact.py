@@ -10,27 +10,39 @@ door feeds an origin's body, and then finished (`final`). Bodies:
   `&amp;`-style entities (escapes at both levels);
 - `html`: HTML with named and numeric entities and an inline script;
 - `json+value`: `json` with the value reflected once per read, escaped a
-  different way each time (a match to map back to the window's bytes).
+  different way each time (a match to map back to the window's bytes);
+- `sse`: a model's server-sent events, fed one event (about 120 bytes) a read,
+  as a streaming answer arrives (the cost of each read, not of each byte).
 
 Baseline, on the same bytes in the same run: each read case-folded and every
 redaction form searched for as sent (`bytes.lower` and `bytes.find`), what a
 redactor that decodes nothing costs. Printed: MiB/s of each, best of
 `--repeat`, and the ratio redactor / baseline. Only ratios are results; the
-machine's other load is not controlled.
+machine's other load is not controlled (`--cpu` times the process's CPU, not
+the wall clock, which a host shared with other jobs disturbs less).
 
-    .venv/bin/python benchmarks/redact.py [--mib 32] [--repeat 3]
+`--against FILE` also times another version of `scan.py` (say the last
+release's, from `git show REV:src/tkbox/doors/secrets/scan.py`), loaded as a
+module of its own, on the same bodies, in turn with this one: its MiB/s and the
+ratio now / then.
+
+    .venv/bin/python benchmarks/redact.py [--mib 32] [--repeat 3] [--cpu] [--against FILE]
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib.util
 import json
 import os
 import random
+import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
+from types import ModuleType
 
-from tkbox.doors.secrets.scan import Redactor, patterns
+from tkbox.doors.secrets import scan
 
 VALUE = b"ghp_BenchmarkSecretValue0123456789"  # not a secret: a fixed benchmark string
 READ = 65536
@@ -68,56 +80,94 @@ def _with_value(body: bytes) -> bytes:
     return bytes(out[:len(body)])
 
 
+def _sse(size: int) -> bytes:
+    out, n, i = [], 0, 0
+    while n < size:
+        e = (b'event: content_block_delta\ndata: {"type":"content_block_delta","index":0,'
+             b'"delta":{"type":"text_delta","text":"token %d, caf\\u00e9\\n"}}\n\n' % i)
+        out.append(e)
+        n, i = n + len(e), i + 1
+    return b"".join(out)
+
+
 def bodies(size: int) -> dict[str, bytes]:
     rnd = random.Random(1)
     js = _json(size, rnd)
     return {"zeros": bytes(size), "random": os.urandom(size), "json": js, "html": _html(size),
-            "json+value": _with_value(js)}
+            "json+value": _with_value(js), "sse": _sse(size // 16)}
 
 
-def redact(body: bytes) -> int:
-    r = Redactor(patterns([("GH", "value", VALUE)], for_redaction=True))
-    n = 0
-    for i in range(0, len(body), READ):
-        n += len(r.feed(body[i:i + READ]))
-    n += len(r.feed(b"", final=True))
-    assert n == len(body)
-    return r.count
+def _reads(name: str, body: bytes) -> list[bytes]:
+    if name == "sse":  # one event a read
+        return [e + b"\n\n" for e in body.split(b"\n\n") if e]
+    return [body[i:i + READ] for i in range(0, len(body), READ)]
 
 
-def baseline(body: bytes) -> int:
-    needles = [p.needle for p in patterns([("GH", "value", VALUE)], for_redaction=True)]
+def redactor(module: ModuleType) -> Callable[[list[bytes]], int]:
+    def redact(reads: list[bytes]) -> int:
+        r = module.Redactor(module.patterns([("GH", "value", VALUE)], for_redaction=True))
+        n = 0
+        for data in reads:
+            n += len(r.feed(data))
+        n += len(r.feed(b"", final=True))
+        assert n == sum(map(len, reads))
+        return int(r.count)
+    return redact
+
+
+def baseline(reads: list[bytes]) -> int:
+    needles = [p.needle for p in scan.patterns([("GH", "value", VALUE)], for_redaction=True)]
     found = 0
-    for i in range(0, len(body), READ):
-        low = body[i:i + READ].lower()
+    for data in reads:
+        low = data.lower()
         found += sum(low.find(nd) != -1 for nd in needles)
     return found
 
 
-def best(fns: list[Callable[[bytes], int]], body: bytes, repeat: int) -> list[float]:
-    """MiB/s of each of `fns` on `body`, the best of `repeat` runs taken in turn (so a
+def best(fns: list[Callable[[list[bytes]], int]], reads: list[bytes], repeat: int,
+         clock: Callable[[], float]) -> list[float]:
+    """MiB/s of each of `fns` on `reads`, the best of `repeat` runs taken in turn (so a
     change in the machine's load falls on all of them)."""
     times: list[list[float]] = [[] for _ in fns]
     for _ in range(repeat):
         for fn, ts in zip(fns, times, strict=True):
-            t = time.perf_counter()
-            fn(body)
-            ts.append(time.perf_counter() - t)
-    return [len(body) / (1 << 20) / min(ts) for ts in times]
+            t = clock()
+            fn(reads)
+            ts.append(clock() - t)
+    return [sum(map(len, reads)) / (1 << 20) / min(ts) for ts in times]
+
+
+def load(path: Path) -> ModuleType:
+    spec = importlib.util.spec_from_file_location("scan_against", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # its dataclasses look themselves up there
+    spec.loader.exec_module(module)
+    return module
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     ap.add_argument("--mib", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
+    ap.add_argument("--cpu", action="store_true", help="time the process's CPU")
+    ap.add_argument("--against", type=Path, help="another scan.py to time in turn")
     a = ap.parse_args()
-    print(f"{a.mib} MiB in {READ // 1024} KiB reads, best of {a.repeat}")
+    clock = time.process_time if a.cpu else time.perf_counter
+    fns = [redactor(scan), baseline] + ([redactor(load(a.against))] if a.against else [])
+    print(f"{a.mib} MiB in {READ // 1024} KiB reads (sse: {a.mib * 64} KiB, an event a read), "
+          f"best of {a.repeat}, {'CPU' if a.cpu else 'wall'} time")
     print(f"{'body':12} {'redactor MiB/s':>15} {'baseline MiB/s':>15} {'ratio':>7} "
-          f"{'redactions':>11}")
+          f"{'redactions':>11}" + (f" {'against MiB/s':>14} {'now/then':>9}" if a.against else ""))
     for name, body in bodies(a.mib << 20).items():
-        red, base = best([redact, baseline], body, a.repeat)
-        print(f"{name:12} {red:15.1f} {base:15.1f} {red / base:6.2f}x {redact(body):11d}",
-              flush=True)
+        reads = _reads(name, body)
+        got = best(fns, reads, a.repeat, clock)
+        red, base = got[0], got[1]
+        line = (f"{name:12} {red:15.1f} {base:15.1f} {red / base:6.2f}x "
+                f"{fns[0](reads):11d}")
+        if a.against:
+            line += f" {got[2]:14.1f} {red / got[2]:8.2f}x"
+        print(line, flush=True)
     print("baseline: each read case-folded and every form searched for as sent (nothing decoded)")
 
 

@@ -48,8 +48,8 @@ def test_scanner_and_redactor_take_any_bytes_in_bounded_memory(chunks: list[byte
     for c in chunks:
         sc.feed(c)
         total += len(r.feed(c))
-        assert len(sc._tail) <= sc.span
-        assert len(r._buf) < r.longest
+        assert len(sc._tail) <= sc.keeps
+        assert len(r._buf) <= r.hold
     total += len(r.feed(b"", final=True))
     assert total == sum(map(len, chunks))
 
