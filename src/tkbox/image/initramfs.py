@@ -16,9 +16,11 @@ cannot take a list of (name, bytes) entries without staging a tree first.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib.util
 import io
+import json
 import modulefinder
 import os
 import py_compile
@@ -32,7 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import tkbox
-from tkbox._fs import publish
+from tkbox._fs import publish, write_atomic
 from tkbox.errors import HostError
 from tkbox.image.kernel import Kernel, cached_vmlinux, find_kernel, read_module
 
@@ -144,7 +146,53 @@ def _ldd(paths: list[Path]) -> list[Path]:
     return sorted(libs)
 
 
-def collect(kernel: Kernel | None = None) -> Inputs:
+def _stdlib_closure(scanned: list[Path], pkg_root: Path, stdlib: Path,
+                    cache: Path | None) -> dict[str, Path]:
+    """The standard library modules the agent imports (archive name -> host file), read
+    by `modulefinder` from `scanned`. That read takes seconds and its answer depends only
+    on the scanned files' bytes, this interpreter and `EXCLUDE`, so it is kept in `cache`
+    under a digest of those (a box's start re-checks the guest build every time)."""
+    h = hashlib.sha256(f"tkbox-stdlib/{BUILD_VERSION}/{sys.version}/{stdlib}/"
+                       f"{sys.executable}/{sorted(EXCLUDE)}\n".encode())
+    for p in scanned:
+        h.update(str(p).encode() + b"\0" + hashlib.sha256(p.read_bytes()).digest())
+    kept = cache / f"stdlib-{h.hexdigest()[:16]}.json" if cache is not None else None
+    if kept is not None:
+        try:
+            found = {k: Path(v) for k, v in json.loads(kept.read_text()).items()}
+            if all(p.is_file() for p in found.values()):
+                return found
+        except (OSError, ValueError, AttributeError, TypeError):
+            pass  # not there, or not ours: read the imports again
+    finder = modulefinder.ModuleFinder(path=[str(pkg_root.parent), str(stdlib),
+                                             str(stdlib / "lib-dynload")], excludes=EXCLUDE)
+    for p in scanned:
+        finder.run_script(str(p))
+    finder.import_hook("encodings.utf_8")
+    finder.import_hook("encodings.latin_1")
+    finder.import_hook("encodings.ascii")
+    finder.import_hook("encodings.idna")
+    out: dict[str, Path] = {}
+    for found_mod in finder.modules.values():
+        fname = getattr(found_mod, "__file__", None)
+        if not fname:
+            continue
+        path = Path(fname)
+        try:
+            rel_path = path.relative_to(stdlib)
+        except ValueError:
+            continue
+        if rel_path.parts and rel_path.parts[0] == "site-packages":
+            continue
+        out[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel_path}"] = path
+    if kept is not None:
+        with contextlib.suppress(OSError, HostError):
+            write_atomic(kept, json.dumps({k: str(v) for k, v in out.items()}).encode())
+    return out
+
+
+def collect(kernel: Kernel | None = None, cache: Path | None = None) -> Inputs:
+    """What goes in the initramfs; `cache` keeps the slow read of the agent's imports."""
     python = Path(os.path.realpath(getattr(sys, "_base_executable", sys.executable)))
     stdlib = Path(sysconfig.get_path("stdlib", vars={"installed_base": sys.base_prefix}))
     if not (stdlib / "os.py").is_file():
@@ -166,27 +214,8 @@ def collect(kernel: Kernel | None = None) -> Inputs:
             files[f"{APP_DIR}/msgpack/{p.name}"] = p
 
     # The stdlib the agent imports, found by reading the agent's imports.
-    finder = modulefinder.ModuleFinder(path=[str(pkg_root.parent), str(stdlib),
-                                             str(stdlib / "lib-dynload")], excludes=EXCLUDE)
-    for p in sorted(files.values()):
-        if p.suffix == ".py" and "msgpack" not in p.parts:
-            finder.run_script(str(p))
-    finder.import_hook("encodings.utf_8")
-    finder.import_hook("encodings.latin_1")
-    finder.import_hook("encodings.ascii")
-    finder.import_hook("encodings.idna")
-    for found in finder.modules.values():
-        fname = getattr(found, "__file__", None)
-        if not fname:
-            continue
-        path = Path(fname)
-        try:
-            rel_path = path.relative_to(stdlib)
-        except ValueError:
-            continue
-        if rel_path.parts and rel_path.parts[0] == "site-packages":
-            continue
-        files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel_path}"] = path
+    scanned = sorted(p for p in files.values() if p.suffix == ".py" and "msgpack" not in p.parts)
+    files.update(_stdlib_closure(scanned, pkg_root, stdlib, cache))
     # Always-needed bootstrap pieces modulefinder does not see.
     for rel in ["encodings/__init__.py", "encodings/aliases.py", "os.py", "site.py"]:
         files[f"{PY_DIR}/lib/python3.{sys.version_info.minor}/{rel}"] = stdlib / rel
@@ -267,9 +296,9 @@ class GuestBuild:
 
 def build(cache: Path, *, force: bool = False, kernel: Kernel | None = None) -> GuestBuild:
     """Build (or reuse) the initramfs and the extracted kernel for this host."""
-    inputs = collect(kernel)
-    digest = inputs.digest()
     cache.mkdir(parents=True, exist_ok=True, mode=0o700)
+    inputs = collect(kernel, cache)
+    digest = inputs.digest()
     vmlinux = cached_vmlinux(inputs.kernel, cache)
     target = cache / f"initramfs-{digest[:16]}.cpio"
     if force or not target.is_file():
