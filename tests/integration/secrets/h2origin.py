@@ -12,6 +12,7 @@ by path:
   with a trailer `x-echo-trailer: <text>`;
 - `/v1/messages`: an Anthropic Messages stand-in (JSON);
 - `/slow`: answers after `slow_seconds`;
+- `/big/<n>`: n MiB of zeros, as fast as the door's windows let it (`big_sent`);
 - `/attack/<kind>`: the origin misbehaves on that connection: `settings` (a
   SETTINGS storm), `ping` (a PING storm), `continuation` (a header block that
   never ends), `reset` (RST_STREAM on every stream it is sent);
@@ -40,6 +41,7 @@ class H2Origin:
         self.text = b""
         self.slow_seconds = 0.0
         self.connections = 0
+        self.big_sent = 0
         self.loop = asyncio.new_event_loop()
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.load_cert_chain(cert, key)
@@ -158,6 +160,9 @@ class H2Origin:
                                "model": req.get("model", "m"), "content": [],
                                "usage": {"input_tokens": 11, "output_tokens": 7}}).encode()
             ctype = b"application/json"
+        elif path.startswith("/big/"):
+            await self._big(conn, writer, sid, int(path[5:]))
+            return
         elif path.startswith("/slow"):
             await asyncio.sleep(self.slow_seconds)
             body = b"slow\n"
@@ -183,6 +188,30 @@ class H2Origin:
                 conn.send_headers(sid, trailers, end_stream=True)
             else:
                 conn.end_stream(sid)
+            writer.write(conn.data_to_send())
+            await writer.drain()
+        except Exception:  # noqa: BLE001 - the door reset the stream or left
+            return
+
+    async def _big(self, conn: h2.connection.H2Connection, writer: asyncio.StreamWriter,
+                   sid: int, mib: int) -> None:
+        """`mib` MiB of zeros, sent as fast as the door's windows let it."""
+        chunk = b"\0" * 16384
+        left = mib << 20
+        self.big_sent = 0
+        try:
+            conn.send_headers(sid, [(b":status", b"200"),
+                                    (b"content-length", str(left).encode())])
+            while left:
+                if conn.local_flow_control_window(sid) < len(chunk):
+                    writer.write(conn.data_to_send())
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+                    continue
+                conn.send_data(sid, chunk)
+                left -= len(chunk)
+                self.big_sent += len(chunk)
+            conn.end_stream(sid)
             writer.write(conn.data_to_send())
             await writer.drain()
         except Exception:  # noqa: BLE001 - the door reset the stream or left

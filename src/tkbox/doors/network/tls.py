@@ -190,17 +190,18 @@ def parse_client_hello(body: bytes) -> ClientHello:
 
 
 def _parse_alpn(data: bytes) -> tuple[bytes, ...]:
-    """RFC 7301 §3.1: a non-empty ProtocolNameList of non-empty names."""
-    r = _Reader(data, "ALPN extension")
-    lst = _Reader(r.vec(2), "ALPN protocol list")
-    if r.left or not lst.left:
-        raise TLSRefused("refused: malformed ALPN extension in the ClientHello")
-    names: list[bytes] = []
-    while lst.left:
-        proto = lst.vec(1)
-        if not proto:
-            raise TLSRefused("refused: an empty protocol name in the ClientHello's ALPN")
-        names.append(proto)
+    """RFC 7301 §3.1: a non-empty ProtocolNameList of non-empty names; `()` for
+    anything else (read only to choose what to offer; the TLS peer refuses it)."""
+    try:
+        r = _Reader(data, "ALPN extension")
+        lst = _Reader(r.vec(2), "ALPN protocol list")
+        names: list[bytes] = []
+        while lst.left:
+            names.append(lst.vec(1))
+    except TLSRefused:
+        return ()
+    if r.left or not names or not all(names):
+        return ()
     return tuple(names)
 
 
