@@ -7,6 +7,7 @@ from __future__ import annotations
 import socket
 import ssl
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -14,6 +15,30 @@ import h2.config
 import h2.connection
 import h2.events
 import h2.exceptions
+
+MAX_KEPT = 8 * 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Goaway:
+    error_code: int
+    last_stream_id: int
+    additional_data: bytes
+
+
+def find_goaway(data: bytes) -> Goaway | None:
+    """The first GOAWAY frame in a raw frame stream (RFC 9113 §6.8)."""
+    i = 0
+    while i + 9 <= len(data):
+        length = int.from_bytes(data[i:i + 3], "big")
+        if i + 9 + length > len(data):
+            return None
+        if data[i + 3] == 7 and length >= 8:
+            body = data[i + 9:i + 9 + length]
+            return Goaway(int.from_bytes(body[4:8], "big"),
+                          int.from_bytes(body[:4], "big") & 0x7FFFFFFF, body[8:])
+        i += 9 + length
+    return None
 
 
 class H2Client:
@@ -37,8 +62,9 @@ class H2Client:
         self.conn.increment_flow_control_window(16 * 1024 * 1024)
         self.flush()
         self.responses: dict[int, dict[str, Any]] = {}
-        self.goaway: h2.events.ConnectionTerminated | None = None
+        self.goaway: Goaway | None = None
         self.closed = False
+        self.received = bytearray()  # every byte the door sent, for frames read raw
 
     def flush(self) -> None:
         data = self.conn.data_to_send()
@@ -85,11 +111,14 @@ class H2Client:
         if not data:
             self.closed = True
             return False
+        if len(self.received) < MAX_KEPT:
+            self.received += data
+            self.goaway = self.goaway or find_goaway(bytes(self.received))
         try:
             events = self.conn.receive_data(data)
         except h2.exceptions.ProtocolError:
-            self.closed = True
-            return False
+            # raw frames sent past `h2` put it out of step; the raw bytes still tell
+            return True
         for ev in events:
             sid = getattr(ev, "stream_id", None)
             r = self.responses.get(sid) if sid else None
@@ -105,13 +134,30 @@ class H2Client:
                 r["ended"] = True
             elif isinstance(ev, h2.events.StreamReset) and r is not None:
                 r["reset"] = ev.error_code
-            elif isinstance(ev, h2.events.ConnectionTerminated):
-                self.goaway = ev
         try:
             self.flush()
         except (OSError, ssl.SSLError):
             self.closed = True
             return False
+        return True
+
+    def pump_raw(self, timeout: float = 0.001) -> bool:
+        """Read what has come without `h2` (which would answer, between raw frames);
+        False once the connection ended."""
+        self.sock.settimeout(timeout)
+        try:
+            data = self.sock.recv(65536)
+        except TimeoutError:
+            return True
+        except (OSError, ssl.SSLError):
+            self.closed = True
+            return False
+        if not data:
+            self.closed = True
+            return False
+        if len(self.received) < MAX_KEPT:
+            self.received += data
+            self.goaway = self.goaway or find_goaway(bytes(self.received))
         return True
 
     def wait(self, sids: list[int], timeout: float = 30) -> None:
@@ -127,7 +173,7 @@ class H2Client:
     def wait_closed(self, timeout: float = 30) -> None:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline and not self.closed:
-            self.pump()
+            self.pump_raw(0.2)
         assert self.closed, "the door did not end the connection"
 
     def status(self, sid: int) -> int:

@@ -68,10 +68,14 @@ class H2Origin:
     def close(self) -> None:
         async def stop() -> None:
             self.server.close()
+            for t in asyncio.all_tasks():
+                if t is not asyncio.current_task():
+                    t.cancel()
 
         asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
         self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(10)
+        self.loop.close()
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         self.connections += 1
