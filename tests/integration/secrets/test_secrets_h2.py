@@ -26,7 +26,6 @@ from typing import Any
 
 import pytest
 from h2client import H2Client
-from h2origin import H2Origin
 from hpack import Encoder
 from hyperframe.frame import (
     ContinuationFrame,
@@ -39,6 +38,7 @@ from secretsdoor_rig import Rig, make_ca
 
 from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets.spec import Secret, SecretSpec
+from tkbox.doors.secrets.testing import H2Origin
 
 pytestmark = pytest.mark.integration
 

@@ -4,32 +4,39 @@ The network door decides a CONNECT (allowlist, approvals, addresses, signer),
 dials exactly the address it checked, answers `200`, and then, for a host in
 this door's set (`wants`), hands both streams here instead of splicing them:
 
-1. the guest's TLS is terminated on the port stream (`TLSStream`, MemoryBIO)
-   with a leaf of the box CA for the tunnel's host; the ClientHello's server
-   name must be that host; only HTTP/1.1 is offered (ALPN);
+1. the box's first bytes are read up to its whole ClientHello
+   (`tls.read_client_hello`, kept for the handshake) to learn whether it offers
+   `h2` (ALPN);
 2. TLS to the origin runs over the already-dialed stream to the checked
    address: SNI = the host, verified against the system's trust and the
-   operator's `--ca-cert` PEMs, ALPN http/1.1;
-3. every request of the keep-alive connection, parsed by h11, goes through
+   operator's `--ca-cert` PEMs, ALPN `h2` and `http/1.1` if the box offered
+   `h2`, else `http/1.1` only;
+3. the box's TLS is terminated on the port stream (`TLSStream`, MemoryBIO)
+   with a leaf of the box CA for the tunnel's host; the ClientHello's server
+   name must be that host; `h2` is offered only if the origin chose it, so both
+   legs speak one protocol. HTTP/2 goes to `h2relay.H2Relay` (stream for
+   stream, each stream treated as below, but a leak refuses only its stream);
+   HTTP/1.1 stays here:
+4. every request of the keep-alive connection, parsed by h11, goes through
    `rules.TunnelRules`: Host check, swap, scan of target, headers, body
    (held back by the scanner's span, so no byte of a leak leaves) and
    trailers. A leak answers the guest `403` naming the secret and where,
    records `tkbox.secret.leak`, and ends the tunnel (the origin's connection
    is dropped mid-request);
-4. every response is redacted (headers, body, trailers), streaming; the body's
+5. every response is redacted (headers, body, trailers), streaming; the body's
    chunks already read are redacted and sent together (one read, one write),
    so an origin's 1-byte chunks do not each cost a redaction and a TLS write;
-5. the two sides' versions and framings may differ: every send to either
+6. the two sides' versions and framings may differ: every send to either
    side can fail, so each goes through `_send`, which makes h11's refusal the
    refusal of that side; before that, what can be normalised is (a 1.0 guest
    gets no 1xx and no trailers, and `Connection: close` when the origin's
    connection ends with the response);
-6. records: `tkbox.secret.use` per swap; `tkbox.model.call` per request
+7. records: `tkbox.secret.use` per swap; `tkbox.model.call` per request
    forwarded to a model host, in a `finally` (model and token usage read as
    the body streams by; `ended` when the exchange did not complete).
 
-Memory per tunnel: one chunk, the scanner's span, the redactor's hold, the
-h11 buffers (bounded heads).
+Memory per HTTP/1.1 tunnel: one chunk, the scanner's span, the redactor's
+hold, the h11 buffers (bounded heads); per HTTP/2 tunnel, `h2core` says.
 """
 
 from __future__ import annotations

@@ -247,7 +247,9 @@ class H2Relay:
                 data = bytes(side.out[:self.chunk])
                 del side.out[:len(data)]
                 await side.stream.send_all(data)
-                if side.has_room and not side.room.is_set():
+                if side.has_room:
+                    # whatever stopped for want of room (DATA to this side, reading
+                    # from it) goes on
                     side.room.set()
                     self._pump_all()
                     self._take()

@@ -1,5 +1,8 @@
-"""An HTTP/2 origin stand-in on loopback over TLS, written with the `h2` library,
-serving scripted answers (its own thread and loop).
+"""Test doubles of the secrets door's peers. Nothing in tkbox imports this module.
+
+`H2Origin`: an HTTP/2 origin stand-in on loopback over TLS, written with the `h2`
+library, serving scripted answers (its own thread and loop), for the door's
+integration tests, e2e tests in real boxes, and users' own tests.
 
 ALPN: `h2` and `http/1.1` are offered; a connection that chose HTTP/1.1 gets a
 one-line `426`-style answer (the tests here only need h2). It records every
