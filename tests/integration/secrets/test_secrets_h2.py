@@ -318,6 +318,42 @@ def test_curl_over_http11_still_gets_http11(w: dict[str, Any]) -> None:
     assert p.stdout.endswith("1.1"), p.stdout + p.stderr
 
 
+def test_every_stream_is_recorded_however_it_ends(w: dict[str, Any]) -> None:
+    """Each stream's `tkbox.http.request` is completed in its `finally`: a stream the
+    box resets mid-response, and the streams still open when the connection is cut
+    (here by a PING flood), are recorded with how they ended."""
+    reqs = len(bodies(w, "tkbox.http.request"))
+    w["origin"].slow_seconds = 30
+    c = client(w, RULED)
+    try:
+        big = c.request("GET", "/big/64")
+        deadline = time.monotonic() + 30
+        while c.responses[big]["headers"] is None and time.monotonic() < deadline:
+            c.pump()
+        c.conn.reset_stream(big, 8)  # CANCEL, mid-response
+        c.flush()
+        slow = [c.request("GET", "/slow") for _ in range(3)]
+        c.pump(0.5)
+        for i in range(1000):  # then a flood cuts the connection
+            if not c.send_raw(PingFrame(0, opaque_data=i.to_bytes(8, "big")).serialize()):
+                break
+        c.wait_closed()
+        assert len(slow) == 3
+    finally:
+        w["origin"].slow_seconds = 0
+        c.close()
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and len(bodies(w, "tkbox.http.request")) < reqs + 4:
+        time.sleep(0.1)
+    got = bodies(w, "tkbox.http.request")[reqs:]
+    assert len(got) == 4, got
+    first = next(g for g in got if g["path"] == "/big/64")
+    assert first["status"] == 200 and first["ended"] == "client reset the stream"
+    assert 0 < first["bytes_down"] < 64 << 20
+    rest = [g for g in got if g["path"] == "/slow"]
+    assert len(rest) == 3 and all(g["status"] is None and g.get("ended") for g in rest)
+
+
 # --- attacks --------------------------------------------------------------------------
 
 
@@ -406,8 +442,14 @@ def test_hpack_bomb_is_refused(w: dict[str, Any]) -> None:
     h.data = block
     h.flags.add("END_HEADERS")
     h.flags.add("END_STREAM")
-    c.send_raw(h.serialize())
-    c.wait_closed()
+    tracemalloc.start()
+    try:
+        c.send_raw(h.serialize())
+        c.wait_closed()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 8 * 1024 * 1024  # it would decode to 48 MB
     assert c.goaway is not None and c.goaway.error_code in (1, 11)
     outcome = last_completion(w, done)
     assert outcome["ended"] == "refused request" and "HTTP/2" in outcome["reason"]
