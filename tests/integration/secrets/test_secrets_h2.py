@@ -188,11 +188,13 @@ def test_redaction_is_identical_however_the_origin_splits_data_frames(
             c.wait(sids, timeout=60)
             outs = [c.responses[s]["body"] for s in sids]
             trailers = [c.responses[s]["trailers"] for s in sids]
+            fields = [c.responses[s]["headers"][b"x-echo-header"] for s in sids]
         finally:
             c.close()
         assert all(t is not None for t in trailers)
         assert len({t[b"x-echo-trailer"] for t in trailers if t}) == 1
         assert all(VALUE not in t[b"x-echo-trailer"] for t in trailers if t)
+        assert len(set(fields)) == 1 and VALUE not in fields[0] and b"*" * len(VALUE) in fields[0]
     assert len(set(outs)) == 1, "redaction differs with how the origin split the body"
     out = outs[0]
     assert VALUE not in out and VALUE.lower() not in out.lower()
@@ -323,6 +325,7 @@ def test_every_stream_is_recorded_however_it_ends(w: dict[str, Any]) -> None:
     box resets mid-response, and the streams still open when the connection is cut
     (here by a PING flood), are recorded with how they ended."""
     reqs = len(bodies(w, "tkbox.http.request"))
+    decided = len(w["rig"].records("tkbox.decision"))
     w["origin"].slow_seconds = 30
     c = client(w, RULED)
     try:
@@ -333,7 +336,12 @@ def test_every_stream_is_recorded_however_it_ends(w: dict[str, Any]) -> None:
         c.conn.reset_stream(big, 8)  # CANCEL, mid-response
         c.flush()
         slow = [c.request("GET", "/slow") for _ in range(3)]
-        c.pump(0.5)
+        # read on (the door queues what it sent before the reset) until the three
+        # are decided and under way: streams cut before their decision have none
+        deadline = time.monotonic() + 30
+        while len(w["rig"].records("tkbox.decision")) < decided + 4 and c.pump() \
+                and time.monotonic() < deadline:
+            pass
         for i in range(1000):  # then a flood cuts the connection
             if not c.send_raw(PingFrame(0, opaque_data=i.to_bytes(8, "big")).serialize()):
                 break

@@ -225,6 +225,11 @@ class H2Relay:
             raise eg.exceptions[0] from None
         except* (TLSError, StreamClosed, OSError):
             ended = _End("reset")
+        except* h2.exceptions.ProtocolError as eg:
+            # a call `h2` refused in a state the handlers did not foresee: the
+            # connection cannot go on (the class only: its text can quote a field)
+            ended = _End("refused request", "refused: the exchange cannot be relayed "
+                                            f"({eg.exceptions[0].__class__.__name__})")
         if ended is None:  # pragma: no cover - the readers only end by raising
             ended = _End("closed")
         self.stats["ended"] = ended.ended
@@ -377,7 +382,12 @@ class H2Relay:
 
     async def _stream(self, s: _Stream) -> None:
         try:
-            await self._open(s)
+            try:
+                await self._open(s)
+            except h2.exceptions.ProtocolError:
+                # the box reset the stream while the door answered it (a 100)
+                self._reset(self.o, s.oid, E.CANCEL)
+                s.finish("client reset the stream")
             await s.done.wait()
         finally:
             self._end_stream(s)

@@ -12,7 +12,7 @@ by path:
 - `/echo`: the request's fields and body as JSON (a host that reflects a value:
   the box must get it back redacted);
 - `/split/<n>`: `text` (set by the test) as the body, in DATA frames of n bytes,
-  with a trailer `x-echo-trailer: <text>`;
+  with a field `x-echo-header: <text>` and a trailer `x-echo-trailer: <text>`;
 - `/v1/messages`: an Anthropic Messages stand-in (JSON);
 - `/slow`: answers after `slow_seconds`;
 - `/big/<n>`: n MiB of zeros, as fast as the door's windows let it (`big_sent`);
@@ -176,6 +176,8 @@ class H2Origin:
         else:
             body = b"ok\n"
         head = [(b":status", b"200"), (b"content-type", ctype)]
+        if path.startswith("/split/"):
+            head.append((b"x-echo-header", self.text[:200]))
         if trailers is None:
             head.append((b"content-length", str(len(body)).encode()))
         else:
