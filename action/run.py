@@ -177,7 +177,8 @@ def timing_rows(phases: object, agent_seconds: float) -> list[tuple[str, float |
         phases.items() if isinstance(phases, dict) else [])[:MAX_PHASES]
         if isinstance(v, int | float) and not isinstance(v, bool) and 0 <= v < 1e7]
     rows += given
-    rest = agent_seconds - sum(v for _, v in given)
+    # "box: image" and the like are parts of "box": counted once
+    rest = agent_seconds - sum(v for k, v in given if ": " not in k)
     rows.append(("tkbox agent, other" if given else "tkbox agent", max(rest, 0.0)))
     if "start" in m:
         rows.append(("total", time.time() - m["start"]))

@@ -9,6 +9,8 @@ bash scripts/setup.sh
 # once from their own npm packages, checked against the registry's integrity and
 # tkbox's pinned copy, kept as disks; the tests themselves talk to loopback only).
 .venv/bin/tkbox tools pull claude-code
+.venv/bin/tkbox tools pull codex
+.venv/bin/tkbox tools pull gemini
 echo "test: ruff"
 .venv/bin/ruff check src tests benchmarks
 echo "test: mypy --strict"

@@ -68,7 +68,8 @@ APART_SHOWN = 50
 
 def _box_view(raw: dict[str, Any]) -> dict[str, Any]:
     keep = ("name", "state", "run_id", "image", "image_digest", "accel", "boot_seconds",
-            "error", "allow", "env_names", "secrets", "model_hosts", "patch", "workspace")
+            "error", "allow", "env_names", "secrets", "model_hosts", "patch", "workspace",
+            "tools")
     view = {k: raw[k] for k in keep if k in raw}
     patch = view.get("patch")
     if isinstance(patch, dict) and isinstance(patch.get("set_apart"), list):
@@ -175,7 +176,8 @@ def build_server(socket: str | None = None, *, answer_approvals: bool = False,
         default that folder) copied in. `allow`: a subset of the operator's entries
         (hosts, presets, each maybe with method and path rules; default: all of them).
         `secrets`: names of the operator's bindings (default: all of them). `tools`: an
-        agent's program on its own disk, on PATH (`claude-code`)."""
+        agent's program on its own disk, on PATH (`claude-code`, `codex` or `gemini`,
+        as NAME[@VERSION][:BUILD])."""
         async def go() -> dict[str, Any]:
             chose = [k for k, v in (("workspace", workspace), ("allow", allow),
                                     ("secrets", secrets), ("env", env), ("tools", tools))

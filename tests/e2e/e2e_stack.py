@@ -126,6 +126,8 @@ class Stack:
 def make_home(root: Path) -> Path:
     home = root / "tkbox-home"
     home.mkdir(mode=0o700)
+    # the agents' tool disks too: fetched ahead of time (scripts/test.sh), so a test's
+    # daemon finds them and asks no registry
     for shared in ("images", "guest", "tools"):
         if (REAL_HOME / shared).is_dir():
             (home / shared).symlink_to(REAL_HOME / shared)

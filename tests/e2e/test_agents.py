@@ -29,13 +29,10 @@ exit, and, once a box existed, its bundle.
 
 from __future__ import annotations
 
-import http.server
 import json
 import os
-import ssl
 import subprocess
 import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -43,6 +40,7 @@ from typing import Any
 import pytest
 from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
 
+from tkbox.agents.testing import MessagesStandIn, fix_script
 from tkbox.image.testing import LocalRegistry, ScratchCA, push_image
 
 # Each job is one booted box (a few minutes under emulation); the image is pushed once.
@@ -55,123 +53,14 @@ ROOT = Path(__file__).resolve().parents[2]
 PROMPT = "Make the failing test in test_calc.py pass. Do not change the test."
 
 
-def make_ca(tmp: Path) -> tuple[Path, Path, Path]:
-    ca = ScratchCA.create(tmp, ["api.anthropic.com", "other.test"])
-    return ca.ca_pem, ca.cert_pem, ca.key_pem
-
-
-def sse(model: str, blocks: list[dict[str, Any]], stop: str) -> bytes:
-    """A Messages API stream: each block as start, one delta, stop."""
-    evs: list[tuple[str, dict[str, Any]]] = [("message_start", {
-        "type": "message_start", "message": {
-            "id": "msg_e2e", "type": "message", "role": "assistant", "model": model,
-            "content": [], "stop_reason": None, "stop_sequence": None,
-            "usage": {"input_tokens": 321, "output_tokens": 1}}})]
-    for i, b in enumerate(blocks):
-        if b["type"] == "text":
-            evs.append(("content_block_start", {"type": "content_block_start", "index": i,
-                                                "content_block": {"type": "text", "text": ""}}))
-            evs.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                        "delta": {"type": "text_delta", "text": b["text"]}}))
-        else:
-            evs.append(("content_block_start", {"type": "content_block_start", "index": i,
-                        "content_block": {"type": "tool_use", "id": b["id"],
-                                          "name": b["name"], "input": {}}}))
-            evs.append(("content_block_delta", {"type": "content_block_delta", "index": i,
-                        "delta": {"type": "input_json_delta",
-                                  "partial_json": json.dumps(b["input"])}}))
-        evs.append(("content_block_stop", {"type": "content_block_stop", "index": i}))
-    evs.append(("message_delta", {"type": "message_delta",
-                                  "delta": {"stop_reason": stop, "stop_sequence": None},
-                                  "usage": {"output_tokens": 57}}))
-    evs.append(("message_stop", {"type": "message_stop"}))
-    return b"".join(f"event: {n}\ndata: {json.dumps(d)}\n\n".encode() for n, d in evs)
-
-
 def script(port: int) -> list[dict[str, Any]]:
-    """The agent's turns: Read, Edit, Bash (the test, the key's placeholder, a refused host)."""
-    bash = ("python3 -B test_calc.py && echo TESTS-PASSED; "
-            "command -v npm node || echo NO-NPM-IN-THIS-IMAGE; "
-            "printf '%s\\n' \"$ANTHROPIC_API_KEY\" > key_seen.txt; "
-            f"curl -sS -m 30 -o /dev/null https://other.test:{port}/ 2>&1 | head -c 300; true")
-    return [
-        {"type": "tool_use", "id": "toolu_e2e_read", "name": "Read",
-         "input": {"file_path": "/workspace/calc.py"}},
-        {"type": "tool_use", "id": "toolu_e2e_edit", "name": "Edit",
-         "input": {"file_path": "/workspace/calc.py", "old_string": "return a - b",
-                   "new_string": "return a + b"}},
-        {"type": "tool_use", "id": "toolu_e2e_bash", "name": "Bash",
-         "input": {"command": bash, "description": "run the test"}},
-        {"type": "text", "text": "The test passes now."},
-    ]
-
-
-def make_handler(log: list[dict[str, Any]], port_box: list[int]
-                 ) -> type[http.server.BaseHTTPRequestHandler]:
-    class H(http.server.BaseHTTPRequestHandler):
-        protocol_version = "HTTP/1.1"
-
-        def log_message(self, *a: object) -> None:
-            pass
-
-        def _send(self, code: int, body: bytes, ctype: str = "application/json") -> None:
-            self.send_response(code)
-            self.send_header("Content-Type", ctype)
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def do_GET(self) -> None:
-            log.append({"method": "GET", "path": self.path,
-                        "key_ok": self.headers.get("x-api-key") == KEY})
-            self._send(404, b'{"type":"error","error":{"type":"not_found_error",'
-                            b'"message":"not here"}}')
-
-        def do_POST(self) -> None:
-            body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
-            key = self.headers.get("x-api-key")
-            try:
-                req = json.loads(body)
-            except ValueError:
-                req = {}
-            entry = {"method": "POST", "path": self.path, "key_ok": key == KEY,
-                     "key_present": key is not None, "tools": len(req.get("tools") or []),
-                     "model": req.get("model"), "stream": req.get("stream"),
-                     # what the agent's Bash call saw, as its tool result came back
-                     "passed": b"TESTS-PASSED" in body, "no_npm": b"NO-NPM-IN-THIS" in body}
-            log.append(entry)
-            if key != KEY:
-                self._send(401, b'{"type":"error","error":{"type":"authentication_error",'
-                                b'"message":"invalid x-api-key"}}')
-                return
-            if not self.path.startswith("/v1/messages"):
-                self._send(404, b"{}")
-                return
-            model = str(req.get("model") or "claude-e2e")
-            msgs = req.get("messages") or []
-            if not req.get("tools"):
-                # a side request (a title, a quota check): a short answer
-                blocks: list[dict[str, Any]] = [{"type": "text", "text": "ok"}]
-                stop = "end_turn"
-            else:
-                # the turn is how many tool results came back so far
-                turn = sum(1 for m in msgs if m.get("role") == "user"
-                           and isinstance(m.get("content"), list)
-                           for c in m["content"]
-                           if isinstance(c, dict) and c.get("type") == "tool_result")
-                steps = script(port_box[0])
-                blocks = [steps[min(turn, len(steps) - 1)]]
-                stop = "tool_use" if blocks[0]["type"] == "tool_use" else "end_turn"
-                entry["turn"] = turn
-            if req.get("stream"):
-                self._send(200, sse(model, blocks, stop), "text/event-stream")
-            else:
-                self._send(200, json.dumps({
-                    "id": "msg_e2e", "type": "message", "role": "assistant", "model": model,
-                    "content": blocks, "stop_reason": stop, "stop_sequence": None,
-                    "usage": {"input_tokens": 12, "output_tokens": 3}}).encode())
-
-    return H
+    """The agent's turns: Read, Edit, Bash (the test, npm's absence, the key's
+    placeholder, a refused host)."""
+    return fix_script("python3 -B test_calc.py && echo TESTS-PASSED; "
+                      "command -v npm node || echo NO-NPM-IN-THIS-IMAGE; "
+                      "printf '%s\\n' \"$ANTHROPIC_API_KEY\" > key_seen.txt; "
+                      f"curl -sS -m 30 -o /dev/null https://other.test:{port}/ 2>&1 | "
+                      "head -c 300; true")
 
 
 def push_python_image(reg: LocalRegistry, tmp: Path) -> str:
@@ -193,17 +82,13 @@ def push_python_image(reg: LocalRegistry, tmp: Path) -> str:
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("agents")
     scratch = ScratchCA.create(tmp / "tls", ["api.anthropic.com", "other.test"])
-    ca, cert, key = scratch.ca_pem, scratch.cert_pem, scratch.key_pem
+    ca = scratch.ca_pem
     reg = LocalRegistry(tmp / "registry", scratch).start()
     digest = push_python_image(reg, tmp)
-    log: list[dict[str, Any]] = []
-    port_box = [0]
-    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), make_handler(log, port_box))
-    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
-    ctx.load_cert_chain(cert, key)
-    httpd.socket = ctx.wrap_socket(httpd.socket, server_side=True)
-    threading.Thread(target=httpd.serve_forever, daemon=True).start()
-    port = port_box[0] = httpd.server_address[1]
+    model = MessagesStandIn(scratch, KEY, lambda: script(model.port),
+                            markers={"passed": b"TESTS-PASSED",
+                                     "no_npm": b"NO-NPM-IN-THIS-IMAGE"}).start()
+    log, port = model.log, model.port
     hosts = tmp / "hosts"
     hosts.write_text("127.0.0.1 api.anthropic.com other.test\n")
     home = make_home(tmp)
@@ -222,8 +107,7 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     yield w
     for p in list(s.procs):
         s.stop(p)
-    httpd.shutdown()
-    httpd.server_close()
+    model.stop()
     reg.stop()
 
 

@@ -22,7 +22,13 @@ Once the box exists, every path ends with the box stopped and its bundle
 exported, failure included: the record of a failed job is the product too.
 The job is judged by its effects and its exit status, never by what the agent
 says about itself: an agent that exits 0 but reports an error (Claude Code's
-`is_error`) failed; one that reports success has done only what the patch shows.
+`is_error`, a Codex `turn.failed` event, Gemini CLI's `error`) failed; one that
+reports success has done only what the patch shows.
+
+The agents tkbox knows are one table (`AGENT_TABLE`, docs/agents.md draws it):
+per agent, its program's disk, its key's variable and the header its API reads
+it in, its API's host, its headless flags and settings, and how its own report
+is read.
 
 Errors (`tkbox.errors`): bad input before the box is a `UserError`; once the
 box exists, an agent that fails, or runs past `--timeout`, is an `AgentFailed`
@@ -34,6 +40,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import posixpath
 import re
 import secrets as _random
 import sys
@@ -74,13 +81,28 @@ exec setpriv --reuid={AGENT_UID} --regid={AGENT_UID} --clear-groups \\
 """
 
 
+def as_agent(files: dict[str, str]) -> str:
+    """`AS_AGENT`, first writing `files` (path under the agent's home -> text) as the
+    agent's own: an agent's settings for a headless run (Gemini CLI's)."""
+    lines = []
+    for rel, text in sorted(files.items()):
+        assert re.fullmatch(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*", rel) and "'" not in text
+        path = f"/home/tkbox-agent/{rel}"
+        lines.append(f"mkdir -p '{posixpath.dirname(path)}'")
+        lines.append(f"printf '%s' '{text}' > '{path}'")
+        top = rel.split("/")[0]
+        lines.append(f"chown -R {AGENT_UID}:{AGENT_UID} '/home/tkbox-agent/{top}'")
+    head, sep, tail = AS_AGENT.partition("cd /workspace\n")
+    return head + "".join(line + "\n" for line in lines) + sep + tail
+
+
 class AgentFailed(GuestError):
     """The agent in the box failed: it exited non-zero, ran past its time, or said so."""
 
 
 @dataclass
 class AgentSpec:
-    agent: str                      # "claude-code" or "command"
+    agent: str                      # "claude-code", "codex", "gemini" or "command"
     prompt: str
     workspace: Path = Path(".")
     command: str | None = None      # --agent-command: a shell command line
@@ -93,8 +115,8 @@ class AgentSpec:
     vcpus: int = 1
     timeout: float = 1800.0
     out_dir: Path = Path(".")
-    model_host: str = "api.anthropic.com"
-    key_env: str = "ANTHROPIC_API_KEY"
+    model_host: str = ""            # HOST[:PORT][/PATH]; "": the agent's own API
+    key_env: str = ""               # "": the agent's own (ANTHROPIC_API_KEY...)
     apply: bool = False             # --apply: the patch through the changes door
     agent_version: str | None = None  # the agent's package version (default: pinned)
     agent_build: str = "auto"       # glibc, musl, or auto (from the image)
@@ -137,7 +159,264 @@ class AgentOutcome:
             raise Refused(msg) if self.refused else AgentFailed(msg)
 
 
-AGENTS = ("claude-code", "command")
+@dataclass(frozen=True)
+class Endpoint:
+    """`--model-host HOST[:PORT][/PATH]`: where the agent's API is (a compatible
+    endpoint: a gateway, a proxy, a provider's own path)."""
+
+    host: str
+    port: int | None = None
+    path: str = ""  # "" or "/a/b"
+
+    @property
+    def netloc(self) -> str:
+        return self.host + (f":{self.port}" if self.port is not None else "")
+
+    def url(self, default_path: str = "") -> str:
+        return f"https://{self.netloc}{self.path or default_path}"
+
+    @classmethod
+    def parse(cls, text: str) -> Endpoint:
+        m = re.fullmatch(r"([a-z0-9.-]{1,253})(?::([0-9]{1,5}))?((?:/[A-Za-z0-9._~-]+){0,16})",
+                         text)
+        if m is None or m.group(1).startswith(("-", ".")) or ".." in m.group(1) or \
+                (m.group(2) is not None and not 1 <= int(m.group(2)) <= 65535):
+            raise UserError(f"--model-host {text[:80]!r} must be HOST, HOST:PORT or "
+                            "HOST[:PORT]/PATH (lower-case DNS name; a path of letters, "
+                            "digits and ._~-)")
+        return cls(m.group(1), int(m.group(2)) if m.group(2) else None, m.group(3))
+
+
+@dataclass(frozen=True)
+class Agent:
+    """How tkbox runs one coding agent headless in a box (docs/agents.md's table)."""
+
+    name: str  # as `tkbox agent NAME` takes it
+    title: str
+    tool: str  # its program's disk (`tkbox.image.tools.TOOLS`)
+    key_env: str  # its API key's variable: bound as a secret, the box holds a placeholder
+    host: str  # its API's host (the default --model-host)
+    header: str  # the header its API reads the key in
+    #: its own settings for a headless run in a box (telemetry off, its sandbox off...)
+    env: dict[str, str]
+    #: how a --model-host other than its API's is given to it (variables)
+    endpoint_env: Callable[[Endpoint], dict[str, str]]
+    argv: Callable[[str, Endpoint], list[str]]  # (prompt, endpoint) -> its command line
+    result: Callable[[bytes], dict[str, Any] | None]  # its own report, from its stdout
+    failed: Callable[[dict[str, Any] | None], str | None]  # what that report says failed
+    files: dict[str, str] = field(default_factory=dict)  # under its home: its settings
+
+
+def _claude_argv(prompt: str, ep: Endpoint) -> list[str]:
+    return ["claude", "-p", prompt, "--output-format", "json",
+            "--dangerously-skip-permissions"]
+
+
+def _claude_endpoint(ep: Endpoint) -> dict[str, str]:
+    # a port other than 443, or a path, goes to Claude Code's base URL
+    if (ep.port is None or ep.port == 443) and not ep.path:
+        return {}
+    return {"ANTHROPIC_BASE_URL": ep.url()}
+
+
+def _claude_result(stdout: bytes) -> dict[str, Any] | None:
+    """Claude Code's `--output-format json` result object: the last JSON line that is one.
+
+    It comes from the box, so it is only read for a few known fields, never trusted.
+    """
+    for line in reversed(stdout.decode("utf-8", errors="replace").strip().splitlines()):
+        try:
+            obj = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(obj, dict) and obj.get("type") == "result":
+            keep = ("subtype", "is_error", "num_turns", "result", "duration_ms",
+                    "permission_denials", "usage", "total_cost_usd")
+            return {k: obj[k] for k in keep if k in obj}
+    return None
+
+
+def _claude_failed(res: dict[str, Any] | None) -> str | None:
+    if res is None:
+        return "Claude Code printed no JSON result"
+    if res.get("is_error"):
+        return f"Claude Code reported an error ({str(res.get('subtype', 'error'))[:60]})"
+    return None
+
+
+#: Codex's provider, named by tkbox on its command line (the box's HOME is new, so
+#: there is no user config): the Responses API over HTTPS at the --model-host, the key
+#: from OPENAI_API_KEY. Codex's built-in OpenAI provider tries a WebSocket first, which
+#: an intercepted tunnel does not carry; this one speaks HTTPS only.
+CODEX_PROVIDER = "tkbox"
+
+
+def _codex_argv(prompt: str, ep: Endpoint) -> list[str]:
+    p = f"model_providers.{CODEX_PROVIDER}"
+    return ["codex", "exec", "--json", "--color", "never", "--skip-git-repo-check",
+            # its own sandbox (bubblewrap, seccomp) and approvals off: the box is the
+            # sandbox, and a headless run has nobody to approve
+            "--dangerously-bypass-approvals-and-sandbox", "-C", "/workspace",
+            "-c", f'model_provider="{CODEX_PROVIDER}"',
+            "-c", f'{p}.name="OpenAI, through tkbox"',
+            "-c", f'{p}.base_url="{ep.url("/v1")}"',
+            "-c", f'{p}.env_key="OPENAI_API_KEY"',
+            "-c", f'{p}.wire_api="responses"',
+            # what it reaches besides the model (measured: analytics, ChatGPT apps and
+            # plugins, a plugin marketplace on GitHub), off
+            "-c", "analytics.enabled=false",
+            "--disable", "plugins", "--disable", "apps", "--disable", "remote_plugin",
+            "--", prompt]
+
+
+MAX_RESULT_TEXT = 2000
+
+
+def _codex_result(stdout: bytes) -> dict[str, Any] | None:
+    """Codex's `--json` events (JSON lines): how many turns completed or failed, the
+    last turn's usage, its last message and the error it reported. From the box: only
+    these fields, each bounded."""
+    out: dict[str, Any] = {"turns_completed": 0, "turns_failed": 0}
+    seen = False
+    for line in stdout.decode("utf-8", errors="replace").splitlines():
+        try:
+            ev = json.loads(line)
+        except ValueError:
+            continue
+        if not isinstance(ev, dict):
+            continue
+        kind = ev.get("type")
+        if kind == "turn.completed":
+            seen = True
+            out["turns_completed"] += 1
+            if isinstance(ev.get("usage"), dict):
+                out["usage"] = _counts(ev["usage"])
+        elif kind == "turn.failed":
+            seen = True
+            out["turns_failed"] += 1
+            err = ev.get("error")
+            msg = err.get("message") if isinstance(err, dict) else None
+            out["error"] = _one_line(str(msg or "turn failed"))
+        elif kind == "item.completed" and isinstance(ev.get("item"), dict) and \
+                ev["item"].get("type") == "agent_message":
+            out["last_message"] = _one_line(str(ev["item"].get("text", "")), MAX_RESULT_TEXT)
+    return out if seen else None
+
+
+def _codex_failed(res: dict[str, Any] | None) -> str | None:
+    if res is None:
+        return "Codex printed no result (no turn.completed event)"
+    if res["turns_failed"]:
+        return f"Codex reported an error ({res.get('error', 'turn failed')[:120]})"
+    return None
+
+
+#: Gemini CLI's settings file, in the agent's home: the API-key auth (with
+#: GOOGLE_GEMINI_BASE_URL set, version 0.61 picks a "gateway" auth its headless mode
+#: refuses), usage statistics off (they go to another Google host), no update checks.
+GEMINI_SETTINGS = json.dumps({
+    "security": {"auth": {"selectedType": "gemini-api-key"}},
+    "privacy": {"usageStatisticsEnabled": False},
+    "general": {"disableAutoUpdate": True, "disableUpdateNag": True}},
+    separators=(",", ":"))
+
+
+def _gemini_argv(prompt: str, ep: Endpoint) -> list[str]:
+    # --prompt=TEXT: a prompt that begins with '-' is still the prompt
+    return ["gemini", f"--prompt={prompt}", "--output-format", "json",
+            # every tool call approved: the box is the sandbox, nobody is there to ask
+            "--approval-mode", "yolo", "--skip-trust"]
+
+
+def _gemini_endpoint(ep: Endpoint) -> dict[str, str]:
+    if (ep.port is None or ep.port == 443) and not ep.path and \
+            ep.host == "generativelanguage.googleapis.com":
+        return {}
+    return {"GOOGLE_GEMINI_BASE_URL": ep.url()}
+
+
+def _gemini_result(stdout: bytes) -> dict[str, Any] | None:
+    """Gemini CLI's `--output-format json` object (`response`, `stats`, `error`): only
+    these fields, bounded."""
+    text = stdout.decode("utf-8", errors="replace")
+    at = text.find("\n{")
+    for start in ([0] if text.lstrip().startswith("{") else []) + ([at + 1] if at >= 0 else []):
+        try:
+            obj = json.loads(text[start:])
+        except ValueError:
+            continue
+        if not isinstance(obj, dict):
+            continue
+        out: dict[str, Any] = {}
+        if isinstance(obj.get("response"), str):
+            out["response"] = _one_line(obj["response"], MAX_RESULT_TEXT)
+        err = obj.get("error")
+        if isinstance(err, dict):
+            out["error"] = {k: _one_line(str(err.get(k, ""))) for k in ("type", "message")}
+            if isinstance(err.get("code"), int):
+                out["error"]["code"] = err["code"]
+        models = (obj.get("stats") or {}).get("models") if isinstance(obj.get("stats"),
+                                                                        dict) else None
+        if isinstance(models, dict):
+            out["tokens"] = {str(m)[:128]: _counts(t.get("tokens"))
+                             for m, t in list(models.items())[:16] if isinstance(t, dict)}
+        return out
+    return None
+
+
+def _gemini_failed(res: dict[str, Any] | None) -> str | None:
+    if res is None:
+        return "Gemini CLI printed no JSON result"
+    if "error" in res:
+        e = res["error"]
+        return f"Gemini CLI reported an error ({e.get('type', '')[:40]}: " \
+               f"{e.get('message', '')[:120]})"
+    return None
+
+
+def _counts(obj: object) -> dict[str, int]:
+    """An agent's own token counts, as it printed them: at most 16, names bounded."""
+    if not isinstance(obj, dict):
+        return {}
+    return {str(k)[:64]: v for k, v in list(obj.items())[:16]
+            if isinstance(v, int) and not isinstance(v, bool)}
+
+
+def _one_line(text: str, limit: int = 300) -> str:
+    flat = " ".join(text.split())
+    return flat if len(flat) <= limit else flat[:limit] + "..."
+
+
+#: The agents tkbox runs by name. Each one's key is bound as a secret to its API host in
+#: the header that API reads, so the box only ever holds a placeholder.
+AGENT_TABLE: dict[str, Agent] = {a.name: a for a in (
+    Agent("claude-code", "Claude Code", "claude-code", "ANTHROPIC_API_KEY",
+          "api.anthropic.com", "x-api-key",
+          # Claude Code's own settings: no telemetry, error reports or update checks
+          {"CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC": "1", "DISABLE_AUTOUPDATER": "1"},
+          _claude_endpoint, _claude_argv, _claude_result, _claude_failed),
+    Agent("codex", "Codex CLI", "codex", "OPENAI_API_KEY", "api.openai.com", "authorization",
+          {}, lambda ep: {}, _codex_argv, _codex_result, _codex_failed),
+    Agent("gemini", "Gemini CLI", "gemini", "GEMINI_API_KEY",
+          "generativelanguage.googleapis.com", "x-goog-api-key",
+          # one process (its relauncher ignores SIGTERM, so --timeout could not stop it),
+          # its own sandbox off (the box is the sandbox)
+          {"GEMINI_CLI_NO_RELAUNCH": "true", "GEMINI_SANDBOX": "false"},
+          _gemini_endpoint, _gemini_argv, _gemini_result, _gemini_failed,
+          {".gemini/settings.json": GEMINI_SETTINGS}),
+)}
+AGENTS = (*AGENT_TABLE, "command")
+
+
+def endpoint(spec: AgentSpec) -> Endpoint:
+    """The agent's API: --model-host, else the agent's own host."""
+    agent = AGENT_TABLE.get(spec.agent)
+    return Endpoint.parse(spec.model_host or (agent.host if agent else "api.anthropic.com"))
+
+
+def key_env(spec: AgentSpec) -> str:
+    agent = AGENT_TABLE.get(spec.agent)
+    return spec.key_env or (agent.key_env if agent else "")
 
 
 def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
@@ -160,11 +439,14 @@ def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
         raise UserError(f"workspace {spec.workspace} does not exist or is not a directory")
     if not spec.out_dir.is_dir():
         raise UserError(f"output directory {spec.out_dir} does not exist")
-    if spec.agent == "claude-code" and not any(s.startswith(spec.key_env + "=")
-                                               for s in spec.secrets):
-        if not env.get(spec.key_env):
-            raise UserError(f"{spec.key_env} is not set: Claude Code needs an API key. Export "
-                            f"it (in CI: env: {spec.key_env}: ${{{{ secrets.{spec.key_env} }}}}); "
+    agent = AGENT_TABLE.get(spec.agent)
+    key = key_env(spec)
+    if key and not re.fullmatch(r"[A-Z_][A-Z0-9_]{0,63}", key):
+        raise UserError(f"the key's variable {key[:40]!r} is not an environment name")
+    if agent is not None and not any(s.startswith(key + "=") for s in spec.secrets):
+        if not env.get(key):
+            raise UserError(f"{key} is not set: {agent.title} needs an API key. Export "
+                            f"it (in CI: env: {key}: ${{{{ secrets.{key} }}}}); "
                             "the box will only ever hold a placeholder for it")
     if spec.agent_build not in ("auto", "glibc", "musl"):
         raise UserError(f"--agent-build {spec.agent_build[:20]!r} must be auto, glibc or musl")
@@ -172,8 +454,7 @@ def check(spec: AgentSpec, environ: dict[str, str] | None = None) -> None:
                                                        spec.agent_version):
         raise UserError(f"--agent-version {spec.agent_version[:40]!r} is not a version")
     choose_image(spec)  # a devcontainer tkbox cannot use is refused before any box
-    if not re.match(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$", spec.model_host):
-        raise UserError(f"--model-host {spec.model_host[:80]!r} must be HOST or HOST:PORT")
+    endpoint(spec)
     if spec.name is not None and not re.match(r"^[a-z0-9][a-z0-9_.-]{0,62}$", spec.name):
         raise UserError(f"box name {spec.name!r} is not valid: use lowercase letters, digits, "
                         "'.', '_' and '-'")
@@ -204,9 +485,10 @@ def choose_image(spec: AgentSpec) -> tuple[str, str]:
 
 def tools_ref(spec: AgentSpec, image: str) -> str:
     """The tool disk the box gets (`tkbox.image.tools`), or '' for none."""
-    if spec.agent != "claude-code" or spec.command or image == BAKED_IMAGE:
+    agent = AGENT_TABLE.get(spec.agent)
+    if agent is None or spec.command or (spec.agent == "claude-code" and image == BAKED_IMAGE):
         return ""
-    ref = "claude-code" + (f"@{spec.agent_version}" if spec.agent_version else "")
+    ref = agent.tool + (f"@{spec.agent_version}" if spec.agent_version else "")
     return ref + ("" if spec.agent_build == "auto" else f":{spec.agent_build}")
 
 
@@ -216,20 +498,17 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
     env = dict(spec.env)
     secrets = list(spec.secrets)
     image, _ = choose_image(spec)
-    if spec.agent == "claude-code":
-        # HOST or HOST:PORT; a port other than 443 also goes to Claude Code's base URL
-        host, _, port = spec.model_host.partition(":")
-        if spec.model_host not in allow:
-            allow.append(spec.model_host)
-        if port and port != "443":
-            env.setdefault("ANTHROPIC_BASE_URL", f"https://{spec.model_host}")
-        if not any(s.startswith(spec.key_env + "=") for s in secrets):
+    agent = AGENT_TABLE.get(spec.agent)
+    ep = endpoint(spec)
+    if agent is not None:
+        if ep.netloc not in allow:
+            allow.append(ep.netloc)
+        key = key_env(spec)
+        if not any(s.startswith(key + "=") for s in secrets):
             # bound on the model host's port: a value is swapped on its bound port only
-            secrets.append(f"{spec.key_env}=env:{spec.key_env}@{spec.model_host};"
-                           "header=x-api-key")
-        # Claude Code's own setting: no telemetry, error reports or update checks.
-        env.setdefault("CLAUDE_CODE_DISABLE_NONESSENTIAL_TRAFFIC", "1")
-        env.setdefault("DISABLE_AUTOUPDATER", "1")
+            secrets.append(f"{key}=env:{key}@{ep.netloc};header={agent.header}")
+        for k, v in {**agent.env, **agent.endpoint_env(ep)}.items():
+            env.setdefault(k, v)
     name = spec.name or f"agent-{_random.token_hex(4)}"
     opts: dict[str, Any] = {"name": name, "image": image, "workspace": spec.workspace,
                             "allow": allow, "env": env, "secrets": secrets,
@@ -237,19 +516,18 @@ def box_options(spec: AgentSpec) -> dict[str, Any]:
                             "workspace_owner": (AGENT_UID, AGENT_UID)}
     if tools := tools_ref(spec, image):
         opts["tools"] = tools
-    if spec.agent == "claude-code":
+    if agent is not None:
         # recorded as model calls even when the host is not a preset's (a proxy, a stand-in)
-        opts["model_hosts"] = [spec.model_host.partition(":")[0]]
+        opts["model_hosts"] = [ep.host]
     return opts
 
 
 def agent_argv(spec: AgentSpec) -> list[str]:
-    if spec.command:
-        inner = ["sh", "-c", spec.command]
-    else:
-        inner = ["claude", "-p", spec.prompt, "--output-format", "json",
-                 "--dangerously-skip-permissions"]
-    return ["sh", "-c", AS_AGENT, "tkbox-agent", *inner]
+    agent = AGENT_TABLE.get(spec.agent)
+    if spec.command or agent is None:
+        return ["sh", "-c", AS_AGENT, "tkbox-agent", "sh", "-c", spec.command or "false"]
+    script = as_agent(agent.files) if agent.files else AS_AGENT
+    return ["sh", "-c", script, "tkbox-agent", *agent.argv(spec.prompt, endpoint(spec))]
 
 
 def run_job(client: Client, spec: AgentSpec, *,
@@ -336,8 +614,9 @@ def _run_agent(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
     result = stream.result
     out.status = result.status if result else None
     out.timed_out = fired.is_set()
-    if spec.agent == "claude-code" and not spec.command:
-        out.agent_result = _claude_result(bytes(stdout))
+    agent = None if spec.command else AGENT_TABLE.get(spec.agent)
+    if agent is not None:
+        out.agent_result = agent.result(bytes(stdout))
     if out.timed_out:
         out.error = f"the agent ran past --timeout {spec.timeout:.0f}s and was stopped"
     elif broke is not None:
@@ -347,28 +626,8 @@ def _run_agent(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,
             f"signal {result.signal}" if result and result.signal else \
             (result.error if result and result.error else "no exit status")
         out.error = f"the agent exited with {why}"
-    elif out.agent_result is not None and out.agent_result.get("is_error"):
-        sub = str(out.agent_result.get("subtype", "error"))[:60]
-        out.error = f"Claude Code reported an error ({sub})"
-    elif spec.agent == "claude-code" and not spec.command and out.agent_result is None:
-        out.error = "Claude Code printed no JSON result"
-
-
-def _claude_result(stdout: bytes) -> dict[str, Any] | None:
-    """Claude Code's `--output-format json` result object: the last JSON line that is one.
-
-    It comes from the box, so it is only read for a few known fields, never trusted.
-    """
-    for line in reversed(stdout.decode("utf-8", errors="replace").strip().splitlines()):
-        try:
-            obj = json.loads(line)
-        except ValueError:
-            continue
-        if isinstance(obj, dict) and obj.get("type") == "result":
-            keep = ("subtype", "is_error", "num_turns", "result", "duration_ms",
-                    "permission_denials", "usage", "total_cost_usd")
-            return {k: obj[k] for k in keep if k in obj}
-    return None
+    elif agent is not None and (said := agent.failed(out.agent_result)) is not None:
+        out.error = said
 
 
 def _finish(client: Client, box: Box, spec: AgentSpec, out: AgentOutcome,

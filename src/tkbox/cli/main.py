@@ -669,8 +669,10 @@ def egress_check(box: str, target: str, as_json: JsonOpt = False) -> None:
 
 @tools_app.command("pull")
 def tools_pull(
-    ref: Annotated[str, typer.Argument(metavar="AGENT[@VERSION]", help="e.g. claude-code")],
-    build: Annotated[str, typer.Option(help="glibc or musl")] = "glibc",
+    ref: Annotated[str, typer.Argument(metavar="AGENT[@VERSION]",
+                                       help="claude-code, codex or gemini")],
+    build: Annotated[str, typer.Option(
+        help="glibc or musl (a tool with one static build, Codex, has only that)")] = "glibc",
     as_json: JsonOpt = False,
 ) -> None:
     """Fetch an agent's program from its own registry package, check it against the
@@ -740,7 +742,7 @@ def doctor(as_json: JsonOpt = False) -> None:
 @app.command()
 def agent(
     agent_name: Annotated[str, typer.Argument(
-        metavar="AGENT", help="claude-code, or command (with --agent-command)")],
+        metavar="AGENT", help="claude-code, codex, gemini, or command (with --agent-command)")],
     prompt: Annotated[str, typer.Option(help="the task, as the agent is told it")] = "",
     agent_command: Annotated[str | None, typer.Option(
         help="shell command line to run instead (prompt in $TKBOX_PROMPT and stdin)")] = None,
@@ -752,7 +754,8 @@ def agent(
     agent_version: Annotated[str | None, typer.Option(
         help="the agent's package version (default: the one tkbox pins)")] = None,
     agent_build: Annotated[str, typer.Option(
-        help="the agent's build: auto (from the image's C library), glibc or musl")] = "auto",
+        help="the agent's build: auto (from the image's C library), glibc or musl (Codex "
+             "has one static build for any image; Gemini CLI, glibc only)")] = "auto",
     allow: Annotated[list[str], typer.Option(
         help="host, host:port or preset; rules after a space: 'HOST GET HEAD /**; "
              "ask DELETE /x/**' (docs/network.md)")] = [],  # noqa: B006
@@ -762,7 +765,10 @@ def agent(
     name: Annotated[str | None, typer.Option(help="the box's name")] = None,
     memory: Annotated[int, typer.Option(help="MiB")] = 2048,
     cpus: Annotated[int, typer.Option(help="virtual CPUs")] = 1,
-    model_host: Annotated[str, typer.Option(help="the model API's host")] = "api.anthropic.com",
+    model_host: Annotated[str, typer.Option(
+        help="the model API: HOST[:PORT][/PATH] of a compatible endpoint (default: the "
+             "agent's own: api.anthropic.com, api.openai.com, "
+             "generativelanguage.googleapis.com)")] = "",
     output_dir: Annotated[Path, typer.Option(help="where NAME.patch and NAME.tkb go")] = Path("."),
     rebuild_image: Annotated[bool, typer.Option(
         help="build the baked image tkbox/claude-code again (with --image "

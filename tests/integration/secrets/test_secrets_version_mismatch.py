@@ -38,7 +38,7 @@ pytestmark = pytest.mark.integration
 VALUE = b"ghp_RealTokenValue0123456789"
 PH = b"tkbox_GH_5f1d3c2b1a0998877665544332211000"
 MODEL = "api.anthropic.com"
-BODY = json.dumps({"model": "stand-in-1", "content": "x" * 300,
+BODY = json.dumps({"type": "message", "model": "stand-in-1", "content": "x" * 300,
                    "usage": {"input_tokens": 3, "output_tokens": 4}}).encode()
 FRAMINGS = ("length", "chunked", "trailers", "close")
 EARLY = ("none", "guest-mid-request", "guest-mid-response", "origin-mid-body")

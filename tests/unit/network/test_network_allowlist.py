@@ -106,7 +106,7 @@ def test_fixed_presets_expand() -> None:
     a = Allowlist(["github"])
     m = a.match(parse_host("api.github.com"), 443)
     assert m is not None and "preset github" in m.rule
-    for name in ("go-proxy", "anthropic", "openai", "claude-code"):
+    for name in ("go-proxy", "anthropic", "openai", "gemini", "claude-code"):
         assert presets.preset_entries(name)
 
 

@@ -1,17 +1,16 @@
-"""The --secret flag, the header swap, the request rules, the box CA, model usage."""
+"""The --secret flag, the header swap, the request rules, the box CA (model usage:
+test_secrets_model_usage.py)."""
 
 from __future__ import annotations
 
 import base64
 import ipaddress
-import json
 from pathlib import Path
 
 import pytest
 from cryptography import x509
 
 from tkbox.doors.secrets.ca import BoxCA
-from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
 from tkbox.doors.secrets.spec import Secret, SecretSpec, load, parse_spec
 from tkbox.doors.secrets.swap import swap
@@ -189,27 +188,3 @@ def test_ca_is_name_constrained_and_leaves_short_lived() -> None:
         ca.leaf("other.example")
 
 
-# --- model usage ------------------------------------------------------------------------
-
-def test_model_usage_from_sse_split_anywhere() -> None:
-    events = [
-        {"type": "message_start", "message": {"model": "claude-x-1", "usage": {
-            "input_tokens": 1234, "output_tokens": 1}}},
-        {"type": "content_block_delta", "delta": {"text": "\"model\": \"fake\""}},
-        {"type": "message_delta", "usage": {"output_tokens": 56}},
-    ]
-    body = b"".join(b"event: x\ndata: " + json.dumps(e).encode() + b"\n\n" for e in events)
-    for step in (1, 7, len(body)):
-        m = ModelUsage()
-        for i in range(0, len(body), step):
-            m.feed(body[i:i + step])
-        m.finish()
-        assert m.fields() == {"model": "claude-x-1",
-                              "usage": {"input_tokens": 1234, "output_tokens": 56}}
-
-
-def test_model_usage_openai_json() -> None:
-    m = ModelUsage()
-    m.feed(b'{"model":"gpt-x","usage":{"prompt_tokens":9,"completion_tokens":12}}')
-    m.finish()
-    assert m.fields() == {"model": "gpt-x", "usage": {"input_tokens": 9, "output_tokens": 12}}

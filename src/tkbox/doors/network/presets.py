@@ -57,6 +57,7 @@ FIXED: dict[str, tuple[str, ...]] = {
     "go-proxy": ("proxy.golang.org", "sum.golang.org"),
     "anthropic": ("api.anthropic.com",),
     "openai": ("api.openai.com",),
+    "gemini": ("generativelanguage.googleapis.com",),
     "claude-code": (
         "api.anthropic.com",
         "console.anthropic.com",
@@ -95,7 +96,10 @@ PINNING_NOTE = ("ruled hosts are read by the door: a client must trust the box C
 
 DERIVED = ("pypi", "npm", "debian", "apt-ubuntu")
 NAMES = tuple(sorted((*FIXED, *DERIVED, *RULED, *READ_ONLY)))
-MODEL_PRESETS = ("anthropic", "openai", "claude-code")
+#: the presets whose hosts are model APIs: every request to them is recorded as a
+#: `tkbox.model.call` (its model and tokens read by `tkbox.doors.secrets.model`, which
+#: tells the API from the answer's shape)
+MODEL_PRESETS = ("anthropic", "openai", "gemini", "claude-code")
 
 _MAX_SOURCE_FILE = 1 << 20
 
