@@ -34,7 +34,7 @@ from hyperframe.frame import (
     RstStreamFrame,
     SettingsFrame,
 )
-from secretsdoor_rig import Rig, make_ca
+from secretsdoor_rig import Origin, Rig, make_ca
 
 from tkbox.doors.network import OperatorConfig
 from tkbox.doors.secrets.spec import Secret, SecretSpec
@@ -60,19 +60,21 @@ def w(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     ca, cert, key = make_ca(d, NAMES)
     origin = H2Origin(cert, key)
     port = origin.port
+    h1 = Origin(cert, key)  # an origin that speaks HTTP/1.1 only
     hosts = d / "hosts"
     hosts.write_text("127.0.0.1 " + " ".join(NAMES) + "\n")
     op = OperatorConfig.from_flags(permit=["127.0.0.1/32"], hosts_file=hosts)
     sec = Secret(SecretSpec("GH", "env", "GH", (BOUND,), ports=((BOUND, port),)), VALUE, PH)
-    rig = Rig([f"{BOUND}:{port}", f"{MODEL}:{port}", f"{OTHER}:{port}",
+    rig = Rig([f"{BOUND}:{port}", f"{MODEL}:{port}", f"{OTHER}:{port}", f"{OTHER}:{h1.port}",
                f"{RULED}:{port} {RULES}"], op, [sec], [ca.read_text()],
               model_hosts=[MODEL], inspect=[OTHER])
     assert rig.mitm.ca_pem is not None
     box_ca = d / "box-ca.pem"
     box_ca.write_text(rig.mitm.ca_pem)
-    yield {"rig": rig, "origin": origin, "port": port, "box_ca": box_ca, "dir": d}
+    yield {"rig": rig, "origin": origin, "port": port, "box_ca": box_ca, "dir": d, "h1": h1}
     rig.close()
     origin.close()
+    h1.close()
 
 
 def curl(w: dict[str, Any], *args: str) -> subprocess.CompletedProcess[str]:
@@ -312,6 +314,13 @@ def test_each_stream_to_a_model_host_is_recorded_with_its_model(w: dict[str, Any
     assert sorted(g["model"] for g in got) == ["claude-a", "claude-b"]
     assert all(g["usage"] == {"input_tokens": 11, "output_tokens": 7} and g["status"] == 200
                and "ended" not in g for g in got)
+
+
+def test_h2_is_offered_to_the_box_only_where_the_origin_speaks_it(w: dict[str, Any]) -> None:
+    """curl offers h2; an origin that speaks only HTTP/1.1 makes both legs HTTP/1.1."""
+    p = curl(w, "-w", "\n%{http_version} %{http_code}",
+             f"https://{OTHER}:{w['h1'].port}/x")
+    assert p.stdout.endswith("1.1 200"), p.stdout + p.stderr
 
 
 def test_curl_over_http11_still_gets_http11(w: dict[str, Any]) -> None:
