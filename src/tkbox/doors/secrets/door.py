@@ -432,6 +432,7 @@ class SecretsDoor:
         sends another request into a tunnel whose origin is gone. What still cannot be
         relayed is the origin's refusal (`OriginError`), never an exception of h11."""
         redactor = rules.redactor()
+        reads_model = host in self.model_hosts  # only a model host's calls are recorded
         old_guest = (gconn.their_http_version or b"1.0") < b"1.1"
         after: Any = None  # an event read while gathering Data, handled next
         while True:
@@ -485,13 +486,15 @@ class SecretsDoor:
                 # a model field echoing the value must not put it in the record.
                 out = redactor.feed(data)
                 if out:
-                    ex.model.feed(out)
+                    if reads_model:
+                        ex.model.feed(out)
                     await guest.send_all(_send(gconn, h11.Data(data=out), OriginError,
                                                _NOT_RELAYED))
             elif isinstance(ev, h11.EndOfMessage):
                 out = redactor.feed(b"", final=True)
-                ex.model.feed(out)
-                ex.model.finish()
+                if reads_model:
+                    ex.model.feed(out)
+                    ex.model.finish()
                 stats["redactions"] += redactor.count
                 if out:
                     await guest.send_all(_send(gconn, h11.Data(data=out), OriginError,

@@ -558,7 +558,8 @@ class H2Relay:
             # model and usage read from what the box gets (redacted), as for 1.1
             out = s.redactor.feed(data)
             if out:
-                s.ex.model.feed(out)
+                if self.model_host:
+                    s.ex.model.feed(out)
                 s.resp_q += out
             self._pump_response(s)
             return
@@ -573,8 +574,9 @@ class H2Relay:
             s.resp_trailers = trailers
         elif isinstance(ev, h2.events.StreamEnded):
             tail = s.redactor.feed(b"", final=True)
-            s.ex.model.feed(tail)
-            s.ex.model.finish()
+            if self.model_host:
+                s.ex.model.feed(tail)
+                s.ex.model.finish()
             self.stats["redactions"] += s.redactor.count
             s.resp_q += tail
             s.resp_end = True
