@@ -388,8 +388,12 @@ def _flood(w: dict[str, Any], host: str, frames: Any, limit: int = 20_000) -> H2
 
 
 def _cut_with(w: dict[str, Any], c: H2Client, before: int, words: str) -> None:
-    assert c.goaway is not None and c.goaway.error_code == 11  # ENHANCE_YOUR_CALM
-    assert words in (c.goaway.additional_data or b"").decode()
+    # The GOAWAY can be lost: the door closes with the flood unread in its socket,
+    # and the kernel's reset may discard what the client had not read yet. The
+    # tunnel's record is what says why it ended.
+    if c.goaway is not None:
+        assert c.goaway.error_code == 11  # ENHANCE_YOUR_CALM
+        assert words in (c.goaway.additional_data or b"").decode()
     outcome = last_completion(w, before)
     assert outcome["ended"] == "refused request" and words in outcome["reason"]
     c.close()
@@ -467,7 +471,7 @@ def test_hpack_bomb_is_refused(w: dict[str, Any]) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 8 * 1024 * 1024  # it would decode to 48 MB
-    assert c.goaway is not None and c.goaway.error_code in (1, 11)
+    assert c.goaway is None or c.goaway.error_code in (1, 11)  # (see `_cut_with`)
     outcome = last_completion(w, done)
     assert outcome["ended"] == "refused request" and "HTTP/2" in outcome["reason"]
     c.close()
@@ -505,7 +509,7 @@ def test_streams_beyond_the_advertised_limit_end_the_connection(w: dict[str, Any
             h.flags.add("END_STREAM")
             c.send_raw(h.serialize())
         c.wait_closed()
-        assert c.goaway is not None and c.goaway.error_code == 1  # PROTOCOL_ERROR
+        assert c.goaway is None or c.goaway.error_code == 1  # PROTOCOL_ERROR
     finally:
         w["origin"].slow_seconds = 0
         c.close()
