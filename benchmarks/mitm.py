@@ -29,6 +29,13 @@ HEAD /**`, docs/network.md): every request also goes through the matcher, an
 `tkbox.http.request` record. Goal: requests/s with rules at least 0.9x without.
 `--skip-mitmproxy` measures the two doors only.
 
+The HTTP/2 row: a fourth process is the door again before an HTTP/2 origin (the
+`h2` library, the same 2 KiB answer), and a client that speaks HTTP/2 (the `h2`
+library over the same blocking sockets): `--requests` sequential small `GET`s on
+one connection, one stream each, measured in rounds alternating with the
+HTTP/1.1 client through the plain door; printed as requests/s over HTTP/2 /
+over HTTP/1.1 (median of pairs), with each door's CPU per request.
+
 Figures include the client's own TLS and parsing, which is the same for both.
 
 mitmproxy is installed at run time into its own venv (`--mitm-venv`, created
@@ -91,6 +98,42 @@ async def serve_origin(cert: str, key: str, mib: int) -> None:
                                  + SMALL)
                     await writer.drain()
         except (ConnectionError, asyncio.IncompleteReadError, ssl.SSLError):
+            pass
+        finally:
+            writer.close()
+
+    server = await asyncio.start_server(handle, "127.0.0.1", 0, ssl=ctx, backlog=256)
+    print(server.sockets[0].getsockname()[1], flush=True)
+    await server.serve_forever()
+
+
+async def serve_h2_origin(cert: str, key: str) -> None:
+    import h2.config
+    import h2.connection
+    import h2.events
+
+    ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
+    ctx.load_cert_chain(cert, key)
+    ctx.set_alpn_protocols(["h2"])
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=False, header_encoding=None))
+        conn.initiate_connection()
+        writer.write(conn.data_to_send())
+        try:
+            while data := await reader.read(65536):
+                for ev in conn.receive_data(data):
+                    if isinstance(ev, h2.events.StreamEnded):
+                        conn.send_headers(ev.stream_id, [
+                            (b":status", b"200"), (b"content-length", b"%d" % len(SMALL))])
+                        conn.send_data(ev.stream_id, SMALL, end_stream=True)
+                    elif isinstance(ev, h2.events.DataReceived):
+                        conn.acknowledge_received_data(ev.flow_controlled_length,
+                                                       ev.stream_id)
+                writer.write(conn.data_to_send())
+                await writer.drain()
+        except (ConnectionError, ssl.SSLError):
             pass
         finally:
             writer.close()
@@ -192,6 +235,100 @@ class Client:
 
     def close(self) -> None:
         self.s.close()
+
+
+class H2Client:
+    """The same requests over HTTP/2: one connection, one stream per request."""
+
+    def __init__(self, proxy_port: int, origin_port: int, ca: Path) -> None:
+        import h2.config
+        import h2.connection
+
+        raw = socket.create_connection(("127.0.0.1", proxy_port))
+        # as HTTP/2 clients do (curl, nghttp2): a WINDOW_UPDATE and the next request's
+        # HEADERS go in two writes, which Nagle would hold for a delayed ACK
+        raw.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        raw.sendall(f"CONNECT {HOST}:{origin_port} HTTP/1.1\r\nHost: {HOST}:{origin_port}"
+                    "\r\n\r\n".encode())
+        head = b""
+        while b"\r\n\r\n" not in head:
+            head += raw.recv(4096)
+        if b" 200" not in head.split(b"\r\n")[0]:
+            raise SystemExit(f"CONNECT failed: {head[:200]!r}")
+        ctx = ssl.create_default_context(cafile=str(ca))
+        ctx.set_alpn_protocols(["h2", "http/1.1"])
+        self.s = ctx.wrap_socket(raw, server_hostname=HOST)
+        if self.s.selected_alpn_protocol() != "h2":
+            raise SystemExit("the door did not offer h2 to an h2 client of an h2 origin")
+        self.conn = h2.connection.H2Connection(h2.config.H2Configuration(
+            client_side=True, header_encoding=None))
+        self.conn.initiate_connection()
+        self.s.sendall(self.conn.data_to_send())
+        self.authority = f"{HOST}:{origin_port}".encode()
+
+    def get(self, path: str) -> int:
+        import h2.events
+
+        sid = self.conn.get_next_available_stream_id()
+        self.conn.send_headers(sid, [
+            (b":method", b"GET"), (b":scheme", b"https"), (b":authority", self.authority),
+            (b":path", path.encode()), (b"authorization", b"Bearer " + PH)], end_stream=True)
+        self.s.sendall(self.conn.data_to_send())
+        got = 0
+        while True:
+            data = self.s.recv(65536)
+            if not data:
+                raise SystemExit("proxy closed the connection")
+            for ev in self.conn.receive_data(data):
+                if isinstance(ev, h2.events.DataReceived):
+                    got += len(ev.data)
+                    self.conn.acknowledge_received_data(ev.flow_controlled_length,
+                                                        ev.stream_id)
+                elif isinstance(ev, h2.events.StreamEnded) and ev.stream_id == sid:
+                    out = self.conn.data_to_send()
+                    if out:
+                        self.s.sendall(out)
+                    return got
+                elif isinstance(ev, h2.events.StreamReset):
+                    raise SystemExit("the door reset the stream")
+            out = self.conn.data_to_send()
+            if out:
+                self.s.sendall(out)
+
+    def close(self) -> None:
+        self.s.close()
+
+
+def h2_against_h1(h1: Client, h2c: H2Client, requests: int, rounds: int = 20,
+                  pids: tuple[int, int] | None = None) -> float:
+    """Requests/s over HTTP/2 / over HTTP/1.1, from alternating rounds (as
+    `interleaved`): the median ratio of each pair."""
+    clients: list[Client | H2Client] = [h1, h2c]
+    for c in clients:
+        for _ in range(20):
+            assert c.get("/small") == len(SMALL)
+    per = max(1, requests // rounds)
+    ratios: list[float] = []
+    cpu0 = [cpu_seconds(p) for p in pids] if pids else []
+    for k in range(rounds):
+        rps = [0.0, 0.0]
+        for i in ((0, 1) if k % 2 == 0 else (1, 0)):
+            t = time.perf_counter()
+            for _ in range(per):
+                clients[i].get("/small")
+            rps[i] = per / (time.perf_counter() - t)
+        ratios.append(rps[1] / rps[0])
+    if pids:
+        used = [cpu_seconds(p) - c0 for p, c0 in zip(pids, cpu0, strict=True)]
+        n = per * rounds
+        print(f"  door CPU per request: HTTP/1.1 {used[0] / n * 1e6:.0f} us, HTTP/2 "
+              f"{used[1] / n * 1e6:.0f} us (CPU-bound requests/s HTTP/2 / HTTP/1.1: "
+              f"{used[0] / used[1]:.2f}x)", flush=True)
+    ratios.sort()
+    print(f"  {rounds} pairs of {per} requests; HTTP/2 / HTTP/1.1 per pair: min "
+          f"{ratios[0]:.2f}, median {statistics.median(ratios):.2f}, max {ratios[-1]:.2f}",
+          flush=True)
+    return statistics.median(ratios)
 
 
 def measure(name: str, proxy: int, origin: int, ca: Path, mib: int, requests: int,
@@ -307,6 +444,9 @@ def main() -> None:
     if a.role == "origin":
         asyncio.run(serve_origin(a.args[0], a.args[1], a.mib))
         return
+    if a.role == "h2origin":
+        asyncio.run(serve_h2_origin(a.args[0], a.args[1]))
+        return
     if a.role == "door":
         asyncio.run(serve_door(a.args[0], a.args[1], int(a.args[2]), a.args[3],
                                " ".join(a.args[4:])))
@@ -341,6 +481,23 @@ def main() -> None:
                                 pids=(door.pid, ruled.pid))
             print(f"tkbox with rules / without, interleaved (median of pairs): requests/s "
                   f"{ratio:.2f}x (goal: at least 0.9x)")
+            h2origin, h2oport = start([*me, "--role", "h2origin", "--args", str(cert),
+                                       str(key)])
+            procs.append(h2origin)
+            h2_ca = d / "box-ca-h2.pem"
+            h2door, h2dport = start([*me, "--role", "door", "--args", str(origin_ca),
+                                     str(hosts), str(h2oport), str(h2_ca)])
+            procs.append(h2door)
+            print(f"HTTP/2: {a.requests} small GETs, one stream each, on one connection, "
+                  "through the door to an HTTP/2 origin; against HTTP/1.1 through the door",
+                  flush=True)
+            h2c = H2Client(h2dport, h2oport, h2_ca)
+            h1c = Client(dport, oport, box_ca)
+            h2ratio = h2_against_h1(h1c, h2c, a.requests, pids=(door.pid, h2door.pid))
+            h1c.close()
+            h2c.close()
+            print(f"tkbox HTTP/2 / HTTP/1.1, interleaved (median of pairs): requests/s "
+                  f"{h2ratio:.2f}x")
             if exe is None:
                 return
             addon = d / "addon.py"

@@ -21,6 +21,7 @@ from tkbox.doors.network.tls import (
     TLSRefused,
     TunnelInspector,
     parse_client_hello,
+    read_client_hello,
 )
 
 
@@ -213,3 +214,38 @@ def test_record_length_beyond_the_limit_is_refused() -> None:
 def test_truncated_or_odd_hello_bodies_are_refused(body: bytes) -> None:
     with pytest.raises(TLSRefused):
         parse_client_hello(body)
+
+
+def real_client_hello_alpn(protocols: list[str]) -> bytes:
+    ctx = ssl.create_default_context()
+    ctx.set_alpn_protocols(protocols)
+    incoming, outgoing = ssl.MemoryBIO(), ssl.MemoryBIO()
+    obj = ctx.wrap_bio(incoming, outgoing, server_hostname="example.org")
+    with pytest.raises(ssl.SSLWantReadError):
+        obj.do_handshake()
+    return outgoing.read()
+
+
+def test_read_client_hello_gives_the_offered_protocols_at_any_split() -> None:
+    """The secrets door offers h2 to an origin only if the box's hello offers it."""
+    data = real_client_hello_alpn(["h2", "http/1.1"])
+    for cut in range(1, len(data)):
+        assert read_client_hello(data[:cut]) is None
+    hello = read_client_hello(data)
+    assert hello is not None and hello.alpn == (b"h2", b"http/1.1")
+    assert read_client_hello(real_client_hello("example.org")).alpn == ()  # type: ignore[union-attr]
+
+
+@pytest.mark.parametrize("alpn", [b"", b"\x00\x00", b"\x00\x04\x02h2", b"\x00\x01\x00",
+                                  b"\x00\x03\x02h2x"])
+def test_a_malformed_alpn_offers_nothing(alpn: bytes) -> None:
+    """Read only to choose what to offer: a malformed list is no offer (the TLS
+    handshake, or the origin, refuses it), never an exception here."""
+    assert parse_client_hello(client_hello(extra=[ext(0x0010, alpn)])[4:]).alpn == ()
+
+
+def test_read_client_hello_refuses_what_is_not_a_hello() -> None:
+    with pytest.raises(TLSRefused):
+        read_client_hello(b"GET / HTTP/1.1\r\n\r\n")
+    with pytest.raises(TLSRefused):
+        read_client_hello(records(server_hello()))

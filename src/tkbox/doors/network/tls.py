@@ -51,6 +51,7 @@ MAX_HELD = MAX_HANDSHAKE + 4 + 5 * (MAX_HANDSHAKE // MIN_HELD_RECORD + 1)
 CT_CCS, CT_ALERT, CT_HANDSHAKE, CT_APPDATA = 20, 21, 22, 23
 HS_CLIENT_HELLO, HS_SERVER_HELLO = 1, 2
 EXT_SERVER_NAME = 0x0000
+EXT_ALPN = 0x0010  # application_layer_protocol_negotiation, RFC 7301
 EXT_ECH = 0xFE0D  # encrypted_client_hello, RFC 9849 (draft-ietf-tls-esni-13 to -25)
 EXT_ESNI_DRAFT = 0xFFCE  # encrypted_server_name, draft-ietf-tls-esni-00 to -05
 EXT_RENEGOTIATION_INFO = 0xFF01  # RFC 5746: the one assigned code point in 0xff00-0xffff
@@ -125,6 +126,7 @@ class ClientHello:
     server_name: str | None  # normalised; None when absent
     extensions: tuple[int, ...]
     ech_form: str | None = None  # the first ECH-like extension, described; None: none
+    alpn: tuple[bytes, ...] = ()  # the protocols offered (RFC 7301), in the client's order
 
     @property
     def offers_ech(self) -> bool:
@@ -170,6 +172,7 @@ def parse_client_hello(body: bytes) -> ClientHello:
     seen: set[int] = set()  # a set: a list's `in` is quadratic in ~8,000 empty extensions
     name: str | None = None
     ech: str | None = None
+    alpn: tuple[bytes, ...] = ()
     while ext.left:
         etype = ext.u16()
         data = ext.vec(2)
@@ -179,9 +182,46 @@ def parse_client_hello(body: bytes) -> ClientHello:
         types.append(etype)
         if etype == EXT_SERVER_NAME:
             name = _parse_server_name(data)
+        elif etype == EXT_ALPN:
+            alpn = _parse_alpn(data)
         elif ech is None and is_ech_code_point(etype):
             ech = _ech_form(etype, data)
-    return ClientHello(version, name, tuple(types), ech)
+    return ClientHello(version, name, tuple(types), ech, alpn)
+
+
+def _parse_alpn(data: bytes) -> tuple[bytes, ...]:
+    """RFC 7301 §3.1: a non-empty ProtocolNameList of non-empty names; `()` for
+    anything else (read only to choose what to offer; the TLS peer refuses it)."""
+    try:
+        r = _Reader(data, "ALPN extension")
+        lst = _Reader(r.vec(2), "ALPN protocol list")
+        names: list[bytes] = []
+        while lst.left:
+            names.append(lst.vec(1))
+    except TLSRefused:
+        return ()
+    if r.left or not names or not all(names):
+        return ()
+    return tuple(names)
+
+
+def read_client_hello(data: bytes) -> ClientHello | None:
+    """The ClientHello that `data` (a tunnel's first bytes from the client) begins
+    with, or None while it is incomplete. Raises `TLSRefused` for anything else (not
+    TLS, not a ClientHello first, more than `MAX_HELD` bytes without one)."""
+    records, handshake = _Records("the client"), _Handshake("the client's")
+    for ctype, payload, _ in records.feed(data):
+        if ctype != CT_HANDSHAKE:
+            raise TLSRefused(f"refused: expected a TLS ClientHello, got record type {ctype}")
+        msgs = handshake.feed(payload)
+        if msgs:
+            mtype, body = msgs[0]
+            if mtype != HS_CLIENT_HELLO:
+                raise TLSRefused("refused: the tunnel did not begin with a TLS ClientHello")
+            return parse_client_hello(body)
+    if len(data) > MAX_HELD:
+        raise TLSRefused(f"refused: no ClientHello in the client's first {MAX_HELD} bytes")
+    return None
 
 
 def _parse_server_name(data: bytes) -> str:

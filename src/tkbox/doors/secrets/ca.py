@@ -68,7 +68,7 @@ class BoxCA:
             .sign(self._key, hashes.SHA256())
         )
         self.pem = self.cert.public_bytes(serialization.Encoding.PEM).decode()
-        self._leaves: dict[str, tuple[ssl.SSLContext, datetime.datetime]] = {}
+        self._leaves: dict[tuple[str, bool], tuple[ssl.SSLContext, datetime.datetime]] = {}
 
     def _now(self) -> datetime.datetime:
         return datetime.datetime.fromtimestamp(self.clock(), datetime.UTC)
@@ -98,16 +98,20 @@ class BoxCA:
         )
         return cert, key
 
-    def server_context(self, host: str) -> ssl.SSLContext:
-        """A TLS server context for `host` (HTTP/1.1 only, SNI must be `host`)."""
+    def server_context(self, host: str, h2: bool = False) -> ssl.SSLContext:
+        """A TLS server context for `host` (SNI must be `host`): HTTP/1.1 only, or with
+        `h2` HTTP/2 first and HTTP/1.1 (ALPN, RFC 7301; the server's order decides).
+        No renegotiation: a read and a write of one tunnel may be under way at once
+        (`TLSStream`), and a renegotiating write would wait for a read."""
         now = self._now()
-        cached = self._leaves.get(host)
+        cached = self._leaves.get((host, h2))
         if cached is not None and cached[1] - now > SLACK:
             return cached[0]
         cert, key = self._make_leaf(host)
         ctx = ssl.SSLContext(ssl.PROTOCOL_TLS_SERVER)
         ctx.minimum_version = ssl.TLSVersion.TLSv1_2
-        ctx.set_alpn_protocols(["http/1.1"])
+        ctx.options |= ssl.OP_NO_RENEGOTIATION
+        ctx.set_alpn_protocols(["h2", "http/1.1"] if h2 else ["http/1.1"])
         pem = (cert.public_bytes(serialization.Encoding.PEM)
                + key.private_bytes(serialization.Encoding.PEM,
                                    serialization.PrivateFormat.PKCS8,
@@ -125,5 +129,5 @@ class BoxCA:
             return None
 
         ctx.sni_callback = check_sni
-        self._leaves[host] = (ctx, cert.not_valid_after_utc)
+        self._leaves[(host, h2)] = (ctx, cert.not_valid_after_utc)
         return ctx

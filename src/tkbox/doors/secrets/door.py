@@ -4,32 +4,39 @@ The network door decides a CONNECT (allowlist, approvals, addresses, signer),
 dials exactly the address it checked, answers `200`, and then, for a host in
 this door's set (`wants`), hands both streams here instead of splicing them:
 
-1. the guest's TLS is terminated on the port stream (`TLSStream`, MemoryBIO)
-   with a leaf of the box CA for the tunnel's host; the ClientHello's server
-   name must be that host; only HTTP/1.1 is offered (ALPN);
+1. the box's first bytes are read up to its whole ClientHello
+   (`tls.read_client_hello`, kept for the handshake) to learn whether it offers
+   `h2` (ALPN);
 2. TLS to the origin runs over the already-dialed stream to the checked
    address: SNI = the host, verified against the system's trust and the
-   operator's `--ca-cert` PEMs, ALPN http/1.1;
-3. every request of the keep-alive connection, parsed by h11, goes through
+   operator's `--ca-cert` PEMs, ALPN `h2` and `http/1.1` if the box offered
+   `h2`, else `http/1.1` only;
+3. the box's TLS is terminated on the port stream (`TLSStream`, MemoryBIO)
+   with a leaf of the box CA for the tunnel's host; the ClientHello's server
+   name must be that host; `h2` is offered only if the origin chose it, so both
+   legs speak one protocol. HTTP/2 goes to `h2relay.H2Relay` (stream for
+   stream, each stream treated as below, but a leak refuses only its stream);
+   HTTP/1.1 stays here:
+4. every request of the keep-alive connection, parsed by h11, goes through
    `rules.TunnelRules`: Host check, swap, scan of target, headers, body
    (held back by the scanner's span, so no byte of a leak leaves) and
    trailers. A leak answers the guest `403` naming the secret and where,
    records `tkbox.secret.leak`, and ends the tunnel (the origin's connection
    is dropped mid-request);
-4. every response is redacted (headers, body, trailers), streaming; the body's
+5. every response is redacted (headers, body, trailers), streaming; the body's
    chunks already read are redacted and sent together (one read, one write),
    so an origin's 1-byte chunks do not each cost a redaction and a TLS write;
-5. the two sides' versions and framings may differ: every send to either
+6. the two sides' versions and framings may differ: every send to either
    side can fail, so each goes through `_send`, which makes h11's refusal the
    refusal of that side; before that, what can be normalised is (a 1.0 guest
    gets no 1xx and no trailers, and `Connection: close` when the origin's
    connection ends with the response);
-6. records: `tkbox.secret.use` per swap; `tkbox.model.call` per request
+7. records: `tkbox.secret.use` per swap; `tkbox.model.call` per request
    forwarded to a model host, in a `finally` (model and token usage read as
    the body streams by; `ended` when the exchange did not complete).
 
-Memory per tunnel: one chunk, the scanner's span, the redactor's hold, the
-h11 buffers (bounded heads).
+Memory per HTTP/1.1 tunnel: one chunk, the scanner's span, the redactor's
+hold, the h11 buffers (bounded heads); per HTTP/2 tunnel, `h2core` says.
 """
 
 from __future__ import annotations
@@ -40,8 +47,6 @@ import logging
 import ssl
 import time
 from collections.abc import Awaitable, Callable, Iterable, Sequence
-from dataclasses import dataclass, field
-from http import HTTPStatus
 from typing import Any
 
 import h11
@@ -49,8 +54,11 @@ import h11
 from tkbox.doors.network.errors import OriginError
 from tkbox.doors.network.httpgate import Admitted, HttpGate, HttpRefused
 from tkbox.doors.network.relay import next_event
+from tkbox.doors.network.tls import TLSRefused, read_client_hello
 from tkbox.doors.secrets.ca import BoxCA
-from tkbox.doors.secrets.model import ModelUsage
+from tkbox.doors.secrets.exchange import Exchange, reason_phrase
+from tkbox.doors.secrets.h2core import H2Limits
+from tkbox.doors.secrets.h2relay import H2Relay
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
 from tkbox.doors.secrets.scan import scan_once
 from tkbox.doors.secrets.spec import Secret
@@ -62,7 +70,6 @@ log = logging.getLogger(__name__)
 
 CHUNK = 64 * 1024
 HANDSHAKE_TIMEOUT = 30.0
-MAX_PATH = 512
 MAX_HEAD = 64 * 1024
 ORIGIN_MALFORMED = "refused: the origin's answer is not valid HTTP/1.1"
 Recorder = Callable[[str, dict[str, Any]], Awaitable[None]]
@@ -103,7 +110,7 @@ class SecretsDoor:
                  inspect_hosts: Iterable[str] = (), model_hosts: Iterable[str] = (),
                  ruled_hosts: Iterable[str] = (),
                  ca_pems: Sequence[str] = (), record: Recorder | None = None,
-                 origin_context: ssl.SSLContext | None = None,
+                 http2: bool = True, h2_limits: H2Limits | None = None,
                  clock: Callable[[], float] = time.time, chunk: int = CHUNK) -> None:
         self.box = box
         self.secrets = list(secrets)
@@ -111,12 +118,10 @@ class SecretsDoor:
         bound = {h for s in self.secrets for h in s.spec.hosts}
         self.hosts = frozenset(bound | set(inspect_hosts) | self.model_hosts | set(ruled_hosts))
         self.ca = BoxCA(box, self.hosts, clock) if self.hosts else None
-        if origin_context is None:
-            origin_context = ssl.create_default_context()
-            if ca_pems:
-                origin_context.load_verify_locations(cadata="\n".join(ca_pems))
-        origin_context.set_alpn_protocols(["http/1.1"])
-        self.origin_context = origin_context
+        # the origin's context by whether h2 is offered (ALPN is a context's setting)
+        self.origin_contexts = {h2: _origin_context(ca_pems, h2) for h2 in (False, True)}
+        self.http2 = http2
+        self.h2_limits = h2_limits
         self.record = record
         self.chunk = chunk
 
@@ -166,7 +171,22 @@ class SecretsDoor:
         assert self.ca is not None
         stats: dict[str, Any] = {"intercepted": True, "requests": 0, "secret_uses": 0,
                                  "redactions": 0}
-        guest = TLSStream(_Prefixed(leftover, guest_raw), self.ca.server_context(host),
+        # 1. Which protocols the box offers: its ClientHello, read (and kept) first.
+        first, offers_h2, refused = await self._read_hello(guest_raw, leftover)
+        if refused is not None:
+            return {**stats, "ended": "refused", "stage": "tls", "reason": refused}
+        # 2. TLS to the origin, offering h2 only if the box did; 3. TLS with the box,
+        # offering h2 only if the origin chose it. The two legs then speak one protocol.
+        origin = TLSStream(origin_raw, self.origin_contexts[offers_h2 and self.http2],
+                           server_side=False, server_hostname=host)
+        origin_failed: str | None = None
+        try:
+            await asyncio.wait_for(origin.handshake(), HANDSHAKE_TIMEOUT)
+        except (TLSError, StreamClosed, OSError, TimeoutError) as exc:
+            why = exc.message if isinstance(exc, TkboxError) else exc.__class__.__name__
+            origin_failed = f"refused: TLS to the origin {host} failed ({why})"
+        origin_h2 = origin_failed is None and origin.obj.selected_alpn_protocol() == "h2"
+        guest = TLSStream(_Prefixed(first, guest_raw), self.ca.server_context(host, origin_h2),
                           server_side=True)
         try:
             await asyncio.wait_for(guest.handshake(), HANDSHAKE_TIMEOUT)
@@ -175,16 +195,28 @@ class SecretsDoor:
             return {**stats, "ended": "refused", "stage": "tls",
                     "reason": f"refused: the box's TLS to {host} failed ({why}); the box must "
                               "trust its CA and name the host in its ClientHello"}
-        origin = TLSStream(origin_raw, self.origin_context, server_side=False,
-                           server_hostname=host)
-        try:
-            await asyncio.wait_for(origin.handshake(), HANDSHAKE_TIMEOUT)
-        except (TLSError, StreamClosed, OSError, TimeoutError) as exc:
-            why = exc.message if isinstance(exc, TkboxError) else exc.__class__.__name__
-            reason = f"refused: TLS to the origin {host} failed ({why})"
-            await self._answer_guest(guest, h11.Connection(h11.SERVER), 502, reason)
-            return {**stats, "ended": "origin TLS failed", "reason": reason}
+        if origin_failed is not None:
+            await self._answer_guest(guest, h11.Connection(h11.SERVER), 502, origin_failed)
+            return {**stats, "ended": "origin TLS failed", "reason": origin_failed}
+        guest_h2 = guest.obj.selected_alpn_protocol() == "h2"
+        stats["http"] = "2" if origin_h2 else "1.1"
+        if guest_h2 != origin_h2:
+            # the box's retried ClientHello (after a HelloRetryRequest) took h2 back
+            with contextlib.suppress(Exception):
+                await guest.send_eof()
+            return {**stats, "ended": "refused request",
+                    "reason": "refused: the box's TLS did not keep the protocol its "
+                              "ClientHello offered (ALPN)"}
         rules = TunnelRules(host, port, self.secrets)
+        if origin_h2:
+            relay = H2Relay(guest=guest, origin=origin, host=host, rules=rules, gate=gate,
+                            stats=stats, counts=counts, record=self._record,
+                            model_host=host in self.model_hosts, limits=self.h2_limits,
+                            chunk=self.chunk)
+            await relay.run()
+            with contextlib.suppress(Exception):
+                await guest.send_eof()
+            return stats
         gconn = h11.Connection(h11.SERVER, max_incomplete_event_size=MAX_HEAD)
         oconn = h11.Connection(h11.CLIENT, max_incomplete_event_size=MAX_HEAD)
         try:
@@ -233,6 +265,31 @@ class SecretsDoor:
             await guest.send_eof()
         return stats
 
+    async def _read_hello(self, guest_raw: ByteStream, leftover: bytes
+                          ) -> tuple[bytes, bool, str | None]:
+        """The box's first bytes up to its whole ClientHello (kept, to be handshaken),
+        whether it offers h2, and a refusal if none came in time. Bytes that are not a
+        ClientHello are left to the handshake, which says what is wrong with them."""
+        seen = leftover
+        try:
+            async with asyncio.timeout(HANDSHAKE_TIMEOUT):
+                while True:
+                    try:
+                        hello = read_client_hello(seen)
+                    except TLSRefused:
+                        return seen, False, None
+                    if hello is not None:
+                        return seen, b"h2" in hello.alpn, None
+                    more = await guest_raw.receive(self.chunk)
+                    if not more:
+                        return seen, False, None
+                    seen += more
+        except TimeoutError:
+            return seen, False, ("refused: the box's TLS sent no ClientHello within "
+                                 f"{HANDSHAKE_TIMEOUT:g} s")
+        except (StreamClosed, OSError) as exc:
+            return seen, False, f"refused: the box's connection failed ({exc.__class__.__name__})"
+
     async def _answer_guest(self, guest: ByteStream, gconn: h11.Connection, status: int,
                             reason: str) -> None:
         text = "".join(c if " " <= c <= "~" else "?" for c in reason)[:1000]
@@ -278,7 +335,7 @@ class SecretsDoor:
             # what it parsed is written on (one request per request, no smuggling)
             admitted = await gate.check(ev.method, ev.target, raw,
                                         (gconn.their_http_version or b"1.1").decode())
-        ex = _Exchange(ev.method, ev.target, time.monotonic())
+        ex = Exchange(ev.method, ev.target, time.monotonic())
         try:
             out = _send(oconn, h11.Request(method=ev.method, target=ev.target, headers=headers),
                         _GuestBad, "the request cannot be relayed")
@@ -304,7 +361,7 @@ class SecretsDoor:
 
     async def _request_body(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                             oconn: h11.Connection, rules: TunnelRules, counts: Any,
-                            ex: _Exchange) -> None:
+                            ex: Exchange) -> None:
         scanner = rules.body_scanner()
         hold = scanner.hold
         # `pending`: received, not scanned yet; `held`: scanned, not forwarded yet (the
@@ -366,7 +423,7 @@ class SecretsDoor:
 
     async def _response(self, guest: TLSStream, origin: TLSStream, gconn: h11.Connection,
                         oconn: h11.Connection, rules: TunnelRules, stats: dict[str, Any],
-                        host: str, counts: Any, ex: _Exchange) -> None:
+                        host: str, counts: Any, ex: Exchange) -> None:
         """Relay the origin's response to the guest, redacted, framed for the guest's
         HTTP version: a 1.0 guest gets no interim (1xx) response and no trailers
         (RFC 9110 sections 15.2 and 6.5; h11 sends it the body close-delimited, never
@@ -375,6 +432,7 @@ class SecretsDoor:
         sends another request into a tunnel whose origin is gone. What still cannot be
         relayed is the origin's refusal (`OriginError`), never an exception of h11."""
         redactor = rules.redactor()
+        reads_model = host in self.model_hosts  # only a model host's calls are recorded
         old_guest = (gconn.their_http_version or b"1.0") < b"1.1"
         after: Any = None  # an event read while gathering Data, handled next
         while True:
@@ -417,7 +475,7 @@ class SecretsDoor:
                 # origin chose (it could quote the request's credentials).
                 await guest.send_all(_send(gconn, cls(status_code=ev.status_code,
                                                       headers=headers,
-                                                      reason=_reason(ev.status_code)),
+                                                      reason=reason_phrase(ev.status_code)),
                                            OriginError, _NOT_RELAYED))
             elif isinstance(ev, h11.Data):
                 data = bytes(ev.data)
@@ -428,13 +486,15 @@ class SecretsDoor:
                 # a model field echoing the value must not put it in the record.
                 out = redactor.feed(data)
                 if out:
-                    ex.model.feed(out)
+                    if reads_model:
+                        ex.model.feed(out)
                     await guest.send_all(_send(gconn, h11.Data(data=out), OriginError,
                                                _NOT_RELAYED))
             elif isinstance(ev, h11.EndOfMessage):
                 out = redactor.feed(b"", final=True)
-                ex.model.feed(out)
-                ex.model.finish()
+                if reads_model:
+                    ex.model.feed(out)
+                    ex.model.finish()
                 stats["redactions"] += redactor.count
                 if out:
                     await guest.send_all(_send(gconn, h11.Data(data=out), OriginError,
@@ -452,36 +512,15 @@ class SecretsDoor:
                                  "response ended")
 
 
-@dataclass
-class _Exchange:
-    """One request on an intercepted tunnel, as far as it got: what its
-    `tkbox.model.call` says, whichever way it ended."""
-
-    method: bytes
-    target: bytes
-    started: float
-    forwarded: bool = False
-    status: int | None = None
-    up: int = 0
-    down: int = 0
-    ended: str | None = "refused"
-    model: ModelUsage = field(default_factory=ModelUsage)
-
-    def model_call(self, host: str, rules: TunnelRules) -> dict[str, Any]:
-        path = self.target.decode("ascii", "replace")
-        body: dict[str, Any] = {
-            "host": host, "method": self.method.decode("ascii", "replace"),
-            "path": path if len(path) <= MAX_PATH else path[:MAX_PATH] + "...",
-            "status": self.status, "bytes_up": self.up, "bytes_down": self.down,
-            "duration_ms": round((time.monotonic() - self.started) * 1000)}
-        if self.ended is not None:
-            body["ended"] = self.ended
-        fields = self.model.fields()
-        name = fields.get("model")
-        if name is not None and scan_once(rules.scan_patterns, name.encode("ascii", "replace")):
-            fields["model"] = "(withheld)"  # a form the redactor does not replace
-        body.update(fields)
-        return body
+def _origin_context(ca_pems: Sequence[str], h2: bool) -> ssl.SSLContext:
+    """TLS to origins: the system's trust and the operator's PEMs; ALPN h2 and
+    http/1.1, or http/1.1 only; no renegotiation (`TLSStream`)."""
+    ctx = ssl.create_default_context()
+    if ca_pems:
+        ctx.load_verify_locations(cadata="\n".join(ca_pems))
+    ctx.options |= ssl.OP_NO_RENEGOTIATION
+    ctx.set_alpn_protocols(["h2", "http/1.1"] if h2 else ["http/1.1"])
+    return ctx
 
 
 def origin_closes(method: bytes, response: h11.Response) -> bool:
@@ -529,11 +568,3 @@ def _more_data(conn: h11.Connection, parts: list[Any]) -> Any:
         if not isinstance(ev, h11.Data):
             return ev
         parts.append(ev.data)
-
-
-def _reason(status: int) -> bytes:
-    """The standard reason phrase of `status` (RFC 9110 §15), or none."""
-    try:
-        return HTTPStatus(status).phrase.encode("ascii")
-    except ValueError:
-        return b""

@@ -704,8 +704,11 @@ class ModelUsage:
                     continue
             if self._line == "start":
                 # the whole lines in this chunk, read at once (the byte-wise path below
-                # reads a line that a chunk's end cuts)
-                for m in _LINES.finditer(data, i):
+                # reads a line that a chunk's end cuts). Searched only up to the last
+                # line end: past it every start position would scan to the chunk's end
+                # and fail, quadratic in a chunk without one.
+                last = max(data.rfind(b"\n", i), data.rfind(b"\r", i))
+                for m in _LINES.finditer(data, i, last + 1):
                     line = m.group(1)
                     if not line:
                         if self._data:

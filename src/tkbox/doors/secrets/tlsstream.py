@@ -5,10 +5,16 @@ wants to send are drained from its outgoing BIO to the stream, bytes from the
 stream are written to its incoming BIO. `receive` returns `b""` at the peer's
 close_notify or at a bare EOF (HTTP framing, checked by h11, decides whether
 the message was complete). Errors from the peer are `TLSError`.
+
+One task may receive while another sends (the HTTP/2 relay's reader and
+writer): the bytes each takes from the outgoing BIO are sent under one lock,
+in the order they were taken, so records never interleave on the stream.
+Renegotiation is off in the door's contexts, so a send never waits to read.
 """
 
 from __future__ import annotations
 
+import asyncio
 import functools
 import ssl
 from collections.abc import Callable
@@ -35,11 +41,15 @@ class TLSStream(ByteStream):
                                 server_hostname=server_hostname)
         self._eof = False
         self.bytes_in = 0
+        self._sending = asyncio.Lock()
 
     async def _flush(self) -> None:
         data = self._out.read()
         if data:
-            await self.raw.send_all(data)
+            # taken before the lock, sent in the order taken (the lock is FIFO, and an
+            # uncontended acquire does not yield)
+            async with self._sending:
+                await self.raw.send_all(data)
 
     async def _run(self, fn: Callable[[], T]) -> T:
         while True:
