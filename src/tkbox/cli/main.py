@@ -17,11 +17,13 @@ from __future__ import annotations
 
 import base64
 import contextlib
+import importlib
 import json
 import os
 import signal
 import sys
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -32,7 +34,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tkbox import __version__
-from tkbox.errors import GuestError, Refused, TkboxError, UserError
+from tkbox.errors import GuestError, HostError, Refused, TkboxError, UserError
 
 app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -898,27 +900,43 @@ def version() -> None:
     out.print(__version__)
 
 
-def _mount_optional() -> None:
+def _mount_optional(target: typer.Typer | None = None,
+                    load: Callable[[str], Any] = importlib.import_module) -> None:
+    """The verbs whose code lives in other packages (`image`, `signer`, `witness`,
+    `verify`). One that cannot be imported is a broken install: its verb is still there,
+    and says which module is missing and how to mend it, never "No such command"."""
+    target = target or app
     try:
-        from tkbox.image import cli as image_cli
-
+        image_cli = load("tkbox.image.cli")
         image_cli.daemon_registries = _daemon_registries
-        app.add_typer(image_cli.image_app, name="image")
-    except ImportError:
-        pass
+        target.add_typer(image_cli.image_app, name="image")
+    except ImportError as exc:
+        _broken(target, "image", exc)
     try:
-        from tkbox.signer.cli import signer_app, witness_app
-
-        app.add_typer(signer_app, name="signer")
-        app.add_typer(witness_app, name="witness")
-    except ImportError:
-        pass
+        signer_cli = load("tkbox.signer.cli")
+        target.add_typer(signer_cli.signer_app, name="signer")
+        target.add_typer(signer_cli.witness_app, name="witness")
+    except ImportError as exc:
+        _broken(target, "signer", exc)
+        _broken(target, "witness", exc)
     try:
-        from tkbox.verify.cli import verify_command
+        target.command("verify")(load("tkbox.verify.cli").verify_command)
+    except ImportError as exc:
+        _broken(target, "verify", exc)
 
-        app.command("verify")(verify_command)
-    except ImportError:
-        pass
+
+def _broken(target: typer.Typer, name: str, exc: ImportError) -> None:
+    """`tkbox NAME …`, whatever follows, as one error naming what to mend."""
+    why = (f"tkbox {name} cannot run: {exc.name or 'a module'} cannot be imported ({exc}); "
+           "the install is broken: reinstall tkbox (pip install tkbox, or "
+           "'bash scripts/setup.sh' in a checkout)")
+
+    def fail(ctx: typer.Context) -> None:
+        raise HostError(why)
+
+    target.command(name, help=f"UNAVAILABLE: {why}", add_help_option=False,
+                   context_settings={"allow_extra_args": True,
+                                     "ignore_unknown_options": True})(fail)
 
 
 _mount_optional()
