@@ -36,7 +36,12 @@ from __future__ import annotations
 
 import enum
 
-from tkbox.errors import Refused, RemoteError, TkboxError
+from tkbox.errors import OriginError, Refused, TkboxError
+
+#: The origin answered with something the proxy cannot carry (malformed HTTP, a
+#: protocol switch, a response cut short): `tkbox.errors.OriginError` itself, one class
+#: the daemon's API maps to 502 wherever it was raised; its refusal is `Stage.ORIGIN`.
+__all__ = ["OriginError"]
 
 
 class Stage(enum.Enum):
@@ -88,7 +93,3 @@ class ConnectionEnded(TkboxError):
         super().__init__(reason)
         self.reason = reason
 
-
-class OriginError(RemoteError):
-    """The origin answered with something the proxy cannot carry (malformed HTTP,
-    a protocol switch, a response cut short). Its refusal is `Stage.ORIGIN`, 502."""
