@@ -87,10 +87,24 @@ def daemon(
         "--signer", help="tkbox (default) or tracekit[:SOCKET] (docs/tracekit.md)")] = "tkbox",
     vmm: Annotated[str, typer.Option(
         "--vmm", help="qemu (default) or firecracker (docs/vmm.md)")] = "qemu",
+    vmm_jail: Annotated[str, typer.Option(
+        help="each VMM in a cell of its own: auto (where the host allows), on (refuse to "
+             "start without every part), off (docs/vmm.md)")] = "auto",
+    vmm_uids: Annotated[str, typer.Option(
+        help="the uids VMMs run as, FIRST-LAST, used by nothing else on the host")]
+        = "61000-61183",
+    vmm_cgroup: Annotated[Path | None, typer.Option(
+        help="a cgroup v2 directory delegated to the daemon for the VMMs' cgroups")] = None,
+    vmm_memory_overhead: Annotated[int | None, typer.Option(
+        help="MiB a VMM may use beyond its guest's RAM (default: 256 with KVM, 640 "
+             "under software emulation)")] = None,
+    vmm_pids: Annotated[int, typer.Option(
+        help="processes and threads a VMM may have")] = 256,
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
     from tkbox.daemon.server import main
+    from tkbox.vm.jail import JailConfig, check_mode, parse_uids
 
     pems = []
     for p in ca_cert:
@@ -111,11 +125,18 @@ def daemon(
         raise UserError(f"--signer {signer!r}: use tkbox or tracekit[:SOCKET]")
     if vmm not in ("qemu", "firecracker"):
         raise UserError(f"--vmm {vmm!r}: use qemu or firecracker")
+    if vmm_memory_overhead is not None and not 0 <= vmm_memory_overhead <= 65536:
+        raise UserError("--vmm-memory-overhead must be 0 to 65536 MiB")
+    if not 4 <= vmm_pids <= 65536:
+        raise UserError("--vmm-pids must be 4 to 65536")
+    jail = JailConfig(mode=check_mode(vmm_jail), uids=parse_uids(vmm_uids),
+                      cgroup=vmm_cgroup, overhead_mib=vmm_memory_overhead, pids=vmm_pids)
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait, tunnel_idle=tunnel_idle,
                  tunnel_total=tunnel_total, max_connections=max_connections),
-         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm)
+         socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm,
+         jail=jail)
 
 
 @app.command()
@@ -162,7 +183,9 @@ def run(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"
         + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
-           and b["start"].get("reason") else "")))
+           and b["start"].get("reason") else "")
+        + (f"\n  vmm isolation: {b['start']['isolation']}" if isinstance(b.get("start"), dict)
+           and b["start"].get("isolation") else "")))
 
 
 def parse_duration(text: str) -> int:

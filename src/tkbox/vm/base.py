@@ -146,7 +146,8 @@ class VM(ABC):
     in words for a person. `isolation` says what holds its VMM beyond the VM
     itself (`tkbox.vm.jail`: "jailed uid 61042, namespaces, cgroup", or what is
     missing and why). `end_reason`, once `wait` has returned, says why the VMM
-    ended when the host's kernel ended it at one of its limits ("" otherwise).
+    ended when the host's kernel ended it at one of its limits ("" otherwise), and
+    `end_limit` names that limit ("memory", "pids").
     """
 
     ports: Ports
@@ -154,6 +155,7 @@ class VM(ABC):
     start_reason: str = ""
     isolation: str = ""
     end_reason: str = ""
+    end_limit: str = ""
 
     @abstractmethod
     async def pause(self) -> None:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import os
+import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -134,12 +135,27 @@ class BoxCgroup:
                                    "times) and could not go on")
         return Verdict("", "")
 
-    def remove(self) -> None:
-        """Remove the directories (once no process is left in them)."""
+    def remove(self, wait: float = 5.0) -> bool:
+        """Remove the directories, waiting up to `wait` seconds for the last of the
+        VMM's tasks to leave them (a VMM killed with its jailer may be reaped a moment
+        after it); whether they are gone."""
         self.close_fds()
-        for d in sorted(set(self.dirs.values())):
-            with contextlib.suppress(OSError):
-                d.rmdir()
+        deadline = time.monotonic() + wait
+        left = sorted(set(self.dirs.values()))
+        while left:
+            for d in list(left):
+                try:
+                    d.rmdir()
+                except FileNotFoundError:
+                    pass
+                except OSError as exc:
+                    if exc.errno != errno.EBUSY or time.monotonic() > deadline:
+                        return False
+                    continue
+                left.remove(d)
+            if left:
+                time.sleep(0.01)
+        return True
 
 
 @dataclass(frozen=True)
@@ -152,6 +168,21 @@ class CgroupRoot:
     def describe(self) -> str:
         where = ", ".join(sorted({str(d) for d in self.dirs.values()}))
         return f"cgroup v{self.version} ({where})"
+
+    def sweep(self, names: list[str]) -> None:
+        """Remove the cgroups `names` where they are empty: leftovers of VMMs whose
+        daemon ended before it could (the caller holds each name's uid lease)."""
+        for name in names:
+            for parent in self.dirs.values():
+                with contextlib.suppress(OSError):
+                    (parent / name).rmdir()
+
+    def children(self) -> list[str]:
+        names: set[str] = set()
+        for parent in self.dirs.values():
+            with contextlib.suppress(OSError):
+                names |= {p.name for p in parent.iterdir() if p.is_dir()}
+        return sorted(names)
 
     def create(self, name: str, limits: Limits) -> BoxCgroup:
         """A fresh cgroup `name` under the subtree with `limits` written (HostError if not).
@@ -269,6 +300,27 @@ def find_root(operator: Path | None = None, *, mountinfo: str | None = None,
         if not os.access(d / "cgroup.procs", os.W_OK):
             return f"cannot write {d}/cgroup.procs"
     return CgroupRoot(1, dirs)
+
+
+def jailer_cgroup(version: int, parent: str, name: str, limits: Limits,
+                  mountinfo: str | None = None) -> BoxCgroup | None:
+    """The cgroup Firecracker's jailer makes for VM `name` (docs/jailer.md:
+    `<cgroup_base>/<parent_cgroup>/<id>`, the base being the controller's mount on v1
+    and the unified mount on v2), for its verdict and removal; None without one."""
+    try:
+        mounts = parse_mountinfo(mountinfo if mountinfo is not None
+                                 else _read_all("/proc/self/mountinfo"))
+    except OSError:
+        return None
+    if version == 2:
+        unified = [p for p, fs, _ in mounts if fs == "cgroup2"]
+        return BoxCgroup(2, {"": Path(unified[0]) / parent / name}, limits) if unified else None
+    dirs: dict[str, Path] = {}
+    for point, fs, opts in mounts:
+        for c in CONTROLLERS:
+            if fs == "cgroup" and c in opts.split(",") and c not in dirs:
+                dirs[c] = Path(point) / parent / name
+    return BoxCgroup(1, dirs, limits) if set(dirs) == set(CONTROLLERS) else None
 
 
 def _read_all(path: str) -> str:

@@ -276,8 +276,23 @@ def check_range(uids: tuple[int, int]) -> None:
                         f"{pwd.getpwuid(taken[0]).pw_name!r}; pick a range no account uses")
 
 
-def lease_uid(uids: tuple[int, int], leases: Path = LEASES) -> UidLease:
-    """Lease a uid of the range no other VMM on this host holds (HostError if none)."""
+def uid_in_use(uid: int) -> bool:
+    """Whether any process on the host runs as `uid` (read from /proc)."""
+    for d in Path("/proc").iterdir():
+        if d.name.isdigit():
+            with contextlib.suppress(OSError):
+                if d.stat().st_uid == uid:
+                    return True
+    return False
+
+
+def lease_uid(uids: tuple[int, int], leases: Path = LEASES, *,
+              unused: bool = False) -> UidLease:
+    """Lease a uid of the range no other VMM on this host holds (HostError if none).
+
+    `unused`: also pass over a uid some process runs as (for a VMM the lease cannot
+    follow: Firecracker's jailer closes every descriptor, so its VMM could outlive
+    a daemon that died, and with it the lease)."""
     leases.mkdir(parents=True, exist_ok=True, mode=0o700)
     first, last = uids
     n = last - first + 1
@@ -289,6 +304,9 @@ def lease_uid(uids: tuple[int, int], leases: Path = LEASES) -> UidLease:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
+            os.close(fd)
+            continue
+        if unused and uid_in_use(uid):
             os.close(fd)
             continue
         return UidLease(uid, fd)
@@ -509,6 +527,8 @@ def decide(config: JailConfig, vmm: str, cache: Path) -> Jail:
         cgroups = find_root(config.cgroup) if (root or config.cgroup) else \
             "not root: give a delegated cgroup v2 directory (--vmm-cgroup)"
         jail = Jail(mode, config, jailer, cgroups if isinstance(cgroups, CgroupRoot) else None)
+        if isinstance(cgroups, CgroupRoot) and mode == "root":
+            _sweep(cgroups, config.uids)
         if isinstance(cgroups, str):
             jail.missing.append(f"no cgroup: {cgroups}")
         if mode == "userns" and root:
@@ -523,6 +543,27 @@ def decide(config: JailConfig, vmm: str, cache: Path) -> Jail:
         tried.append(f"{mode}: {why}")
     return _settle(config, Jail("off", config, missing=[
         "this host would not let tkbox-jailer make a cell (" + "; ".join(tried) + ")"]))
+
+
+def _sweep(cgroups: CgroupRoot, uids: tuple[int, int], leases: Path = LEASES) -> None:
+    """Remove the empty cgroups of VMM uids nobody leases now (a daemon that ended
+    before it removed its VMMs'), each while holding that uid's lease."""
+    for name in cgroups.children():
+        m = re.fullmatch(r"vmm-([0-9]{1,10})", name)
+        if m is None or not uids[0] <= int(m.group(1)) <= uids[1]:
+            continue
+        try:
+            fd = os.open(leases / m.group(1), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC
+                         | os.O_NOFOLLOW, 0o600)
+        except OSError:
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            cgroups.sweep([name])
+        except BlockingIOError:
+            pass  # a VMM holds it
+        finally:
+            os.close(fd)
 
 
 def _settle(config: JailConfig, jail: Jail) -> Jail:

@@ -215,11 +215,13 @@ class Wiring:
     """What QEMU is handed instead of the daemon's paths: descriptors it inherits.
 
     `console`, `qmp`, `mux`: its ends of socketpairs (chardevs with `fd=`: no socket
-    file exists for anyone to reach). `disks`: for each disk, the descriptors of
-    its fdset (set i+1, named `/dev/fdset/<i+1>`): one read-only, and one
-    read-write for a writable disk (QEMU opens a drive read-only first, then
-    read-write). `ram`: the memory backend's file, `/proc/self/fd/N`. `kernel`
-    and `initramfs`: paths as QEMU sees them (QEMU opens these two itself)."""
+    file exists for anyone to reach). `disks`: for each disk, the descriptor of
+    its fdset (set i+1, named `/dev/fdset/<i+1>`): read-only for a read-only disk,
+    read-write for a writable one (whose drive has `auto-read-only=off`, so QEMU
+    opens it read-write at once: a read-only open of it would need a second
+    descriptor, whose lock a restored VM's read-write open then collides with).
+    `ram`: the memory backend's file, `/proc/self/fd/N`. `kernel` and `initramfs`:
+    paths as QEMU sees them (QEMU opens these two itself)."""
 
     console: int
     qmp: int
@@ -237,8 +239,7 @@ class Wiring:
 def placeholder_wiring(spec: VMSpec, ram: bool = False, mux: bool = True) -> Wiring:
     """A wiring with fixed numbers and names: the command line's shape, for a template's
     key and for tests (descriptor numbers and paths shape nothing QEMU saves)."""
-    disks = tuple((10 + 2 * i,) if d.read_only else (10 + 2 * i, 11 + 2 * i)
-                  for i, d in enumerate(spec.disks))
+    disks = tuple((10 + i,) for i in range(len(spec.disks)))
     return Wiring(3, 4, 5 if mux else None, disks, "/KERNEL", "/INITRAMFS",
                   "/RAM" if ram else None)
 
@@ -285,7 +286,10 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, wiring: Wiring | N
         cmdline += " " + TCG_GUEST_CMDLINE  # see TCG_GUEST_CMDLINE
     cmdline = "quiet loglevel=1 " + cmdline if not os.environ.get("TKBOX_GUEST_DEBUG") else cmdline
     argv = [
-        qemu, "-M", machine, "-nodefaults", "-no-user-config", "-display", "none",
+        # Named for its VM's directory (a box's run id): how a person (or `pgrep -f`)
+        # tells which box a QEMU is, now that no path of the box's is on its line.
+        qemu, "-name", f"guest={qemu_value(spec.workdir.name)}",
+        "-M", machine, "-nodefaults", "-no-user-config", "-display", "none",
         "-sandbox", SANDBOX,
         "-no-reboot", "-nic", "none",
         "-accel", "kvm" if accel == "kvm" else "tcg",
@@ -315,7 +319,8 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, wiring: Wiring | N
     for i, (disk, fds) in enumerate(zip(spec.disks, w.disks, strict=True)):
         for fd in fds:
             argv += ["-add-fd", f"fd={fd},set={i + 1}"]
-        argv += ["-drive", f"id=d{i},file=/dev/fdset/{i + 1},format=raw,if=none,cache=unsafe"
+        argv += ["-drive", f"id=d{i},file=/dev/fdset/{i + 1},format=raw,if=none,"
+                           "auto-read-only=off,cache=unsafe"
                  if not disk.read_only else
                  f"id=d{i},file=/dev/fdset/{i + 1},format=raw,if=none,readonly=on",
                  "-device", f"virtio-blk-device,drive=d{i},serial={disk.role}"]
@@ -368,10 +373,8 @@ class _Handles:
                 ends[name] = theirs.fileno()
             disks = []
             for disk in spec.disks:
-                fds = [self._open(disk.path, os.O_RDONLY)]
-                if not disk.read_only:
-                    fds.append(self._open(disk.path, os.O_RDWR))
-                disks.append(tuple(fds))
+                disks.append((self._open(disk.path,
+                                         os.O_RDONLY if disk.read_only else os.O_RDWR),))
             jailed = cell.on
             self.wiring = Wiring(
                 ends["con"], ends["qmp"], ends.get("mux"), tuple(disks),
@@ -624,8 +627,9 @@ class QemuVM(ProcessVM):
         finally:
             await self._tasks.aclose()
             self._handles.close()
-            self.end_reason = self.cell.verdict().reason
-            self.cell.close()
+            verdict = self.cell.verdict()
+            self.end_reason, self.end_limit = verdict.reason, verdict.limit
+            await asyncio.to_thread(self.cell.close)
 
     @property
     def running(self) -> bool:

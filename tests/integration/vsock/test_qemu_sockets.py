@@ -117,11 +117,9 @@ def test_no_socket_of_a_vm_can_be_reached_by_another_process(stand_in: Path) -> 
     assert set(seen["chardevs"]) == {"con", "mux", "qmp"}
     for dev in seen["chardevs"].values():
         assert dev == {"type": socket.SOCK_STREAM, "peer_pid": os.getpid()}  # the daemon's end
-    # Disk 1 (root, read-only): one read-only descriptor; disk 2 (upper): read-only and
-    # read-write (QEMU opens a drive read-only first).
+    # Disk 1 (root): one read-only descriptor; disk 2 (upper): one read-write.
     assert seen["fdsets"] == {"1": [{"regular": True, "access": os.O_RDONLY}],
-                              "2": [{"regular": True, "access": os.O_RDONLY},
-                                    {"regular": True, "access": os.O_RDWR}]}
+                              "2": [{"regular": True, "access": os.O_RDWR}]}
     assert seen["paths"] == [str(spec.kernel), str(spec.initramfs)]
-    # Nothing else is inherited: three chardevs and three disk descriptors.
-    assert len(seen["open"]) == 6, seen["open"]
+    # Nothing else is inherited: three chardevs and two disk descriptors.
+    assert len(seen["open"]) == 5, seen["open"]

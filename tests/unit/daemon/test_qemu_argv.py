@@ -148,7 +148,7 @@ def test_paths_with_commas_cannot_add_qemu_options(tmp_path: Path) -> None:
     odd = tmp_path / "a,file=x,readonly=off,b=c"
     s = VMSpec(name="t", kernel=odd / "vmlinux", initramfs=odd / "initrd", workdir=odd,
                disks=(Disk(odd / "r", True, "root"), Disk(odd / "u", False, "upper")))
-    wiring = qemu.Wiring(3, 4, 5, ((6,), (7, 8)), str(s.kernel), str(s.initramfs),
+    wiring = qemu.Wiring(3, 4, 5, ((6,), (7,)), str(s.kernel), str(s.initramfs),
                          "/proc/self/fd/9")
     argv = qemu.build_argv(s, "tcg", wiring=wiring)
     assert argv[argv.index("-kernel") + 1] == str(s.kernel)  # a whole argument: no options
@@ -160,7 +160,10 @@ def test_paths_with_commas_cannot_add_qemu_options(tmp_path: Path) -> None:
     assert [d["file"] for d in drives] == ["/dev/fdset/1", "/dev/fdset/2"]
     assert drives[0]["readonly"] == "on" and "readonly" not in drives[1]
     fdsets = [dict(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-add-fd"]
-    assert fdsets == [{"fd": "6", "set": "1"}, {"fd": "7", "set": "2"}, {"fd": "8", "set": "2"}]
+    assert fdsets == [{"fd": "6", "set": "1"}, {"fd": "7", "set": "2"}]
+    # The writable disk is opened read-write at once (one descriptor, no second open
+    # whose lock a restored VM would collide with).
+    assert drives[1]["auto-read-only"] == "off"
     chardevs = [dict(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-chardev"]
     assert [(c["id"], c["fd"]) for c in chardevs] == [("con", "3"), ("mux", "5"), ("qmp", "4")]
     assert "-qmp" not in argv
