@@ -94,6 +94,18 @@ def vmm_checks() -> list[dict[str, Any]]:
                                "Debian's and Ubuntu's are)"})
         if vmm == "qemu" and ready:
             out.append(isolation_check())
+        if vmm == "firecracker" and ready:
+            from tkbox.vm.firecracker import firecracker_jail
+            from tkbox.vm.jail import JailConfig
+
+            try:
+                jailer, said = firecracker_jail(JailConfig())
+            except TkboxError as exc:
+                jailer, said = None, str(exc)
+            out.append({"what": "Firecracker isolation", "ok": jailer is not None,
+                        "optional": True, "detail": said,
+                        "fix": "run the daemon as root with Firecracker's `jailer` beside "
+                               "`firecracker` (docs/firecracker.md)"})
         if vmm == "qemu" and d["transport"] != VHOST_VSOCK:
             out.append({"what": "vhost vsock for QEMU", "ok": False, "optional": True,
                         "detail": f"not used: {d['transport_reason']}",

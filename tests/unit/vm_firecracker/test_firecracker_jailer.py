@@ -102,3 +102,38 @@ def test_the_check_itself_refuses_what_the_documentation_does_not_allow(
     bad = change(argv)  # type: ignore[operator]
     problems = fc_jailer_doc.check(bad)
     assert any(problem in p for p in problems), problems
+
+
+def test_the_daemon_jails_firecracker_where_it_can_and_says_why_not(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Root, a jailer beside firecracker, a cgroup hierarchy: jailed. Each missing part
+    is named; `--vmm-jail on` makes it a refusal; `off` is off."""
+    from tkbox.errors import HostError
+    from tkbox.vm import firecracker
+    from tkbox.vm.cgroup import CgroupRoot
+    from tkbox.vm.jail import JailConfig
+
+    fc = tmp_path / "bin" / "firecracker"
+    fc.parent.mkdir()
+    fc.write_text("#!/bin/sh\n")
+    fc.chmod(0o755)
+    monkeypatch.setattr(firecracker.shutil, "which", lambda name: None)
+    monkeypatch.setattr(firecracker, "vms", lambda: tmp_path / "run" / "vms")
+    monkeypatch.setattr(firecracker, "find_root",
+                        lambda operator=None: CgroupRoot(2, {"": tmp_path / "cg"}))
+    monkeypatch.setattr(firecracker.os, "geteuid", lambda: 0)
+    assert firecracker.firecracker_jail(JailConfig(mode="off"), str(fc)) == \
+        (None, "not jailed: --vmm-jail off")
+    none, why = firecracker.firecracker_jail(JailConfig(), str(fc))
+    assert none is None and "no Firecracker `jailer` beside" in why
+    with pytest.raises(HostError, match="--vmm-jail on, but no Firecracker `jailer`"):
+        firecracker.firecracker_jail(JailConfig(mode="on"), str(fc))
+    (fc.parent / "jailer").write_text("#!/bin/sh\n")
+    (fc.parent / "jailer").chmod(0o755)
+    jailer, said = firecracker.firecracker_jail(JailConfig(), str(fc))
+    assert jailer is not None and jailer.binary == fc.parent / "jailer"
+    assert jailer.cgroup_version == 2 and jailer.chroot_base == tmp_path / "run" / "jail"
+    assert said.startswith("jailed by Firecracker's jailer")
+    monkeypatch.setattr(firecracker.os, "geteuid", lambda: 1000)
+    assert firecracker.firecracker_jail(JailConfig(), str(fc)) == \
+        (None, "not jailed: Firecracker's jailer runs as root only")
