@@ -390,17 +390,41 @@ static void drop_privileges(void) {
         die("no_new_privs");
 }
 
-static void close_others(void) {
-    int max = (int)sysconf(_SC_OPEN_MAX);
+static int by_number(const void *a, const void *b) {
+    return *(const int *)a - *(const int *)b;
+}
+
+/* Close [lo, hi]: one close_range where the kernel has it (5.9+), else one at a time
+ * (the daemon raises its descriptor limit, so a loop to it would be a million calls). */
+static void close_between(unsigned lo, unsigned hi) {
+    if (lo > hi)
+        return;
+#ifdef SYS_close_range
+    if (syscall(SYS_close_range, lo, hi, 0) == 0)
+        return;
+#endif
+    long max = sysconf(_SC_OPEN_MAX);
     if (max < 0 || max > (1 << 20))
         max = 1 << 20;
-    for (int fd = 3; fd < max; fd++) {
-        int keep = fd == errfd;
-        for (int k = 0; k < n_keep && !keep; k++)
-            keep = keep_fds[k] == fd;
-        if (!keep)
-            close(fd);
+    for (unsigned fd = lo; fd <= hi && fd < (unsigned)max; fd++)
+        close((int)fd);
+}
+
+static void close_others(void) {
+    int keep[MAX_ITEMS + 1];
+    int n = 0;
+    for (int k = 0; k < n_keep; k++)
+        keep[n++] = keep_fds[k];
+    keep[n++] = errfd;
+    qsort(keep, (size_t)n, sizeof keep[0], by_number);
+    unsigned next = 3;
+    for (int k = 0; k < n; k++) {
+        if (keep[k] < 3)
+            continue;
+        close_between(next, (unsigned)keep[k] - 1);
+        next = (unsigned)keep[k] + 1;
     }
+    close_between(next, ~0U);
 }
 
 static void map_ids(uid_t outer_uid, gid_t outer_gid) {

@@ -153,3 +153,28 @@ def test_the_daemons_decision_names_each_part_a_cell_lacks() -> None:
                                   "capabilities, no cgroup; no cgroup: x")
     off = jail.decide(JailConfig(mode="off"), "/usr/bin/true", Path("/nonexistent"))
     assert off.mode == "off" and off.summary() == "not jailed: --vmm-jail off"
+
+
+def test_the_program_inherits_only_the_descriptors_named_for_it(jailer: Path,
+                                                                tmp_path: Path) -> None:
+    """The VMM gets its disks and sockets (`--fd`); the uid's lease (`--hold-fd`), held
+    by the jailer, and every other descriptor the jailer had stay out of the cell."""
+    if os.geteuid() != 0:
+        pytest.skip("the root mode needs root")
+    handed = os.open(tmp_path / "disk", os.O_RDWR | os.O_CREAT, 0o600)
+    lease = os.open(tmp_path / "lease", os.O_RDWR | os.O_CREAT, 0o600)
+    stray = os.open(tmp_path / "stray", os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        argv = cell_argv(jailer, tmp_path,
+                         [SH, "-c", "for f in /proc/self/fd/*; do echo ${f##*/}; done"],
+                         uid=61182)
+        argv[1:1] = ["--fd", str(handed), "--hold-fd", str(lease)]
+        r = run(argv, pass_fds=(handed, lease, stray))
+    finally:
+        for fd in (handed, lease, stray):
+            os.close(fd)
+    assert r.returncode == 0, r.stderr
+    fds = {int(x) for x in r.stdout.split()}
+    # 0-2, the one handed, and the one the shell's glob itself has open on the directory.
+    assert {0, 1, 2, handed} <= fds and len(fds - {0, 1, 2, handed}) <= 1, fds
+    assert lease not in fds and stray not in fds
