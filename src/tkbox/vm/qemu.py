@@ -11,10 +11,17 @@ whose KVM is a paravirtual nested hypervisor (PVM, seen as
 guest kernel's config; otherwise we use software emulation (TCG) and say so.
 
 The VMM process gets a private 0700 working directory, an empty environment
-(the daemon's may hold the values the secrets door keeps out of the box), no
-inherited file descriptors, its own session, QEMU's seccomp sandbox (`SANDBOX`),
-and `PR_SET_PDEATHSIG` so that it cannot outlive the daemon; it is reaped
-however it ends. Its stdout and stderr are a pipe
+(the daemon's may hold the values the secrets door keeps out of the box), its
+own session, QEMU's seccomp sandbox (`SANDBOX`), and `PR_SET_PDEATHSIG` so that
+it cannot outlive the daemon; it is reaped however it ends. Where the daemon
+jails VMMs (`tkbox.vm.jail`), it runs in a cell of its own: its uid, namespaces,
+root and cgroup, started by `tkbox-jailer`, which stays its parent (the process
+the launcher holds) and ends as it ended. It inherits no path of the daemon's
+and no descriptor but those it is handed (`Wiring`): its chardevs' ends of
+socketpairs (the daemon holds the others: no socket file exists), one
+descriptor per disk (`-add-fd`), its memory file; QEMU opens only the kernel
+and initramfs itself. `start` returns once QEMU answers on QMP (it has built
+the machine). Its stdout and stderr are a pipe
 drained into `qemu.log`, capped at `QEMU_LOG_CAP`: QEMU reports a guest's
 device errors there (`Guest says index 5 is available`, one line per fault,
 as often as a guest kernel that drives a virtio device's registers makes
@@ -24,7 +31,8 @@ Booted templates (`tkbox.vm.template`): where a template matches the VM's key,
 the VM starts with `-incoming` from it and is woken on the mux port; where none
 does, it boots cold and one is built in the background (single flight), so
 later boxes restore. The template's memory is a RAM file (written through while
-it is saved, mapped private by each box); migration with `x-ignore-shared`
+it is saved, mapped private by each box; in a cell, a sealed memfd of it,
+`jail.TemplateRam`, so no VMM can write what other boxes restore); migration with `x-ignore-shared`
 carries only device state, saved and restored through a file the daemon
 opens and passes to QEMU over QMP (`getfd`, then `fd:` URIs; QEMU 7.2 has no
 `file:` URI, and its sandbox forbids `exec:`).
@@ -35,11 +43,11 @@ Transports: the serial mux by default; with `transport="vhost-vsock"` a
 starts. Every task a VM starts belongs to it (`TaskOwner`) and has ended once
 `wait` returns.
 
-Why one module (about 680 lines): the command line, the process, the QMP
+Why one module (about 990 lines): the command line, the process, the QMP
 client and the template save/restore are one machine's life and share its
-private helpers (`_spawn`, `_Listeners`, the sockets' names); the pure
-parts (`decide_accel`, `build_argv`) are tested without QEMU, and the
-template store itself is `tkbox.vm.template`.
+private helpers (`_spawn`, `_Handles`, `Wiring`); the pure parts
+(`decide_accel`, `build_argv`) are tested without QEMU, the template store
+itself is `tkbox.vm.template`, and the cell `tkbox.vm.jail`.
 """
 
 from __future__ import annotations
