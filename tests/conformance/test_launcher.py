@@ -219,6 +219,9 @@ def jailed_qemu_harness(tmp: Path) -> Iterator[Harness]:
     with qemu_harness(tmp) as h:
         h.launcher.jail = jail  # type: ignore[attr-defined]
         h.name = "qemu-jailed"
+        # QEMU itself, the jailer's child: it too must be gone and reaped, not left a
+        # zombie for init once the jailer has ended.
+        h.pid = lambda vm: getattr(vm, "vmm_pid", None)
         yield h
 
 

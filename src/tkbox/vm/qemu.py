@@ -490,6 +490,34 @@ class QemuVM(ProcessVM):
             return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
         return None
 
+    async def kill(self) -> None:
+        """End the VM now. In a cell, QEMU itself is killed first: its jailer reaps it
+        at once and ends as it did, so no QEMU is left a zombie for init to reap (the
+        jailer and QEMU killed together left one for up to two seconds); the whole
+        process group is killed too if the jailer has not ended within `KILL_GRACE`."""
+        if self.proc.returncode is None and self.cell.on:
+            self._kill_vmm()
+            await asyncio.wait({self._ended}, timeout=KILL_GRACE)
+        await super().kill()
+
+    def _kill_vmm(self) -> None:
+        """SIGKILL to QEMU, through a pidfd taken while it is still the jailer's child
+        (so a pid the kernel gave to another process since can never be signalled)."""
+        pid = self.vmm_pid
+        if pid is None or pid == self.proc.pid:
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return
+        try:
+            if self.vmm_pid == pid:  # still the jailer's child: the pidfd is QEMU's
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+
     async def _reap(self) -> None:
         code = await self.proc.wait()
         if not self._ended.done():
@@ -646,6 +674,8 @@ class QemuVM(ProcessVM):
 
 #: Seconds for QEMU to answer its first QMP command once started (it builds the machine).
 QMP_TIMEOUT = 60.0
+#: Seconds a jailer has to end after its QEMU was killed, before its group is killed too.
+KILL_GRACE = 1.0
 
 
 async def _spawn(argv: list[str], workdir: Path, handles: _Handles,
