@@ -520,7 +520,13 @@ def decide(config: JailConfig, vmm: str, cache: Path) -> Jail:
     tried: list[str] = []
     for mode in (("root", "userns") if root else ("userns",)):
         if mode == "root":
-            check_range(config.uids)
+            try:
+                check_range(config.uids)
+            except HostError as exc:
+                if config.mode == "on":
+                    raise
+                tried.append(str(exc))  # the operator's range is wrong: say so, go on
+                continue
         elif (why := userns_problem()) is not None:
             tried.append(why)
             continue

@@ -178,3 +178,20 @@ def test_the_program_inherits_only_the_descriptors_named_for_it(jailer: Path,
     # 0-2, the one handed, and the one the shell's glob itself has open on the directory.
     assert {0, 1, 2, handed} <= fds and len(fds - {0, 1, 2, handed}) <= 1, fds
     assert lease not in fds and stray not in fds
+
+
+def test_a_uid_range_holding_an_account_is_named_not_used(tmp_path: Path) -> None:
+    """`--vmm-uids` over an account of the host (nobody, 65534) must never hand a VMM
+    that uid: `auto` falls back to what else the host allows and says why; `on`
+    refuses to start."""
+    if os.geteuid() != 0:
+        pytest.skip("the root mode needs root")
+    from tkbox.errors import HostError
+    from tkbox.vm.qemu import qemu_binary
+
+    config = JailConfig(uids=(65000, 65535))
+    j = jail.decide(config, qemu_binary(), tmp_path)
+    assert j.mode != "root"
+    assert "holds uid 65534 of account" in j.summary(), j.summary()
+    with pytest.raises(HostError, match="holds uid 65534 of account"):
+        jail.decide(JailConfig(mode="on", uids=(65000, 65535)), qemu_binary(), tmp_path)
