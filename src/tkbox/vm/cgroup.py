@@ -345,6 +345,8 @@ def _ready_v2(d: Path, *, own_subtree: bool) -> CgroupRoot | str:
                 return f"{parent} offers no memory, pids and cpu controllers"
             _enable(parent)
             d.mkdir(mode=0o755, exist_ok=True)
+        elif not d.exists() and (parent / "cgroup.controllers").is_file():
+            d.mkdir(mode=0o755)  # a child of the delegated cgroup, made for the VMMs
         if not d.is_dir():
             return f"{d} is not a cgroup directory"
         if not _v2_has(d, CONTROLLERS):

@@ -125,3 +125,22 @@ def test_the_firecracker_jailers_cgroup_is_where_its_doc_says(tmp_path: Path) ->
                                 mountinfo=HYBRID_MOUNTS.format(root="/cg"))
     assert box2 is not None and box2.dirs == {
         "": Path("/sys/fs/cgroup/unified/tkbox-vmm/tkbox-61042")}
+
+
+def test_a_delegated_cgroup_is_used_below_where_the_operator_points(tmp_path: Path) -> None:
+    """systemd `Delegate=yes` (with `DelegateSubgroup=` keeping the daemon out of the
+    unit's own cgroup): `--vmm-cgroup <unit>/vmm` is made if missing, its controllers
+    enabled for the VMMs' cgroups below it."""
+    unit = tmp_path / "system.slice" / "tkbox.service"
+    unit.mkdir(parents=True)
+    (unit / "cgroup.controllers").write_text("cpu io memory pids\n")
+    vmm = unit / "vmm"
+    # cgroupfs would fill the new directory itself; a plain one is told what it offers
+    root = find_root(vmm, mountinfo="", own="0::/\n")
+    assert isinstance(root, str) and "offers no memory, pids and cpu" in root
+    (vmm / "cgroup.controllers").write_text("cpu memory pids\n")
+    (vmm / "cgroup.subtree_control").write_text("")
+    (vmm / "cgroup.procs").write_text("")
+    ready = find_root(vmm, mountinfo="", own="0::/\n")
+    assert not isinstance(ready, str) and ready.version == 2 and ready.dirs == {"": vmm}
+    assert (vmm / "cgroup.subtree_control").read_text() == "+memory +pids +cpu"
