@@ -21,6 +21,15 @@ Every figure is measured in the same run, beside its baseline:
   Medians and minimums: on a busy host the emulated guest gets little CPU.
 - **8 at once**: eight `create`s started together from the template: time until
   all are ready, then each idle QEMU's resident and proportional memory.
+- **the VMM's cell**: start-to-ready from the template with each QEMU in its cell
+  (`tkbox.vm.jail`: its own uid, namespaces, root and cgroup, as `tkbox daemon`
+  runs it wherever it can) and without, alternated in the same run; the cell's
+  cost is their difference over the start without it (goal: at most 10 %). The
+  first start in a cell also loads the template's memory into a sealed memfd,
+  once per daemon: printed on its own, not in the medians.
+
+Every box above runs as the daemon runs it here: in a cell where this host allows
+one (the output says which).
 
 The signer is a real signer process (`tkbox signer serve`, each answer durable
 in its log first), over its Unix socket: every start includes opening the run
@@ -36,7 +45,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import socket
 import statistics
 import subprocess
 import sys
@@ -54,7 +62,8 @@ from tkbox.record.client import SignerClient
 from tkbox.record.testing import FakeSigner
 from tkbox.record.unix import UnixSignerClient
 from tkbox.vm.base import Disk, VMSpec
-from tkbox.vm.qemu import QemuLauncher, build_argv, decide_accel
+from tkbox.vm.jail import Jail, JailConfig, decide
+from tkbox.vm.qemu import QemuLauncher, _Handles, build_argv, decide_accel, qemu_binary
 from tkbox.vm.template import TemplateStore
 
 
@@ -62,23 +71,20 @@ def bare_boot(gb: Any, accel: str, tmp: Path) -> float:
     tmp.mkdir()
     spec = VMSpec(name="bare", kernel=gb.kernel, initramfs=gb.initramfs, workdir=tmp,
                   cmdline="rdinit=/tkbox-benchmark-no-init")
-    argv = build_argv(spec, accel)
-    # QEMU connects its console and mux chardevs to sockets the daemon listens on
-    # (server=off): listen here too, or QEMU ends at once and the baseline is void.
-    listeners = []
-    for name in ("console.sock", "mux.sock"):
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.bind(str(tmp / name))
-        sock.listen(1)
-        listeners.append(sock)
+    # QEMU's console, mux and QMP chardevs are socketpairs whose other ends the daemon
+    # holds: hold them here too, or QEMU ends at once and the baseline is void.
+    cell = Jail("off", JailConfig(mode="off")).cell("bare", memory_mib=spec.memory_mib,
+                                                    vcpus=1, accel=accel)
+    handles = _Handles(spec, cell)
+    argv = build_argv(spec, accel, qemu_binary(), wiring=handles.wiring)
     t0 = time.monotonic()
     try:
         subprocess.run(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                       stderr=subprocess.DEVNULL, timeout=300, check=False)
+                       stderr=subprocess.DEVNULL, timeout=300, check=False,
+                       pass_fds=handles.pass_fds())
     finally:
         elapsed = time.monotonic() - t0
-        for sock in listeners:
-            sock.close()
+        handles.close()
     return elapsed
 
 
@@ -152,23 +158,36 @@ async def together(m: BoxManager, ws: Path, n: int) -> tuple[float, list[tuple[i
                                                     workspace=str(ws))) for x in names))
     all_ready = time.monotonic() - t0
     await asyncio.sleep(2)  # idle
-    mem = [memory_kib(b.vm.proc.pid) for b in boxes]  # type: ignore[union-attr]
+    mem = [memory_kib(b.vm.vmm_pid) for b in boxes]  # type: ignore[union-attr]
     await asyncio.gather(*(m.stop(x) for x in names))
     for x in names:
         await m.rm(x)
     return all_ready, mem
 
 
-async def figures(gb: Any, accel: Any, tmp: Path, runs: int, n: int) -> dict[str, Any]:
+async def cell_cost(launchers: dict[str, QemuLauncher], images: Any, gb: Any, ws: Path,
+                    tmp: Path, runs: int) -> dict[str, list[float]]:
+    """Start-to-ready from the template with and without the cell, alternated."""
+    managers = {k: manager(launcher, images, gb, tmp / f"cost-{k}")
+                for k, launcher in launchers.items()}
+    times: dict[str, list[float]] = {k: [] for k in launchers}
+    for i in range(runs):
+        for k, m in (managers.items() if i % 2 == 0 else reversed(managers.items())):
+            times[k] += await starts(m, ws, 1, f"{k}{i}-")
+    return times
+
+
+async def figures(gb: Any, accel: Any, jail: Jail, tmp: Path, runs: int,
+                  n: int) -> dict[str, Any]:
     ws = tmp / "ws"
     ws.mkdir()
     (ws / "f").write_text("x\n")
     out: dict[str, Any] = {}
     with ImageStore(paths.images()) as images:
-        cold = manager(QemuLauncher(accel, templates=None), images, gb, tmp / "cold")
+        cold = manager(QemuLauncher(accel, templates=None, jail=jail), images, gb, tmp / "cold")
         out["cold"] = await starts(cold, ws, max(1, runs // 2), "cold")
-        launcher = QemuLauncher(accel, templates=TemplateStore(tmp / "templates"),
-                                build_templates=False)
+        store = TemplateStore(tmp / "templates")
+        launcher = QemuLauncher(accel, templates=store, build_templates=False, jail=jail)
         m = manager(launcher, images, gb, tmp / "home")
         # The machine every box of this manager gets (BoxManager._boot): same key.
         box = BoxSpec(name="t", image="tkbox/default", workspace=str(ws))
@@ -180,10 +199,18 @@ async def figures(gb: Any, accel: Any, tmp: Path, runs: int, n: int) -> dict[str
         await launcher.build_template(spec)
         out["build"] = time.monotonic() - t0
         out["exec"], out["echo"], out["kinds"] = [], [], []
-        out["template"] = await starts(m, ws, runs, "tpl", out["exec"], out["echo"],
-                                       out["kinds"])
+        out["template"] = await starts(m, ws, runs + (1 if jail.on else 0), "tpl",
+                                       out["exec"], out["echo"], out["kinds"])
+        if jail.on:  # the first start in a cell loads the template's memfd, once
+            out["first"] = out["template"].pop(0)
         out["together"], out["memory"] = await together(m, ws, n)
+        if jail.on:
+            bare = QemuLauncher(accel, templates=store, build_templates=False)
+            out["cost"] = await cell_cost({"jailed": launcher, "bare": bare}, images, gb, ws,
+                                          tmp, max(4, runs))
+            await bare.aclose()
         out["floor"] = await record_floor()
+        await launcher.aclose()
     return out
 
 
@@ -197,6 +224,8 @@ def main() -> None:
     gb = build(paths.private_dir(paths.guest_build()), kernel=kernel)
     accel = decide_accel(kernel.version)
     print(f"host acceleration: {accel.accel} ({accel.reason})")
+    jail = decide(JailConfig(), qemu_binary(), paths.private_dir(paths.guest_build()))
+    print(f"VMM isolation: {jail.summary()}")
     with tempfile.TemporaryDirectory(prefix="tkbb") as t, contextlib.ExitStack() as stack:
         tmp = Path(t)
         if args.signer == "real":
@@ -211,7 +240,7 @@ def main() -> None:
             SIGNER.append(FakeSigner())
             print("signer: the in-process fake; these figures are the VM's alone")
         bare = [bare_boot(gb, accel.accel, tmp / f"bare{i}") for i in range(args.runs)]
-        f = asyncio.run(figures(gb, accel, tmp, args.runs, args.boxes))
+        f = asyncio.run(figures(gb, accel, jail, tmp, args.runs, args.boxes))
     b = statistics.median(bare)
     cold, tpl = statistics.median(f["cold"]), statistics.median(f["template"])
     e, echo = statistics.median(f["exec"]), statistics.median(f["echo"])
@@ -233,6 +262,20 @@ def main() -> None:
           f"exec / echo {e / echo:.1f}x")
     print(f"  of exec: the signer's decision + completion alone:   median "
           f"{statistics.median(f['floor']) * 1000:.0f}ms over {len(f['floor'])}")
+    if "cost" in f:
+        cells, bares = f["cost"]["jailed"], f["cost"]["bare"]
+        with_cell, without = statistics.median(cells), statistics.median(bares)
+        # Each pair ran back to back: their difference cancels the host's drift (this
+        # host is shared; a busy minute slows both of a pair, not one side).
+        paired = statistics.median(c - b for c, b in zip(cells, bares, strict=True))
+        print(f"box start-to-ready from template, QEMU in its cell:   median {with_cell:.2f}s "
+              f"over {len(cells)}")
+        print(f"box start-to-ready from template, no cell:            median {without:.2f}s "
+              f"over {len(bares)}   (alternated in this run)")
+        print(f"  the cell costs {paired * 1000:+.0f}ms, {paired / without * 100:+.1f}% of a "
+              f"box's start (median of {len(cells)} back-to-back pairs; goal <= 10%); "
+              f"medians apart: {(with_cell - without) * 1000:+.0f}ms")
+        print(f"  first start in a cell (loads the template's memory once): {f['first']:.2f}s")
     print(f"{args.boxes} boxes created at once from the template: all ready in "
           f"{f['together']:.2f}s ({f['together'] / b:.2f}x one bare boot); "
           f"per idle box: RSS median {rss:.0f} MiB, PSS median {pss:.0f} MiB")

@@ -7,8 +7,14 @@ every implementation (`tkbox.vm.base`).
   request against Firecracker's OpenAPI description and, with `agent` in its
   id, boots a guest that asks for its config on port 1026 and powers off when
   the host ends that stream);
+- `firecracker-jailed`: the same launcher under a stand-in of Firecracker's own
+  jailer that holds it to the jailer's documented interface
+  (`tests/unit/vm_firecracker/fake_jailer.py`), the stand-in Firecracker then
+  running as the VM's own uid in its chroot directory;
 - `qemu`: `QemuLauncher` booting the real guest build under this host's
-  acceleration (TCG here), templates off so that each start is a cold boot.
+  acceleration (TCG here), templates off so that each start is a cold boot;
+- `qemu-jailed`: the same, each QEMU in its cell (`tkbox.vm.jail`), as the
+  daemon runs it wherever it can.
 
 What every launcher must do: `before_boot` listeners are in place before the
 guest's first stream; the VMM's directory is private; `wait` reports the exit
@@ -44,6 +50,9 @@ from tkbox.vm.fake import FakeLauncher
 from tkbox.vm.firecracker import FirecrackerLauncher
 
 FAKE_FC = Path(__file__).resolve().parents[1] / "unit" / "vm_firecracker" / "fake_firecracker.py"
+FAKE_JAILER = FAKE_FC.with_name("fake_jailer.py")
+#: The interpreter a jailed stand-in Firecracker runs under (its own uid must reach it).
+SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 
 @dataclass
@@ -117,6 +126,55 @@ def firecracker_harness(tmp: Path) -> Iterator[Harness]:
 
 
 @contextlib.contextmanager
+def jailed_firecracker_harness(tmp: Path) -> Iterator[Harness]:
+    """Firecracker's launcher under a stand-in of Firecracker's own jailer
+    (`fake_jailer.py`: refuses any command line its documentation does not allow, then
+    builds the chroot directory, copies the binary in, drops to the VM's uid and execs
+    it), the stand-in Firecracker then running as that uid, in that directory."""
+    from tkbox.vm.firecracker import FirecrackerJailer
+    from tkbox.vm.jail import DEFAULT_UIDS
+
+    if os.geteuid() != 0:
+        pytest.skip("Firecracker's jailer runs as root")
+    probe = f"{SYSTEM_PYTHON} -c 'import yaml'"
+    if not SYSTEM_PYTHON.exists() or os.system(probe) != 0:  # noqa: S605
+        pytest.skip(f"{SYSTEM_PYTHON} with yaml is needed for the stand-in under its own uid")
+    bindir = tmp / "bin"
+    bindir.mkdir()
+    binary = bindir / "firecracker"
+    binary.write_text(f"#!/bin/sh\nexec {SYSTEM_PYTHON} {FAKE_FC} --behave agent \"$@\"\n")
+    binary.chmod(0o755)
+    jailer = bindir / "jailer"
+    jailer.write_text(f"#!/bin/sh\nexec {sys.executable} {FAKE_JAILER} \"$@\"\n")
+    jailer.chmod(0o755)
+    files = tmp / "files"
+    files.mkdir()
+    (files / "vmlinux").write_bytes(b"\x7fELF\x02\x01\x01" + bytes(57))
+    (files / "initramfs").write_bytes(b"070701")
+    for role in ("root", "lower", "upper"):
+        (files / f"{role}.img").write_bytes(bytes(4096))
+    work = _short_dir("tkc-fj-")
+
+    def spec(name: str) -> VMSpec:
+        return VMSpec(name=name, kernel=files / "vmlinux", initramfs=files / "initramfs",
+                      workdir=work / name,
+                      disks=tuple(Disk(files / f"{r}.img", r != "upper", r)
+                                  for r in ("root", "lower", "upper")),
+                      memory_mib=256)
+
+    def failing(_: Path) -> VMSpec:
+        return VMSpec(name="failing", kernel=files / "no-such-vmlinux",
+                      initramfs=files / "initramfs", workdir=work / "failing")
+
+    cell = FirecrackerJailer(jailer, work / "jail", DEFAULT_UIDS, cgroup_version=1)
+    try:
+        yield Harness("firecracker-jailed", FirecrackerLauncher(binary, jailer=cell), spec,
+                      _proc_pid, 15.0, failing)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+@contextlib.contextmanager
 def qemu_harness(tmp: Path) -> Iterator[Harness]:
     if not shutil.which("qemu-system-x86_64"):
         pytest.skip("qemu-system-x86_64 is not installed (run scripts/setup.sh)")
@@ -145,17 +203,43 @@ def qemu_harness(tmp: Path) -> Iterator[Harness]:
         shutil.rmtree(work, ignore_errors=True)
 
 
+@contextlib.contextmanager
+def jailed_qemu_harness(tmp: Path) -> Iterator[Harness]:
+    """Real QEMU in its cell (`tkbox.vm.jail`), as `tkbox daemon` runs it by default:
+    the process the launcher holds is the jailer, QEMU its child in its namespaces."""
+    from tkbox import paths
+    from tkbox.vm.jail import JailConfig, decide
+    from tkbox.vm.qemu import qemu_binary
+
+    if not shutil.which("qemu-system-x86_64"):
+        pytest.skip("qemu-system-x86_64 is not installed (run scripts/setup.sh)")
+    jail = decide(JailConfig(), qemu_binary(), paths.private_dir(paths.guest_build()))
+    if not jail.on:
+        pytest.skip(f"this host cannot jail a VMM: {jail.summary()}")
+    with qemu_harness(tmp) as h:
+        h.launcher.jail = jail  # type: ignore[attr-defined]
+        h.name = "qemu-jailed"
+        # QEMU itself, the jailer's child: it too must be gone and reaped, not left a
+        # zombie for init once the jailer has ended.
+        h.pid = lambda vm: getattr(vm, "vmm_pid", None)
+        yield h
+
+
 HARNESSES = {
     "fake": fake_harness,
     "firecracker": firecracker_harness,
+    "firecracker-jailed": jailed_firecracker_harness,
     "qemu": qemu_harness,
+    "qemu-jailed": jailed_qemu_harness,
 }
 
 
 @pytest.fixture(params=[
     pytest.param("fake", marks=pytest.mark.integration),
     pytest.param("firecracker", marks=pytest.mark.integration),
+    pytest.param("firecracker-jailed", marks=pytest.mark.integration),
     pytest.param("qemu", marks=pytest.mark.e2e),
+    pytest.param("qemu-jailed", marks=pytest.mark.e2e),
 ])
 def harness(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Harness]:
     with HARNESSES[request.param](tmp_path) as h:

@@ -92,11 +92,43 @@ def vmm_checks() -> list[dict[str, Any]]:
                                   f"this QEMU refuses it, so every box would fail: {refusal}",
                         "fix": f"a QEMU built with seccomp ({APT} qemu-system-x86: "
                                "Debian's and Ubuntu's are)"})
+        if vmm == "qemu" and ready:
+            out.append(isolation_check())
+        if vmm == "firecracker" and ready:
+            from tkbox.vm.firecracker import firecracker_jail
+            from tkbox.vm.jail import JailConfig
+
+            try:
+                jailer, said = firecracker_jail(JailConfig())
+            except TkboxError as exc:
+                jailer, said = None, str(exc)
+            out.append({"what": "Firecracker isolation", "ok": jailer is not None,
+                        "optional": True, "detail": said,
+                        "fix": "run the daemon as root with Firecracker's `jailer` beside "
+                               "`firecracker` (docs/firecracker.md)"})
         if vmm == "qemu" and d["transport"] != VHOST_VSOCK:
             out.append({"what": "vhost vsock for QEMU", "ok": False, "optional": True,
                         "detail": f"not used: {d['transport_reason']}",
                         "fix": "sudo modprobe vhost_vsock (and access to /dev/vhost-vsock)"})
     return out
+
+
+def isolation_check() -> dict[str, Any]:
+    """What a box's QEMU gets here beyond its seccomp sandbox (`tkbox.vm.jail.decide`,
+    as `tkbox daemon --vmm-jail auto` decides it): a uid of its own, namespaces and a
+    root of its own, a cgroup; and what it does not get, and why."""
+    from tkbox.vm.jail import JailConfig, decide
+    from tkbox.vm.qemu import qemu_binary
+
+    try:
+        jail = decide(JailConfig(), qemu_binary(), paths.private_dir(paths.guest_build()))
+        detail, whole = jail.summary(), jail.mode == "root" and not jail.missing
+    except TkboxError as exc:
+        detail, whole = str(exc), False
+    return {"what": "VMM isolation", "ok": whole, "optional": True, "detail": detail,
+            "fix": "run the daemon as root (each VMM then gets a uid, namespaces and a "
+                   "cgroup of its own), or give it a delegated cgroup v2 directory "
+                   "(--vmm-cgroup); docs/vmm.md"}
 
 
 def _daemon_in_use() -> list[dict[str, Any]]:
@@ -120,6 +152,9 @@ def _daemon_in_use() -> list[dict[str, Any]]:
         out.append({"what": "VMM in use", "ok": True, "optional": True,
                     "detail": f"{info['vmm']}, ports over {info.get('transport', '?')}: "
                               f"{info.get('transport_reason', '')}"})
+    if info.get("vmm_isolation"):
+        out.append({"what": "VMM isolation in use", "ok": True, "optional": True,
+                    "detail": str(info["vmm_isolation"])})
     return [*out, {"what": "signer in use", "ok": backend != "none", "optional": True,
             "detail": f"{what}, key {s.get('key', '?')}, isolation {s.get('isolation', '?')}"
             if backend != "none" else what, "fix": "restart the daemon with a signer"}]

@@ -133,6 +133,19 @@ def daemon(
     registry_config: Annotated[Path | None, typer.Option(
         help="a containerd hosts directory (DIR/HOST/hosts.toml) or Docker's daemon.json "
              "(its registry-mirrors)")] = None,
+    vmm_jail: Annotated[str, typer.Option(
+        help="each VMM in a cell of its own: auto (where the host allows), on (refuse to "
+             "start without every part), off (docs/vmm.md)")] = "auto",
+    vmm_uids: Annotated[str, typer.Option(
+        help="the uids VMMs run as, FIRST-LAST, used by nothing else on the host")]
+        = "61000-61183",
+    vmm_cgroup: Annotated[Path | None, typer.Option(
+        help="a cgroup v2 directory delegated to the daemon for the VMMs' cgroups")] = None,
+    vmm_memory_overhead: Annotated[int | None, typer.Option(
+        help="MiB a VMM may use beyond its guest's RAM (default: 256 with KVM, 640 "
+             "under software emulation)")] = None,
+    vmm_pids: Annotated[int, typer.Option(
+        help="processes and threads a VMM may have")] = 256,
 ) -> None:
     """Run the daemon (the VMs and the doors) in the foreground."""
     from tkbox.daemon.manager import Options
@@ -141,6 +154,7 @@ def daemon(
 
     registries = settings_of(registry_mirror, registry_mirror_only, registry_config)
     load(registries)  # a bad flag or file: one line, before anything starts
+    from tkbox.vm.jail import JailConfig, check_mode, parse_uids
 
     pems = []
     for p in ca_cert:
@@ -171,6 +185,12 @@ def daemon(
                         "--signer https://HOST:PORT")
     if vmm not in ("qemu", "firecracker"):
         raise UserError(f"--vmm {vmm!r}: use qemu or firecracker")
+    if vmm_memory_overhead is not None and not 0 <= vmm_memory_overhead <= 65536:
+        raise UserError("--vmm-memory-overhead must be 0 to 65536 MiB")
+    if not 4 <= vmm_pids <= 65536:
+        raise UserError("--vmm-pids must be 4 to 65536")
+    jail = JailConfig(mode=check_mode(vmm_jail), uids=parse_uids(vmm_uids),
+                      cgroup=vmm_cgroup, overhead_mib=vmm_memory_overhead, pids=vmm_pids)
     main(Options(unrecorded=unrecorded, egress_block=egress_block, egress_permit=egress_permit,
                  egress_hosts=str(egress_hosts) if egress_hosts else None, ca_certs=pems,
                  approval_wait=approval_wait, tunnel_idle=tunnel_idle,
@@ -179,7 +199,7 @@ def daemon(
                  registry_mirror_only=registries.mirror_only,
                  registry_config=registries.config),
          socket_path=socket_path, signer_socket=signer_socket, signer_backend=signer, vmm=vmm,
-         remote_signer=remote)
+         remote_signer=remote, jail=jail)
 
 
 @app.command()
@@ -236,7 +256,9 @@ def run(
         f"{b['display_name']}: running ({b['accel']}, ready in {b.get('boot_seconds', '?')}s, "
         f"image {b['image_digest'][:19]})"
         + (f"\n  {b['start']['reason']}" if isinstance(b.get("start"), dict)
-           and b["start"].get("reason") else "")))
+           and b["start"].get("reason") else "")
+        + (f"\n  vmm isolation: {b['start']['isolation']}" if isinstance(b.get("start"), dict)
+           and b["start"].get("isolation") else "")))
 
 
 def parse_owner(text: str) -> tuple[int, int]:

@@ -295,7 +295,8 @@ class BoxManager(CommandVerbs, CopyVerbs):
         if box.tasks.closed:
             raise UserError(f"box {box.name} was removed (rm --force) while it was created")
         box.info.accel = vm.accel
-        box.info.start = {"kind": vm.start_kind, "reason": vm.start_reason}
+        box.info.start = {"kind": vm.start_kind, "reason": vm.start_reason,
+                          "isolation": vm.isolation}
         box.guest = GuestClient(vm.ports, box.name)
         box.tasks.spawn(self._watch_vm(box), name="VM watcher")
         box.tasks.spawn(self._watch_transport(box, vm), name="transport watcher")
@@ -313,6 +314,7 @@ class BoxManager(CommandVerbs, CopyVerbs):
         await self.record(box, "tkbox.box.ready", {
             "boot_ms": int(box.info.boot_seconds * 1000), "accel": vm.accel,
             "start": vm.start_kind, "start_reason": vm.start_reason[:300],
+            "vmm_isolation": vm.isolation[:500],
             "guest_uptime_ms": int(up * 1000) if up is not None else None})
 
     async def _serve_boot(self, box: Box, stream: ByteStream, config: dict[str, Any]) -> None:
@@ -361,9 +363,13 @@ class BoxManager(CommandVerbs, CopyVerbs):
             box.expiry.cancel()  # the VM is gone: there is nothing left to stop in time
             box.expiry = None
         if lifecycle.vm_end_is_unexpected(box.state):
-            box.info.error = f"the VM ended unexpectedly (status {code})"
+            # The host's kernel ending the VMM at one of its cell's limits is said as such.
+            box.info.error = (f"the VM ended: {vm.end_reason} (status {code})" if vm.end_reason
+                              else f"the VM ended unexpectedly (status {code})")
             box.move(Event.VM_DIED)
-            await self.record(box, "tkbox.containment", {"reason": box.info.error})
+            await self.record(box, "tkbox.containment", {
+                "reason": box.info.error[:500],
+                **({"vmm_limit": vm.end_limit} if vm.end_limit else {})})
         if box.door is not None and not lifecycle.stop_began(box.state):
             # The door's open connections end, and its last refusal summary is recorded.
             with contextlib.suppress(Exception):

@@ -28,6 +28,7 @@ from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.protocol.tasks import TaskOwner
 from tkbox.record.client import SignerClient
 from tkbox.record.unrecorded import UnrecordedSigner
+from tkbox.vm.jail import JailConfig
 
 log = logging.getLogger("tkbox.daemon")
 
@@ -65,15 +66,23 @@ class _Server(uvicorn.Server):
 
 async def serve(opts: Options, *, socket_path: Path | None = None,
                 signer_socket: Path | None = None, signer_backend: str = "tkbox",
-                vmm: str = "qemu", remote_signer: SignerClient | None = None) -> None:
+                vmm: str = "qemu", remote_signer: SignerClient | None = None,
+                jail: JailConfig | None = None) -> None:
     from tkbox.image.initramfs import GuestBuild, build
     from tkbox.image.kernel import find_kernel
     from tkbox.image.mirrors import Settings, load
     from tkbox.image.store import ImageStore
     from tkbox.vm.base import Launcher
     from tkbox.vm.choice import check_vmm, transport_for
-    from tkbox.vm.firecracker import FirecrackerLauncher
-    from tkbox.vm.qemu import TCG_TRADEOFF, AccelDecision, QemuLauncher, decide_accel
+    from tkbox.vm.firecracker import FirecrackerLauncher, firecracker_jail
+    from tkbox.vm.jail import decide
+    from tkbox.vm.qemu import (
+        TCG_TRADEOFF,
+        AccelDecision,
+        QemuLauncher,
+        decide_accel,
+        qemu_binary,
+    )
 
     # Where images are pulled from: every file named is read now, so a mistake stops here.
     registries = load(Settings(tuple(opts.registry_mirrors), opts.registry_mirror_only,
@@ -84,18 +93,23 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     transport = transport_for(vmm)
     kernel = find_kernel()
     launcher: Launcher
+    guest_dir = paths.private_dir(paths.guest_build())
     if vmm == "firecracker":
         accel = AccelDecision("kvm", "Firecracker runs guests on KVM only")
-        launcher = FirecrackerLauncher()
+        fc_jailer, isolation = firecracker_jail(jail or JailConfig())
+        launcher = FirecrackerLauncher(jailer=fc_jailer)
     else:
-        accel = decide_accel(kernel.version, paths.private_dir(paths.guest_build()))
-        launcher = QemuLauncher(accel, transport=transport.kind)
+        accel = decide_accel(kernel.version, guest_dir)
+        cell = await asyncio.to_thread(decide, jail or JailConfig(), qemu_binary(), guest_dir)
+        launcher = QemuLauncher(accel, transport=transport.kind, jail=cell)
+        isolation = cell.summary()
     if accel.accel != "kvm":
         print(f"tkbox: notice: software emulation (TCG): {accel.reason}. Boxes are still "
               f"separate kernels behind a VMM, but much slower; {TCG_TRADEOFF}.",
               file=sys.stderr)
     print(f"tkbox: VMM {vmm}, ports over {transport.kind}: {transport.reason}",
           file=sys.stderr)
+    print(f"tkbox: VMM isolation: {isolation}", file=sys.stderr)
     signer: SignerClient
     if opts.unrecorded:
         print("tkbox: WARNING: --unrecorded: nothing is decided or recorded by a signer. "
@@ -148,6 +162,7 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
     info = {"version": __version__, "pid": os.getpid(), "accel": accel.accel,
             "accel_reason": accel.reason, "unrecorded": opts.unrecorded,
             "vmm": vmm, "transport": transport.kind, "transport_reason": transport.reason,
+            "vmm_isolation": isolation,
             "network_door": True, "undumpable": undumpable(),
             # the CLI's own pulls (`tkbox run`, `tkbox image pull`) load the same table
             "registries": registries.settings.to_json(),
@@ -198,14 +213,15 @@ async def serve(opts: Options, *, socket_path: Path | None = None,
 
 def main(opts: Options, socket_path: Path | None = None,
          signer_socket: Path | None = None, signer_backend: str = "tkbox",
-         vmm: str = "qemu", remote_signer: SignerClient | None = None) -> None:
+         vmm: str = "qemu", remote_signer: SignerClient | None = None,
+         jail: JailConfig | None = None) -> None:
     logging.basicConfig(level=os.environ.get("TKBOX_LOG", "WARNING"),
                         format="tkbox: %(levelname)s %(message)s")
     not_dumpable("tkbox daemon")  # its environment holds the secrets door's values
     try:
         asyncio.run(serve(opts, socket_path=socket_path, signer_socket=signer_socket,
                           signer_backend=signer_backend, vmm=vmm,
-                          remote_signer=remote_signer))
+                          remote_signer=remote_signer, jail=jail))
     except (HostError, UserError, SignerUnavailable) as exc:
         print(f"tkbox: error: {exc}", file=sys.stderr)
         sys.exit(exc.exit_code)

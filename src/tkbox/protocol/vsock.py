@@ -369,18 +369,24 @@ def _connect_error(what: str, exc: OSError, kind: type[PortError] = PortError) -
 # --- hybrid vsock (Firecracker, Cloud Hypervisor), host side ------------------
 
 
-def _same_user(conn: socket.socket) -> bool:
-    """Whether the peer of a Unix-socket connection runs as our user (the VMM does).
+def _peer_is(uid: int) -> Callable[[socket.socket], bool]:
+    """Whether the peer of a Unix-socket connection runs as `uid` (the VMM's: ours, or
+    the uid of its own it was given in its cell).
 
     The private directory already keeps others out; this holds even if its
     mode is changed while the VM runs.
     """
-    try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return False
-    _pid, uid, _gid = struct.unpack("3i", creds)
-    return bool(uid == os.geteuid())
+
+    def check(conn: socket.socket) -> bool:
+        try:
+            creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                    struct.calcsize("3i"))
+        except OSError:
+            return False
+        _pid, peer, _gid = struct.unpack("3i", creds)
+        return bool(peer == uid)
+
+    return check
 
 
 class HybridVsockHostPorts(_SocketPorts):
@@ -404,9 +410,13 @@ class HybridVsockHostPorts(_SocketPorts):
         *,
         handshake_timeout: float = HANDSHAKE_TIMEOUT,
         max_streams: int = MAX_STREAMS,
+        vmm_uid: int | None = None,
     ) -> None:
         super().__init__(max_streams)
         self.uds_path = Path(uds_path)
+        # A VMM in a cell of its own runs as its own uid (`vmm_uid`), in a directory
+        # that uid owns: only it may connect, and its listeners are its to reach.
+        self._vmm_uid = os.geteuid() if vmm_uid is None else vmm_uid
         self._timeout = handshake_timeout
         self._listeners: dict[int, tuple[socket.socket, Path, tuple[int, int]]] = {}
         check_unix_path(listener_path(self.uds_path, MAX_U32))
@@ -459,10 +469,10 @@ class HybridVsockHostPorts(_SocketPorts):
             st = parent.stat()
         except OSError as exc:
             raise PortError(f"cannot use {parent} for vsock sockets: {exc.strerror}") from None
-        if st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        if st.st_uid not in (os.geteuid(), self._vmm_uid) or st.st_mode & 0o077:
             raise PortError(
                 f"{parent} is open to other users; vsock sockets must be in a private "
-                "(0700) directory owned by tkbox's user"
+                "(0700) directory owned by tkbox's user or the VMM's"
             )
         with contextlib.suppress(FileNotFoundError):
             if stat.S_ISSOCK(path.lstat().st_mode):
@@ -471,6 +481,8 @@ class HybridVsockHostPorts(_SocketPorts):
         try:
             listener.bind(os.fspath(path))
             os.chmod(path, 0o600)
+            if self._vmm_uid != os.geteuid():
+                os.chown(path, self._vmm_uid, -1)  # the VMM connects to it
             listener.listen(64)
             listener.setblocking(False)
             sst = path.lstat()
@@ -479,7 +491,7 @@ class HybridVsockHostPorts(_SocketPorts):
             raise PortError(f"cannot listen on {path}: {exc.strerror}") from None
         self._listeners[port] = (listener, path, (sst.st_dev, sst.st_ino))
         self._spawn(
-            self._accept_loop(listener, port, handler, _same_user),
+            self._accept_loop(listener, port, handler, _peer_is(self._vmm_uid)),
             f"tkbox-hybrid-accept-{port}",
         )
 

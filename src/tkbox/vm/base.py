@@ -143,12 +143,19 @@ class VM(ABC):
 
     `start_kind` says how it started ("cold": a full boot; "template": restored
     from a booted template, see `tkbox.vm.template`) and `start_reason` why,
-    in words for a person.
+    in words for a person. `isolation` says what holds its VMM beyond the VM
+    itself (`tkbox.vm.jail`: "jailed uid 61042, namespaces, cgroup", or what is
+    missing and why). `end_reason`, once `wait` has returned, says why the VMM
+    ended when the host's kernel ended it at one of its limits ("" otherwise), and
+    `end_limit` names that limit ("memory", "pids").
     """
 
     ports: Ports
     start_kind: str = "cold"
     start_reason: str = ""
+    isolation: str = ""
+    end_reason: str = ""
+    end_limit: str = ""
 
     @abstractmethod
     async def pause(self) -> None:

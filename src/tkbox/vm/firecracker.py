@@ -35,12 +35,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import json
 import os
 import re
 import shutil
 import stat
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -48,7 +50,7 @@ import httpx
 
 from tkbox._process import pdeathsig
 from tkbox.errors import HostError, InternalError, UserError
-from tkbox.paths import private_dir
+from tkbox.paths import private_dir, vms
 from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import (
     DEFAULT_GUEST_CID,
@@ -59,9 +61,21 @@ from tkbox.protocol.vsock import (
 )
 from tkbox.vm import base
 from tkbox.vm.base import BeforeBoot, Launcher, ProcessVM, VMSpec, drain_to_file, last_words
+from tkbox.vm.cgroup import (
+    CPU_PERIOD_US,
+    SUBTREE,
+    BoxCgroup,
+    CgroupRoot,
+    Limits,
+    Verdict,
+    find_root,
+    jailer_cgroup,
+)
 from tkbox.vm.errors import VMEnded, VMError, VMExitedAtStart
+from tkbox.vm.jail import JailConfig, UidLease, check_range, lease_uid, readable_by_all
 
 FIRECRACKER = "firecracker"
+JAILER = "jailer"
 API_SOCKET = "fc.sock"
 VSOCK_SOCKET = "v.sock"
 CONSOLE_LOG = "console.log"
@@ -141,9 +155,24 @@ def check_spec(spec: VMSpec) -> None:
             raise InternalError(f"disk role {disk.role!r} cannot go on the kernel command line")
 
 
-def build_requests(spec: VMSpec) -> list[ApiCall]:
-    """Every API request that configures and boots `spec`, in order (pure)."""
+#: Inside a jailed Firecracker's chroot (`docs/jailer.md`): where tkbox puts the
+#: kernel, the initramfs and each disk, and where Firecracker makes its sockets.
+JAIL_KERNEL, JAIL_INITRD, JAIL_API, JAIL_VSOCK = "/vmlinux", "/initrd", "/fc.sock", "/v.sock"
+
+
+def jail_disk(index: int) -> str:
+    return f"/disk{index}"
+
+
+def build_requests(spec: VMSpec, *, jailed: bool = False) -> list[ApiCall]:
+    """Every API request that configures and boots `spec`, in order (pure).
+
+    `jailed`: Firecracker runs under its jailer, chrooted: every path is the file's
+    name inside the chroot (`JAIL_*`), where the launcher placed it."""
     check_spec(spec)
+    kernel = JAIL_KERNEL if jailed else str(spec.kernel.absolute())
+    initrd = JAIL_INITRD if jailed else str(spec.initramfs.absolute())
+    uds = JAIL_VSOCK if jailed else str(vsock_socket(spec))
     calls = [
         ApiCall(
             "PUT",
@@ -154,8 +183,8 @@ def build_requests(spec: VMSpec) -> list[ApiCall]:
             "PUT",
             "/boot-source",
             {
-                "kernel_image_path": str(spec.kernel.absolute()),
-                "initrd_path": str(spec.initramfs.absolute()),
+                "kernel_image_path": kernel,
+                "initrd_path": initrd,
                 "boot_args": boot_args(spec),
             },
         ),
@@ -167,7 +196,7 @@ def build_requests(spec: VMSpec) -> list[ApiCall]:
                 f"/drives/{drive_id(index)}",
                 {
                     "drive_id": drive_id(index),
-                    "path_on_host": str(disk.path.absolute()),
+                    "path_on_host": jail_disk(index) if jailed else str(disk.path.absolute()),
                     "is_root_device": False,
                     "is_read_only": disk.read_only,
                 },
@@ -177,11 +206,171 @@ def build_requests(spec: VMSpec) -> list[ApiCall]:
         ApiCall(
             "PUT",
             "/vsock",
-            {"guest_cid": DEFAULT_GUEST_CID, "uds_path": str(vsock_socket(spec))},
+            {"guest_cid": DEFAULT_GUEST_CID, "uds_path": uds},
         )
     )
     calls.append(ApiCall("PUT", "/actions", {"action_type": "InstanceStart"}))
     return calls
+
+
+@dataclass(frozen=True)
+class FirecrackerJailer:
+    """Firecracker's own jailer, as its documentation describes it (`docs/jailer.md`,
+    pinned at v1.16.1 in tests/testdata/firecracker/): a uid and gid of the VM's own,
+    a chroot (pivot_root in a new mount namespace) holding only what tkbox places
+    there, cgroup limits, resource limits. Run as root; it execs Firecracker in its
+    own place (no `--new-pid-ns`, no `--daemonize`: tkbox keeps the process it
+    started, reaps it and reads its output)."""
+
+    binary: Path
+    chroot_base: Path
+    uids: tuple[int, int]
+    cgroup_version: int = 2
+    parent_cgroup: str = SUBTREE
+    overhead_mib: int = 256
+    pids: int = 256
+    no_file: int = 2048
+
+    def chroot(self, firecracker: str, vm_id: str) -> Path:
+        """docs/jailer.md: `<chroot_base>/<exec_file_name>/<id>/root`."""
+        return self.chroot_base / Path(firecracker).name / vm_id / "root"
+
+    def limits(self, spec: VMSpec) -> Limits:
+        return Limits(spec.memory_mib + self.overhead_mib, self.pids, spec.vcpus + 1)
+
+
+def jail_id(uid: int) -> str:
+    """The jailer's `--id` for a VM whose VMM runs as `uid`: unique on the host while
+    it runs (the uid is leased), short enough for the chroot's socket paths."""
+    return f"tkbox-{uid}"
+
+
+def jailer_argv(jailer: FirecrackerJailer, firecracker: str, uid: int, spec: VMSpec) -> list[str]:
+    """The jailer's command line for `spec` (pure; checked against docs/jailer.md).
+
+    Firecracker's own arguments follow `--`; the jailer passes `--id` itself."""
+    limits = jailer.limits(spec)
+    mem = limits.memory_mib << 20
+    if jailer.cgroup_version == 2:
+        cgroups = [f"memory.max={mem}", f"pids.max={limits.pids}",
+                   f"cpu.max={limits.cpus * CPU_PERIOD_US} {CPU_PERIOD_US}"]
+    else:
+        cgroups = [f"memory.limit_in_bytes={mem}", f"pids.max={limits.pids}",
+                   f"cpu.cfs_quota_us={limits.cpus * CPU_PERIOD_US}"]
+    argv = [str(jailer.binary), "--id", jail_id(uid), "--exec-file", firecracker,
+            "--uid", str(uid), "--gid", str(uid),
+            "--chroot-base-dir", str(jailer.chroot_base),
+            "--cgroup-version", str(jailer.cgroup_version)]
+    for c in cgroups:
+        argv += ["--cgroup", c]
+    argv += ["--parent-cgroup", jailer.parent_cgroup,
+             "--resource-limit", f"no-file={jailer.no_file}",
+             "--", "--api-sock", JAIL_API]
+    return argv
+
+
+@dataclass
+class _FirecrackerCell:
+    """What a jailed Firecracker was given: its uid's lease, its chroot, the owners of
+    the files tkbox lent it (restored when it ends), its cgroup."""
+
+    lease: UidLease
+    root: Path
+    lent: list[tuple[Path, int, int]]
+    cgroup: BoxCgroup | None
+
+    def close(self) -> Verdict:
+        verdict = self.cgroup.verdict() if self.cgroup is not None else Verdict("", "")
+        shutil.rmtree(self.root.parent, ignore_errors=True)  # <base>/<exec>/<id>
+        for path, uid, gid in self.lent:
+            with contextlib.suppress(OSError):
+                os.chown(path, uid, gid)
+        if self.cgroup is not None:
+            self.cgroup.remove()
+        self.lease.close()
+        return verdict
+
+
+def _place(src: Path, dst: Path, writable: bool) -> None:
+    """`src` at `dst` in the chroot: a hard link where they share a file system (no
+    copy), else a copy, for a file that is only read. A writable disk must be the
+    box's own file: where it cannot be linked, the start is refused."""
+    try:
+        os.link(src, dst)
+    except OSError as exc:
+        if exc.errno not in (errno.EXDEV, errno.EPERM, errno.EMLINK):
+            raise
+        if writable:
+            raise HostError(f"cannot link {src} into the jailer's chroot {dst.parent} "
+                            f"({exc.strerror}): keep TKBOX_HOME on one file system") from None
+        shutil.copyfile(src, dst)
+
+
+def _make_cell(jailer: FirecrackerJailer, firecracker: str, spec: VMSpec) -> _FirecrackerCell:
+    """Lease a uid, build the chroot with the VM's files in it, readable (and the
+    writable disk writable) by that uid only where tkbox can say so (docs/jailer.md:
+    the user Firecracker runs as must be able to read them, and write a read-write
+    disk)."""
+    lease = lease_uid(jailer.uids, unused=True)
+    root = jailer.chroot(firecracker, jail_id(lease.uid))
+    cell = _FirecrackerCell(lease, root, [], None)
+    try:
+        shutil.rmtree(root.parent, ignore_errors=True)  # a leftover of a daemon that died
+        root.mkdir(parents=True, mode=0o700)
+        files = [(spec.kernel, JAIL_KERNEL, False), (spec.initramfs, JAIL_INITRD, False),
+                 *((d.path, jail_disk(i), not d.read_only) for i, d in enumerate(spec.disks))]
+        for src, name, writable in files:
+            dst = root / name.lstrip("/")
+            _place(src, dst, writable)
+            st = dst.stat()
+            if writable:  # the box's own file (linked): given back when the VM ends
+                cell.lent.append((src, st.st_uid, st.st_gid))
+                os.chown(dst, lease.uid, lease.uid)
+            elif st.st_mode & 0o004 == 0:
+                readable_by_all(dst)
+        cell.cgroup = jailer_cgroup(jailer.cgroup_version, jailer.parent_cgroup,
+                                    jail_id(lease.uid), jailer.limits(spec))
+    except BaseException:
+        cell.close()
+        raise
+    return cell
+
+
+def firecracker_jail(config: JailConfig, binary: str | None = None) -> tuple[
+        FirecrackerJailer | None, str]:
+    """Firecracker's jailer for this daemon where it can run one, and what each VMM gets
+    (or why it is not jailed), decided from facts: root, a `jailer` beside the
+    `firecracker` binary or on PATH, a cgroup hierarchy with memory, pids and cpu.
+    `--vmm-jail on` turns a missing part into a HostError."""
+    if config.mode == "off":
+        return None, "not jailed: --vmm-jail off"
+    fc = binary or shutil.which(FIRECRACKER)
+    beside = Path(fc).with_name(JAILER) if fc else None
+    found = str(beside) if beside and os.access(beside, os.X_OK) else shutil.which(JAILER)
+    cgroups = find_root(config.cgroup) if os.geteuid() == 0 else "not root"
+    if os.geteuid() != 0:
+        missing = "Firecracker's jailer runs as root only"
+    elif not found:
+        missing = (f"no Firecracker `{JAILER}` beside {fc or FIRECRACKER} or on PATH (install "
+                   "the one from the same release)")
+    elif isinstance(cgroups, str):
+        missing = f"no cgroup for its limits: {cgroups}"
+    else:
+        missing = ""
+    if missing:
+        if config.mode == "on":
+            raise HostError(f"--vmm-jail on, but {missing}")
+        return None, f"not jailed: {missing}"
+    assert found is not None and isinstance(cgroups, CgroupRoot)
+    check_range(config.uids)
+    jailer = FirecrackerJailer(Path(found), private_dir(vms().parent / "jail"), config.uids,
+                               cgroups.version, overhead_mib=config.overhead_mib or 256,
+                               pids=config.pids)
+    first, last = config.uids
+    return jailer, (f"jailed by Firecracker's jailer ({found}): a uid of its own from "
+                    f"{first}-{last}, a chroot of its own (pivot_root in a new mount "
+                    f"namespace), cgroup v{cgroups.version} limits; no PID or network "
+                    "namespace (docs/firecracker.md)")
 
 
 def vm_state_call(state: str) -> ApiCall:
@@ -266,13 +455,22 @@ def _check_readable(path: Path, what: str) -> None:
 class FirecrackerVM(ProcessVM):
     """A Firecracker process and the API client that drives it."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec,
+                 cell: _FirecrackerCell | None = None) -> None:
         super().__init__()
         self.proc = proc
         self.spec = spec
-        self.api_socket = api_socket(spec)
-        self.vsock_socket = vsock_socket(spec)
-        self.ports: HybridVsockHostPorts = HybridVsockHostPorts(self.vsock_socket)
+        self.cell = cell
+        if cell is None:
+            self.api_socket, self.vsock_socket = api_socket(spec), vsock_socket(spec)
+            self.isolation = "not jailed (no Firecracker jailer: docs/firecracker.md)"
+        else:
+            self.api_socket = cell.root / JAIL_API.lstrip("/")
+            self.vsock_socket = cell.root / JAIL_VSOCK.lstrip("/")
+            self.isolation = (f"jailed uid {cell.lease.uid} by Firecracker's jailer, chroot, "
+                              + ("cgroup" if cell.cgroup is not None else "no cgroup"))
+        self.ports: HybridVsockHostPorts = HybridVsockHostPorts(
+            self.vsock_socket, vmm_uid=cell.lease.uid if cell is not None else None)
         self._client = httpx.AsyncClient(
             transport=httpx.AsyncHTTPTransport(uds=str(self.api_socket)),
             base_url="http://localhost",
@@ -370,6 +568,9 @@ class FirecrackerVM(ProcessVM):
             with contextlib.suppress(OSError):
                 if stat.S_ISSOCK(path.lstat().st_mode):
                     path.unlink()
+        if self.cell is not None:
+            verdict = await asyncio.to_thread(self.cell.close)
+            self.end_reason, self.end_limit = verdict.reason, verdict.limit
 
 
 class FirecrackerLauncher(Launcher):
@@ -378,8 +579,10 @@ class FirecrackerLauncher(Launcher):
     name = "firecracker"
     transport = "hybrid-vsock"
 
-    def __init__(self, binary: Path | None = None) -> None:
+    def __init__(self, binary: Path | None = None,
+                 jailer: FirecrackerJailer | None = None) -> None:
         self.binary = binary
+        self.jailer = jailer
 
     def _binary(self) -> str:
         found = str(self.binary) if self.binary else shutil.which(FIRECRACKER)
@@ -390,13 +593,14 @@ class FirecrackerLauncher(Launcher):
             )
         return found
 
-    async def _spawn(self, binary: str, spec: VMSpec) -> asyncio.subprocess.Process:
+    async def _spawn(self, binary: str, spec: VMSpec,
+                     cell: _FirecrackerCell | None = None) -> asyncio.subprocess.Process:
+        if cell is not None and self.jailer is not None:
+            argv = jailer_argv(self.jailer, binary, cell.lease.uid, spec)
+        else:
+            argv = [binary, "--api-sock", str(api_socket(spec)), "--id", vmm_id(spec.name)]
         return await asyncio.create_subprocess_exec(
-            binary,
-            "--api-sock",
-            str(api_socket(spec)),
-            "--id",
-            vmm_id(spec.name),
+            *argv,
             stdin=asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
@@ -420,7 +624,7 @@ class FirecrackerLauncher(Launcher):
         InstanceStart: serve the guest → host ports there, so the guest's first
         connection (the boot config, port 1026) finds its listener.
         """
-        calls = build_requests(spec)  # refuses a bad spec before anything exists
+        calls = build_requests(spec, jailed=self.jailer is not None)  # a bad spec: refused
         binary = self._binary()
         check_kernel(spec.kernel)
         _check_readable(spec.initramfs, "initramfs")
@@ -433,11 +637,20 @@ class FirecrackerLauncher(Launcher):
                 if not stat.S_ISSOCK(path.lstat().st_mode):
                     raise HostError(f"{path} exists and is not a socket; remove it")
                 path.unlink()  # stale, from a VMM that died with this directory
+        cell = None
+        if self.jailer is not None:
+            cell = await asyncio.to_thread(_make_cell, self.jailer, binary, spec)
         try:
-            proc = await self._spawn(binary, spec)
+            proc = await self._spawn(binary, spec, cell)
         except OSError as exc:
+            if cell is not None:
+                cell.close()
             raise HostError(f"cannot run {binary}: {exc.strerror or exc}") from None
-        vm = FirecrackerVM(proc, spec)
+        except BaseException:
+            if cell is not None:
+                cell.close()
+            raise
+        vm = FirecrackerVM(proc, spec, cell)
         try:
             await vm.wait_api_ready()
             for call in calls:

@@ -11,10 +11,17 @@ whose KVM is a paravirtual nested hypervisor (PVM, seen as
 guest kernel's config; otherwise we use software emulation (TCG) and say so.
 
 The VMM process gets a private 0700 working directory, an empty environment
-(the daemon's may hold the values the secrets door keeps out of the box), no
-inherited file descriptors, its own session, QEMU's seccomp sandbox (`SANDBOX`),
-and `PR_SET_PDEATHSIG` so that it cannot outlive the daemon; it is reaped
-however it ends. Its stdout and stderr are a pipe
+(the daemon's may hold the values the secrets door keeps out of the box), its
+own session, QEMU's seccomp sandbox (`SANDBOX`), and `PR_SET_PDEATHSIG` so that
+it cannot outlive the daemon; it is reaped however it ends. Where the daemon
+jails VMMs (`tkbox.vm.jail`), it runs in a cell of its own: its uid, namespaces,
+root and cgroup, started by `tkbox-jailer`, which stays its parent (the process
+the launcher holds) and ends as it ended. It inherits no path of the daemon's
+and no descriptor but those it is handed (`Wiring`): its chardevs' ends of
+socketpairs (the daemon holds the others: no socket file exists), one
+descriptor per disk (`-add-fd`), its memory file; QEMU opens only the kernel
+and initramfs itself. `start` returns once QEMU answers on QMP (it has built
+the machine). Its stdout and stderr are a pipe
 drained into `qemu.log`, capped at `QEMU_LOG_CAP`: QEMU reports a guest's
 device errors there (`Guest says index 5 is available`, one line per fault,
 as often as a guest kernel that drives a virtio device's registers makes
@@ -24,7 +31,8 @@ Booted templates (`tkbox.vm.template`): where a template matches the VM's key,
 the VM starts with `-incoming` from it and is woken on the mux port; where none
 does, it boots cold and one is built in the background (single flight), so
 later boxes restore. The template's memory is a RAM file (written through while
-it is saved, mapped private by each box); migration with `x-ignore-shared`
+it is saved, mapped private by each box; in a cell, a sealed memfd of it,
+`jail.TemplateRam`, so no VMM can write what other boxes restore); migration with `x-ignore-shared`
 carries only device state, saved and restored through a file the daemon
 opens and passes to QEMU over QMP (`getfd`, then `fd:` URIs; QEMU 7.2 has no
 `file:` URI, and its sandbox forbids `exec:`).
@@ -35,11 +43,11 @@ Transports: the serial mux by default; with `transport="vhost-vsock"` a
 starts. Every task a VM starts belongs to it (`TaskOwner`) and has ended once
 `wait` returns.
 
-Why one module (about 680 lines): the command line, the process, the QMP
+Why one module (about 990 lines): the command line, the process, the QMP
 client and the template save/restore are one machine's life and share its
-private helpers (`_spawn`, `_Listeners`, the sockets' names); the pure
-parts (`decide_accel`, `build_argv`) are tested without QEMU, and the
-template store itself is `tkbox.vm.template`.
+private helpers (`_spawn`, `_Handles`, `Wiring`); the pure parts
+(`decide_accel`, `build_argv`) are tested without QEMU, the template store
+itself is `tkbox.vm.template`, and the cell `tkbox.vm.jail`.
 """
 
 from __future__ import annotations
@@ -52,13 +60,12 @@ import os
 import shutil
 import signal
 import socket
-import struct
 import subprocess
 import tempfile
 import time
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from tkbox import paths
 from tkbox._process import pdeathsig
@@ -84,6 +91,7 @@ from tkbox.vm.base import (
 from tkbox.vm.choice import SERIAL_MUX, VHOST_VSOCK
 from tkbox.vm.cid import claim_cid
 from tkbox.vm.errors import VMEnded, VMError, VMExitedAtStart
+from tkbox.vm.jail import CELL_INITRD, CELL_KERNEL, Cell, Jail, JailConfig, TemplateRam
 
 if TYPE_CHECKING:
     from qemu.qmp import QMPClient
@@ -210,27 +218,65 @@ def qemu_value(path: Path | str) -> str:
     return str(path).replace(",", ",,")
 
 
-def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = False,
-               ram: Path | None = None, share_ram: bool = False,
+@dataclass(frozen=True)
+class Wiring:
+    """What QEMU is handed instead of the daemon's paths: descriptors it inherits.
+
+    `console`, `qmp`, `mux`: its ends of socketpairs (chardevs with `fd=`: no socket
+    file exists for anyone to reach). `disks`: for each disk, the descriptor of
+    its fdset (set i+1, named `/dev/fdset/<i+1>`): read-only for a read-only disk,
+    read-write for a writable one (whose drive has `auto-read-only=off`, so QEMU
+    opens it read-write at once: a read-only open of it would need a second
+    descriptor, whose lock a restored VM's read-write open then collides with).
+    `ram`: the memory backend's file, `/proc/self/fd/N`. `kernel` and `initramfs`:
+    paths as QEMU sees them (QEMU opens these two itself)."""
+
+    console: int
+    qmp: int
+    mux: int | None
+    disks: tuple[tuple[int, ...], ...]
+    kernel: str
+    initramfs: str
+    ram: str | None = None
+
+    def fds(self) -> tuple[int, ...]:
+        own = (self.console, self.qmp) + ((self.mux,) if self.mux is not None else ())
+        return own + tuple(fd for fds in self.disks for fd in fds)
+
+
+def placeholder_wiring(spec: VMSpec, ram: bool = False, mux: bool = True) -> Wiring:
+    """A wiring with fixed numbers and names: the command line's shape, for a template's
+    key and for tests (descriptor numbers and paths shape nothing QEMU saves)."""
+    disks = tuple((10 + i,) for i in range(len(spec.disks)))
+    return Wiring(3, 4, 5 if mux else None, disks, "/KERNEL", "/INITRAMFS",
+                  "/RAM" if ram else None)
+
+
+def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, wiring: Wiring | None = None,
+               template: bool = False, share_ram: bool = False,
                incoming: bool = False, vsock: tuple[int, int] | None = None) -> list[str]:
     """The exact QEMU command line for `spec` (pure: tested without QEMU).
 
+    `wiring`: the descriptors QEMU inherits (`placeholder_wiring` when not given).
     `template`: the guest parks before its disks and boot config (the machine a
-    template is saved from and restored into). `ram`: guest memory is that file,
-    written through (`share_ram`, the template being saved) or mapped private
+    template is saved from and restored into). `wiring.ram`: guest memory is that
+    file, written through (`share_ram`, the template being saved) or mapped private
     (a box restored from it: its writes are its own, the file is only read).
     `incoming`: wait for the state to load (`migrate-incoming` over QMP).
     `vsock`: (guest CID, vhost fd): the ports are a vhost-vsock device whose
     CID the fd already holds (`tkbox.vm.cid`), instead of the serial mux.
-    Every path inside an option goes through `qemu_value`.
+    No path of the daemon's reaches an option list: sockets and disks are
+    descriptors; the kernel and initramfs are arguments of their own.
     """
-    d = spec.workdir
+    w = wiring or placeholder_wiring(spec, mux=vsock is None)
     if template:
         spec = replace(spec, cmdline=(spec.cmdline + " " + TEMPLATE_CMDLINE).strip())
     if vsock is not None:
-        if template or incoming or ram is not None:
+        if template or incoming or w.ram is not None:
             raise InternalError("templates are parked over the serial mux, not vsock")
         spec = replace(spec, cmdline=(spec.cmdline + " " + VSOCK_CMDLINE).strip())
+    if len(w.disks) != len(spec.disks) or (vsock is None) != (w.mux is not None):
+        raise InternalError("the wiring does not match the VM's disks and transport")
     machine = "microvm,x-option-roms=off,pit=on,pic=on,rtc=on,isa-serial=on"
     cmdline = ("console=ttyS0 panic=-1 reboot=t random.trust_cpu=on "
                "i8042.noaux i8042.nomux i8042.nopnp i8042.dumbkbd "
@@ -248,46 +294,47 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
         cmdline += " " + TCG_GUEST_CMDLINE  # see TCG_GUEST_CMDLINE
     cmdline = "quiet loglevel=1 " + cmdline if not os.environ.get("TKBOX_GUEST_DEBUG") else cmdline
     argv = [
-        qemu, "-M", machine, "-nodefaults", "-no-user-config", "-display", "none",
+        # Named for its VM's directory (a box's run id): how a person (or `pgrep -f`)
+        # tells which box a QEMU is, now that no path of the box's is on its line.
+        qemu, "-name", f"guest={qemu_value(spec.workdir.name)}",
+        "-M", machine, "-nodefaults", "-no-user-config", "-display", "none",
         "-sandbox", SANDBOX,
         "-no-reboot", "-nic", "none",
         "-accel", "kvm" if accel == "kvm" else "tcg",
         "-cpu", "host" if accel == "kvm" else "max",
         "-m", str(spec.memory_mib), "-smp", str(spec.vcpus),
-        "-kernel", str(spec.kernel), "-initrd", str(spec.initramfs), "-append", cmdline,
-        # The console goes to a socket the daemon drains into a capped log, so a
+        "-kernel", w.kernel, "-initrd", w.initramfs, "-append", cmdline,
+        # The console goes to a socketpair the daemon drains into a capped log, so a
         # guest that floods its console cannot fill the host's disk.
-        # The daemon listens and QEMU connects (server=off): the socket exists before
-        # QEMU starts, so nothing waits for QEMU to bind it.
-        "-chardev", f"socket,id=con,path={qemu_value(d / 'console.sock')},server=off",
+        "-chardev", f"socket,id=con,fd={w.console}",
         "-serial", "chardev:con",
         "-device", "virtio-rng-device",
     ]
-    if vsock is None:
+    if w.mux is not None:
         argv += [
-            "-chardev", f"socket,id=mux,path={qemu_value(d / 'mux.sock')},server=off",
+            "-chardev", f"socket,id=mux,fd={w.mux}",
             "-device", "virtio-serial-device,max_ports=2",
             "-device", "virtserialport,chardev=mux,name=tkbox.mux",
         ]
-    else:
+    elif vsock is not None:
         cid, fd = vsock
         argv += ["-device", f"vhost-vsock-device,guest-cid={cid},vhostfd={fd}"]
     argv += [
-        # QMP on a chardev of its own: `-qmp unix:PATH` takes the path as an implied
-        # first value, which an '=' in the path would turn into a key.
-        "-chardev", f"socket,id=qmp,path={qemu_value(d / 'qmp.sock')},server=on,wait=off",
+        # QMP on a chardev of its own, on a socketpair: one session, the daemon's.
+        "-chardev", f"socket,id=qmp,fd={w.qmp}",
         "-mon", "chardev=qmp,mode=control",
     ]
-    for i, disk in enumerate(spec.disks):
-        ro = ",readonly=on" if disk.read_only else ""
-        path = qemu_value(disk.path)
-        argv += ["-drive", f"id=d{i},file={path},format=raw,if=none,cache=unsafe{ro}"
+    for i, (disk, fds) in enumerate(zip(spec.disks, w.disks, strict=True)):
+        for fd in fds:
+            argv += ["-add-fd", f"fd={fd},set={i + 1}"]
+        argv += ["-drive", f"id=d{i},file=/dev/fdset/{i + 1},format=raw,if=none,"
+                           "auto-read-only=off,cache=unsafe"
                  if not disk.read_only else
-                 f"id=d{i},file={path},format=raw,if=none{ro}",
+                 f"id=d{i},file=/dev/fdset/{i + 1},format=raw,if=none,readonly=on",
                  "-device", f"virtio-blk-device,drive=d{i},serial={disk.role}"]
-    if ram is not None:
+    if w.ram is not None:
         argv += ["-object", f"memory-backend-file,id=ram,size={spec.memory_mib}M,"
-                            f"mem-path={qemu_value(ram)},share={'on' if share_ram else 'off'}",
+                            f"mem-path={qemu_value(w.ram)},share={'on' if share_ram else 'off'}",
                  "-machine", "memory-backend=ram"]
     if incoming:
         argv += ["-incoming", "defer"]
@@ -295,15 +342,12 @@ def build_argv(spec: VMSpec, accel: str, qemu: str = QEMU, *, template: bool = F
 
 
 def template_argv(spec: VMSpec, accel: str, qemu: str) -> list[str]:
-    """`build_argv` for a template, with the per-VM paths as placeholders: the
-    part of the key that says which machine a saved state belongs to."""
-    # The kernel and initramfs are keyed by their contents (tkbox.vm.template), not
-    # by the path they are reached by (a symlinked TKBOX_HOME reaches the same files).
-    placeholder = replace(spec, name="template", workdir=Path("/WORKDIR"),
-                          kernel=Path("/KERNEL"), initramfs=Path("/INITRAMFS"),
-                          disks=tuple(replace(disk, path=Path(f"/DISK{i}"))
-                                      for i, disk in enumerate(spec.disks)))
-    return build_argv(placeholder, accel, qemu, template=True, ram=Path("/RAM"))
+    """`build_argv` for a template, with the per-VM descriptors and paths as
+    placeholders: the part of the key that says which machine a saved state
+    belongs to. The kernel and initramfs are keyed by their contents
+    (tkbox.vm.template), not by the path they are reached by."""
+    return build_argv(replace(spec, name="template", workdir=Path("/WORKDIR")), accel, qemu,
+                      wiring=placeholder_wiring(spec, ram=True), template=True)
 
 
 def _send_file(qmp: QMPClient, path: Path, flags: int) -> None:
@@ -317,107 +361,65 @@ def _send_file(qmp: QMPClient, path: Path, flags: int) -> None:
         os.close(fd)  # QEMU holds its own copy
 
 
-async def _wait_path(path: Path, proc: asyncio.subprocess.Process, timeout: float) -> None:
-    deadline = time.monotonic() + timeout
-    while not path.exists():
-        if proc.returncode is not None:
-            raise HostError(f"QEMU exited at start (status {proc.returncode}); "
-                            f"see {path.parent / 'qemu.log'}")
-        if time.monotonic() > deadline:
-            raise HostError(f"QEMU did not create {path.name} within {timeout:.0f}s")
-        await asyncio.sleep(0.02)
+class _Handles:
+    """What the daemon opens for one QEMU: its ends of the chardevs' socketpairs (the
+    daemon keeps the other ends), its disks, its memory file, and the wiring that
+    names them. `close_theirs` once QEMU has started (it holds its own copies)."""
 
-
-#: Seconds for QEMU to connect its chardevs to our sockets once it has started.
-CHARDEV_TIMEOUT = 30.0
-
-
-class _Listeners:
-    """The Unix sockets QEMU's chardevs connect to (`server=off`), bound (0600) and
-    listening in the VM's private directory before QEMU starts.
-
-    So nothing polls for a socket QEMU has not made yet: `accept` is one wait on
-    two events, QEMU connecting or QEMU ending, whichever comes first. Only
-    QEMU's own connection is taken: a peer whose pid (`SO_PEERCRED`) is not
-    the VMM's is closed and the wait goes on, so no other process can pose as
-    a box's VM, even one that connects first.
-    """
-
-    def __init__(self, workdir: Path, names: tuple[str, ...]) -> None:
-        self._socks: dict[str, socket.socket] = {}
-        self._workdir = workdir
+    def __init__(self, spec: VMSpec, cell: Cell, *, mux: bool = True,
+                 ram: int | None = None, extra: tuple[int, ...] = ()) -> None:
+        self.ours: dict[str, socket.socket] = {}
+        self._theirs: list[socket.socket] = []
+        self._files: list[int] = []
+        self.extra = extra
         try:
-            for name in names:
-                path = workdir / name
-                path.unlink(missing_ok=True)
-                sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-                self._socks[name] = sock
-                sock.bind(str(path))
-                os.chmod(path, 0o600)
-                sock.listen(8)  # room for QEMU behind any impostor queued first
-                sock.setblocking(False)
+            ends = {}
+            for name in ("con", "qmp", *(("mux",) if mux else ())):
+                mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+                self.ours[name] = mine
+                self._theirs.append(theirs)
+                ends[name] = theirs.fileno()
+            disks = []
+            for disk in spec.disks:
+                disks.append((self._open(disk.path,
+                                         os.O_RDONLY if disk.read_only else os.O_RDWR),))
+            jailed = cell.on
+            self.wiring = Wiring(
+                ends["con"], ends["qmp"], ends.get("mux"), tuple(disks),
+                CELL_KERNEL if jailed else str(spec.kernel),
+                CELL_INITRD if jailed else str(spec.initramfs),
+                f"/proc/self/fd/{ram}" if ram is not None else None)
         except OSError as exc:
             self.close()
-            raise HostError(f"cannot listen in {workdir} for QEMU: {exc.strerror}") from None
-
-    async def accept(self, name: str, ended: asyncio.Future[int], pid: int,
-                     timeout: float = CHARDEV_TIMEOUT) -> tuple[asyncio.StreamReader,
-                                                                asyncio.StreamWriter]:
-        """The connection process `pid` (QEMU) makes to `name`; VMError if QEMU ends
-        or `timeout` passes first."""
-        listener = self._socks[name]
-        loop = asyncio.get_running_loop()
-        owner = TaskOwner(f"tkbox-qemu-accept-{name}")
-        accepting = owner.spawn(_accept_from(loop, listener, pid))
-        try:
-            either: set[asyncio.Future[Any]] = {accepting, ended}
-            done, _ = await asyncio.wait(either, timeout=timeout,
-                                         return_when=asyncio.FIRST_COMPLETED)
-            if accepting in done and accepting.exception() is None:
-                conn, _peer = accepting.result()
-            elif ended.done() and not ended.cancelled():
-                raise VMExitedAtStart("QEMU", ended.result(), str(self._workdir / "qemu.log"))
-            else:
-                raise VMError(f"QEMU did not connect to {name} within {timeout:.0f}s; see "
-                              f"{self._workdir / 'qemu.log'}")
-        finally:
-            await owner.aclose()
-        self._close_one(name)  # one connection each: no one else may connect after QEMU
-        try:
-            return await asyncio.open_unix_connection(sock=conn, limit=1 << 20)
+            raise HostError(f"cannot open what QEMU is handed: {exc.filename or ''} "
+                            f"{exc.strerror}".strip()) from None
         except BaseException:
-            conn.close()
+            self.close()
             raise
+        self.ram = ram
 
-    def _close_one(self, name: str) -> None:
-        sock = self._socks.pop(name, None)
-        if sock is not None:
-            sock.close()
-            (self._workdir / name).unlink(missing_ok=True)
+    def _open(self, path: Path, flags: int) -> int:
+        fd = os.open(path, flags | os.O_CLOEXEC)
+        self._files.append(fd)
+        return fd
+
+    def pass_fds(self) -> tuple[int, ...]:
+        return self.wiring.fds() + ((self.ram,) if self.ram is not None else ()) + self.extra
+
+    def close_theirs(self) -> None:
+        for s in self._theirs:
+            s.close()
+        self._theirs.clear()
+        for fd in self._files:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        self._files.clear()
 
     def close(self) -> None:
-        for name in list(self._socks):
-            self._close_one(name)
-
-
-def _peer_pid(conn: socket.socket) -> int | None:
-    try:
-        creds = conn.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, struct.calcsize("3i"))
-    except OSError:
-        return None
-    return int(struct.unpack("3i", creds)[0])
-
-
-async def _accept_from(loop: asyncio.AbstractEventLoop, listener: socket.socket,
-                       pid: int) -> tuple[socket.socket, Any]:
-    """Accept until the peer is process `pid`; close every other connection."""
-    while True:
-        conn, peer = await loop.sock_accept(listener)
-        if _peer_pid(conn) == pid:
-            return conn, peer
-        log.warning("closed a connection to a VM socket from pid %s, not QEMU's (%d)",
-                    _peer_pid(conn), pid)
-        conn.close()
+        self.close_theirs()
+        for s in self.ours.values():
+            s.close()
+        self.ours.clear()
 
 
 def _no_event(event: object) -> bool:
@@ -445,17 +447,22 @@ def _ending(proc: asyncio.subprocess.Process, owner: TaskOwner) -> asyncio.Futur
 
 
 class QemuVM(ProcessVM):
-    """A QEMU process, its console drain, its ports and its QMP client.
+    """A QEMU process (in its cell, where the daemon jails VMMs), its console drain, its
+    ports and its QMP client.
 
     Every task it starts (the reaper, the console drain, the mux engine) is
-    owned by `_tasks`; `wait` ends them all before it returns.
+    owned by `_tasks`; `wait` ends them all before it returns, and then the cell
+    (its cgroup, its uid's lease) is released, once the kernel's word on why the
+    VMM ended (`end_reason`) has been read.
     """
 
     def __init__(self, proc: asyncio.subprocess.Process, spec: VMSpec, accel: str,
-                 listeners: _Listeners, ports: Ports | None = None) -> None:
+                 handles: _Handles, cell: Cell, ports: Ports | None = None) -> None:
         super().__init__()
         self.proc = proc
-        self._listeners = listeners
+        self._handles = handles
+        self.cell = cell
+        self.isolation = cell.isolation
         self.spec = spec
         self._accel = accel
         self.ports: Ports
@@ -473,15 +480,52 @@ class QemuVM(ProcessVM):
     def accel(self) -> str:
         return self._accel
 
+    @property
+    def vmm_pid(self) -> int | None:
+        """QEMU's own pid: the jailer's child in a cell, the process itself without one."""
+        if not self.cell.on:
+            return self.proc.pid
+        with contextlib.suppress(OSError, ValueError, IndexError):
+            pid = self.proc.pid
+            return int(Path(f"/proc/{pid}/task/{pid}/children").read_text().split()[0])
+        return None
+
+    async def kill(self) -> None:
+        """End the VM now. In a cell, QEMU itself is killed first: its jailer reaps it
+        at once and ends as it did, so no QEMU is left a zombie for init to reap (the
+        jailer and QEMU killed together left one for up to two seconds); the whole
+        process group is killed too if the jailer has not ended within `KILL_GRACE`."""
+        if self.proc.returncode is None and self.cell.on:
+            self._kill_vmm()
+            await asyncio.wait({self._ended}, timeout=KILL_GRACE)
+        await super().kill()
+
+    def _kill_vmm(self) -> None:
+        """SIGKILL to QEMU, through a pidfd taken while it is still the jailer's child
+        (so a pid the kernel gave to another process since can never be signalled)."""
+        pid = self.vmm_pid
+        if pid is None or pid == self.proc.pid:
+            return
+        try:
+            pidfd = os.pidfd_open(pid)
+        except OSError:
+            return
+        try:
+            if self.vmm_pid == pid:  # still the jailer's child: the pidfd is QEMU's
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+        except OSError:
+            pass
+        finally:
+            os.close(pidfd)
+
     async def _reap(self) -> None:
         code = await self.proc.wait()
         if not self._ended.done():
             self._ended.set_result(code)
 
-    async def _drain_console(self) -> None:
+    async def _drain_console(self, reader: asyncio.StreamReader,
+                             writer: asyncio.StreamWriter) -> None:
         """Copy the guest's console into console.log, up to CONSOLE_CAP bytes."""
-        reader, writer = await self._listeners.accept("console.sock", self._ended,
-                                                      self.proc.pid)
         written = 0
         with open(self.spec.workdir / "console.log", "ab") as log:
             try:
@@ -499,17 +543,29 @@ class QemuVM(ProcessVM):
 
     async def _connect(self, wake: bool = False,
                        before_boot: BeforeBoot | None = None) -> None:
-        self._tasks.spawn(self._drain_console(), f"tkbox-qemu-console-{self.spec.name}")
-        if hasattr(self, "ports"):  # vhost vsock: served before QEMU started
-            return
-        reader, writer = await self._listeners.accept("mux.sock", self._ended, self.proc.pid)
-        if wake:  # a restored guest waits for this byte before it starts its mux
-            writer.write(WAKE)
-        self._mux = MuxPorts(AsyncioStream(reader, writer), initiator=True)
-        self.ports = self._mux
-        if before_boot is not None:
-            before_boot(self._mux)  # before the engine reads: no OPEN is dispatched yet
-        self._tasks.spawn(self._mux.run(), f"tkbox-qemu-mux-{self.spec.name}")
+        """Take the daemon's ends of the chardevs, then wait until QEMU answers on QMP
+        (it has built the machine); VMExitedAtStart if it ends first."""
+        con = await asyncio.open_unix_connection(sock=self._handles.ours.pop("con"),
+                                                 limit=1 << 20)
+        self._tasks.spawn(self._drain_console(*con), f"tkbox-qemu-console-{self.spec.name}")
+        mux = self._handles.ours.pop("mux", None)
+        if mux is not None:  # vhost vsock: its ports were served before QEMU started
+            reader, writer = await asyncio.open_unix_connection(sock=mux, limit=1 << 20)
+            if wake:  # a restored guest waits for this byte before it starts its mux
+                writer.write(WAKE)
+            self._mux = MuxPorts(AsyncioStream(reader, writer), initiator=True)
+            self.ports = self._mux
+            if before_boot is not None:
+                before_boot(self._mux)  # before the engine reads: no OPEN is dispatched yet
+            self._tasks.spawn(self._mux.run(), f"tkbox-qemu-mux-{self.spec.name}")
+        try:
+            await self._qmp_exec("query-status")
+        except VMError:
+            done, _ = await asyncio.wait({self._ended}, timeout=LOG_SETTLE)
+            if done:
+                raise VMExitedAtStart("QEMU", self._ended.result(),
+                                      str(self.spec.workdir / "qemu.log")) from None
+            raise
 
     async def status(self) -> str:
         """The VMM's own word on the VM: "running", "paused", ... (QMP query-status)."""
@@ -525,21 +581,16 @@ class QemuVM(ProcessVM):
             raise VMEnded(f"QEMU of {self.spec.name} has ended (status "
                           f"{self.proc.returncode}); cannot {cmd}")
         if self._qmp is None:
-            from qemu.qmp import ConnectError
-
-            sock = self.spec.workdir / "qmp.sock"
-            await _wait_path(sock, self.proc, 10)
-            deadline = time.monotonic() + 10
-            while True:  # the socket exists from bind(); QEMU may not listen() yet
-                client = _qmp_client(self.spec.name)
-                try:
-                    await client.connect(str(sock))
-                    break
-                except ConnectError:
-                    if time.monotonic() > deadline or self.proc.returncode is not None:
-                        raise VMError(f"QEMU did not accept on {sock.name}; see "
-                                      f"{self.spec.workdir / 'qemu.log'}") from None
-                    await asyncio.sleep(0.01)
+            sock = self._handles.ours.pop("qmp", None)
+            if sock is None:
+                raise VMError(f"QEMU of {self.spec.name}: its QMP session is gone")
+            client = _qmp_client(self.spec.name)
+            try:
+                await asyncio.wait_for(client.connect(sock), QMP_TIMEOUT)
+            except (QMPError, OSError, EOFError, TimeoutError) as exc:
+                sock.close()
+                raise VMError(f"QEMU did not answer on QMP ({type(exc).__name__}); see "
+                              f"{self.spec.workdir / 'qemu.log'}") from None
             self._qmp = client
         try:
             result = await self._qmp.execute(cmd, args)
@@ -611,31 +662,46 @@ class QemuVM(ProcessVM):
                 await self.ports.aclose()
         finally:
             await self._tasks.aclose()
-            self._listeners.close()
+            self._handles.close()
+            verdict = self.cell.verdict()
+            self.end_reason, self.end_limit = verdict.reason, verdict.limit
+            await asyncio.to_thread(self.cell.close)
 
     @property
     def running(self) -> bool:
         return self.proc.returncode is None
 
 
-async def _spawn(argv: list[str], workdir: Path,
-                 pass_fds: tuple[int, ...] = ()) -> asyncio.subprocess.Process:
-    """Start QEMU: private cwd, empty environment, stdin from /dev/null, no inherited
-    descriptors but `pass_fds` (the vhost-vsock device holding the box's CID), its
-    own session.
+#: Seconds for QEMU to answer its first QMP command once started (it builds the machine).
+QMP_TIMEOUT = 60.0
+#: Seconds a jailer has to end after its QEMU was killed, before its group is killed too.
+KILL_GRACE = 1.0
+
+
+async def _spawn(argv: list[str], workdir: Path, handles: _Handles,
+                 cell: Cell) -> asyncio.subprocess.Process:
+    """Start QEMU in `cell` (as it is, where the daemon does not jail VMMs): `workdir`
+    as cwd (and, in a cell, where the cell's root is mounted), empty environment,
+    stdin from /dev/null, no inherited descriptors but those `handles` names, its own
+    session; `argv.json` says what ran.
 
     Its stdout and stderr are one pipe: the caller must drain it (`_drain_log`) from
     now on, or QEMU blocks once the pipe is full."""
-    (workdir / "argv.json").write_text(json.dumps(argv))
+    command, fds = cell.command(argv, handles.pass_fds(), workdir)
+    (workdir / "argv.json").write_text(json.dumps(command))
     try:
-        return await asyncio.create_subprocess_exec(
-            *argv, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
+        proc = await asyncio.create_subprocess_exec(
+            *command, stdin=asyncio.subprocess.DEVNULL, stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.STDOUT, cwd=workdir, env={}, close_fds=True,
-            pass_fds=pass_fds, start_new_session=True,
+            pass_fds=fds, start_new_session=True,
             preexec_fn=pdeathsig(),  # noqa: PLW1509 - one prctl, resolved before fork
         )
     except OSError as exc:
-        raise VMError(f"cannot run {argv[0]}: {exc.strerror or exc}") from None
+        raise VMError(f"cannot run {command[0]}: {exc.strerror or exc}") from None
+    finally:
+        cell.started()
+        handles.close_theirs()  # QEMU (or its jailer) holds its own copies
+    return proc
 
 
 def _drain_log(proc: asyncio.subprocess.Process, workdir: Path,
@@ -646,9 +712,6 @@ def _drain_log(proc: asyncio.subprocess.Process, workdir: Path,
 
 
 def _private(workdir: Path) -> None:
-    if len(str(workdir / "mux.sock")) > 100:
-        raise HostError(f"VM directory {workdir} is too long for Unix socket paths; "
-                        "set TKBOX_HOME to a shorter path")
     paths.private_dir(workdir)  # 0700, parents too; refused below others' dirs
 
 
@@ -663,16 +726,22 @@ class QemuLauncher(Launcher):
     vhost vsock each VM gets a guest CID claimed from the kernel
     (`tkbox.vm.cid`), boots cold (templates are parked and woken over the serial
     mux), and its guest is told `tkbox.ports=vsock` on its command line.
+
+    `jail`: how each QEMU is put in a cell (`tkbox.vm.jail.decide`); None runs it
+    as it is (the seccomp sandbox and an empty environment only).
     """
 
     name = "qemu"
 
     def __init__(self, accel: AccelDecision, templates: tpl.TemplateStore | None | str = "default",
-                 build_templates: bool = True, transport: str = SERIAL_MUX) -> None:
+                 build_templates: bool = True, transport: str = SERIAL_MUX,
+                 jail: Jail | None = None) -> None:
         if transport not in (SERIAL_MUX, VHOST_VSOCK):
             raise InternalError(f"QEMU has no {transport!r} transport")
         self.decision = accel
         self.transport = transport
+        self.jail = jail or Jail("off", JailConfig(mode="off"), missing=["the launcher "
+                                                                          "was given no jail"])
         if templates == "default":
             templates = tpl.TemplateStore(paths.guest_build() / "templates")
         self.templates: tpl.TemplateStore | None = (
@@ -680,11 +749,17 @@ class QemuLauncher(Launcher):
         self.build_templates = build_templates
         self._builds: dict[str, asyncio.Task[Path | None]] = {}
         self._build_tasks = TaskOwner("tkbox-qemu-template-build")
+        self._ram = TemplateRam()
 
     def key(self, spec: VMSpec) -> tpl.Key:
         qemu = qemu_binary()
         return tpl.make_key(spec, tpl.vmm_version(qemu),
                             template_argv(spec, self.decision.accel, QEMU))
+
+    def _cell(self, spec: VMSpec) -> Cell:
+        return self.jail.cell(spec.name, memory_mib=spec.memory_mib, vcpus=spec.vcpus,
+                              accel=self.decision.accel,
+                              binds=((spec.kernel, CELL_KERNEL), (spec.initramfs, CELL_INITRD)))
 
     async def start(self, spec: VMSpec, *, before_boot: BeforeBoot | None = None) -> QemuVM:
         qemu = qemu_binary()
@@ -699,10 +774,8 @@ class QemuLauncher(Launcher):
             found = self.templates.lookup(key)
         if found.state is not None and key is not None and self.templates is not None:
             try:
-                return await self._start(spec, build_argv(
-                    spec, self.decision.accel, qemu, template=True,
-                    ram=found.state.parent / tpl.RAM, incoming=True),
-                    "template", found.reason, found.state, before_boot=before_boot)
+                return await self._start(spec, qemu, "template", found.reason, found.state,
+                                         before_boot=before_boot)
             except HostError as exc:
                 # A template that does not load (truncated, or from a QEMU that
                 # reports the same version but differs) is dropped and rebuilt;
@@ -711,11 +784,21 @@ class QemuLauncher(Launcher):
                 found = tpl.Lookup(None, f"cold boot: template {key.digest[:12]} did not "
                                          f"restore ({exc}); it is rebuilt")
                 log.warning("%s", found.reason)
-        vm = await self._start(spec, build_argv(spec, self.decision.accel, qemu), "cold",
-                               found.reason, before_boot=before_boot)
+        vm = await self._start(spec, qemu, "cold", found.reason, before_boot=before_boot)
         if key is not None and self.build_templates and found.build:
             self._build_in_background(spec, key)
         return vm
+
+    async def _ram_fd(self, state: Path) -> tuple[int, bool]:
+        """The template's memory for a box: (descriptor, whether the caller closes it).
+
+        In a cell, the template's sealed memfd (no VMM can write what other boxes
+        restore from); without one, the file itself (QEMU runs as the daemon's user,
+        which owns it anyway)."""
+        ram = state.parent / tpl.RAM
+        if self.jail.on:
+            return await asyncio.to_thread(self._ram.fd, ram), False
+        return os.open(ram, os.O_RDONLY | os.O_CLOEXEC), True
 
     async def _start_vsock(self, spec: VMSpec, qemu: str,
                            before_boot: BeforeBoot | None) -> QemuVM:
@@ -725,31 +808,42 @@ class QemuLauncher(Launcher):
             try:
                 if before_boot is not None:
                     before_boot(ports)  # the host's listeners exist before the guest runs
-                argv = build_argv(spec, self.decision.accel, qemu,
-                                  vsock=(claimed.cid, claimed.fd))
                 return await self._start(
-                    spec, argv, "cold", "cold boot: templates are parked and woken over "
+                    spec, qemu, "cold", "cold boot: templates are parked and woken over "
                     "the serial mux, and this box's ports are vhost vsock",
-                    ports=ports, pass_fds=(claimed.fd,))
+                    ports=ports, vsock=(claimed.cid, claimed.fd))
             except BaseException:
                 await ports.aclose()
                 raise
         finally:
             claimed.close()  # QEMU holds its own copy, and with it the CID, while it runs
 
-    async def _start(self, spec: VMSpec, argv: list[str], kind: str, reason: str,
+    async def _start(self, spec: VMSpec, qemu: str, kind: str, reason: str,
                      state: Path | None = None, *, before_boot: BeforeBoot | None = None,
-                     ports: Ports | None = None, pass_fds: tuple[int, ...] = ()) -> QemuVM:
-        for stale in ("qmp.sock", "console.log"):
-            (spec.workdir / stale).unlink(missing_ok=True)
-        listeners = _Listeners(spec.workdir, ("console.sock",) if ports is not None
-                               else ("console.sock", "mux.sock"))
+                     ports: Ports | None = None,
+                     vsock: tuple[int, int] | None = None) -> QemuVM:
+        (spec.workdir / "console.log").unlink(missing_ok=True)
+        ram, close_ram = await self._ram_fd(state) if state is not None else (None, False)
         try:
-            proc = await _spawn(argv, spec.workdir, pass_fds)
-        except BaseException:
-            listeners.close()
-            raise
-        vm = QemuVM(proc, spec, self.decision.accel, listeners, ports)
+            cell = self._cell(spec)
+            try:
+                handles = _Handles(spec, cell, mux=vsock is None, ram=ram,
+                                   extra=(vsock[1],) if vsock else ())
+                try:
+                    argv = build_argv(spec, self.decision.accel, qemu, wiring=handles.wiring,
+                                      template=state is not None, incoming=state is not None,
+                                      vsock=vsock)
+                    proc = await _spawn(argv, spec.workdir, handles, cell)
+                except BaseException:
+                    handles.close()
+                    raise
+            except BaseException:
+                cell.close()
+                raise
+        finally:
+            if close_ram and ram is not None:
+                os.close(ram)
+        vm = QemuVM(proc, spec, self.decision.accel, handles, cell, ports)
         vm.start_kind, vm.start_reason = kind, reason
         try:
             await vm._connect(wake=kind == "template", before_boot=before_boot)
@@ -786,13 +880,15 @@ class QemuLauncher(Launcher):
 
     async def aclose(self) -> None:
         await self._build_tasks.aclose()
+        self._ram.close()
 
     async def build_template(self, spec: VMSpec, key: tpl.Key | None = None) -> Path | None:
         """Boot `spec`'s machine to the guest's park point, save it, end it.
 
         Returns the template's state file (None if templates are off). Disks are
-        placeholders in the same layout: the parked guest never probes them.
-        """
+        placeholders in the same layout: the parked guest never probes them. The
+        template's QEMU runs in a cell like a box's; its memory file is handed to it
+        open, and is its uid's only while it is written."""
         if self.templates is None:
             return None
         if key is None:
@@ -802,10 +898,11 @@ class QemuLauncher(Launcher):
             if d is None:
                 return self.templates.lookup(key).state
             t0 = time.monotonic()
-            # The template VM's own sockets live in a short private directory (Unix
-            # socket paths are short); only the saved state goes into the store.
+            # The template VM's own files live in a short private directory; only the
+            # saved state goes into the store.
             work = Path(tempfile.mkdtemp(prefix="tkbox-template-"))
             saved, ram = d / "state.partial", d / "ram.partial"
+            ram_fd = -1
             try:
                 disks = []
                 for i, disk in enumerate(spec.disks):
@@ -815,14 +912,24 @@ class QemuLauncher(Launcher):
                     disks.append(Disk(placeholder, disk.read_only, disk.role))
                 tspec = replace(spec, name="template", workdir=work, disks=tuple(disks))
                 _private(work)
-                listeners = _Listeners(work, ("console.sock", "mux.sock"))
+                ram_fd = os.open(ram, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC
+                                 | os.O_NOFOLLOW, 0o600)
+                cell = self._cell(tspec)
+                try:
+                    if cell.lease is not None:  # QEMU reopens it through /proc/self/fd
+                        os.fchown(ram_fd, cell.uid, cell.uid)
+                    handles = _Handles(tspec, cell, ram=ram_fd)
+                except BaseException:
+                    cell.close()
+                    raise
                 try:
                     proc = await _spawn(build_argv(tspec, self.decision.accel, qemu,
-                                                   template=True, ram=ram, share_ram=True), work)
+                                                   wiring=handles.wiring, template=True,
+                                                   share_ram=True), work, handles, cell)
                     waiting = TaskOwner("tkbox-template-qemu")
                     _drain_log(proc, work, waiting)
                     try:
-                        await _save_parked(proc, work, saved, listeners,
+                        await _save_parked(proc, work, saved, handles,
                                            _ending(proc, waiting))
                     finally:
                         if proc.returncode is None:
@@ -831,7 +938,9 @@ class QemuLauncher(Launcher):
                         await proc.wait()
                         await waiting.aclose()
                 finally:
-                    listeners.close()
+                    handles.close()
+                    cell.close()
+                os.fchown(ram_fd, os.getuid(), os.getgid())  # its VMM has ended
                 path = await asyncio.to_thread(self.templates.commit, d, key, saved, ram,
                                                time.monotonic() - t0)
                 saved = path
@@ -839,6 +948,8 @@ class QemuLauncher(Launcher):
                          time.monotonic() - t0, path.stat().st_size >> 20)
                 return path
             finally:
+                if ram_fd >= 0:
+                    os.close(ram_fd)
                 shutil.rmtree(work, ignore_errors=True)
                 if saved.name != tpl.STATE:
                     saved.unlink(missing_ok=True)
@@ -846,14 +957,23 @@ class QemuLauncher(Launcher):
 
 
 async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path,
-                       listeners: _Listeners, ended: asyncio.Future[int]) -> None:
+                       handles: _Handles, ended: asyncio.Future[int]) -> None:
     """Wait for the guest to park, then migrate the VM into `saved` (QEMU ends paused).
 
-    The template guest's console is accepted and dropped (nobody reads it; QEMU
+    The template guest's console is read and dropped (nobody reads it; QEMU
     must not block on it)."""
-    _con_reader, con_writer = await listeners.accept("console.sock", ended, proc.pid)
-    con_writer.close()
-    reader, writer = await listeners.accept("mux.sock", ended, proc.pid)
+    owner = TaskOwner("tkbox-template-console")
+    con = handles.ours.pop("con")
+    con.setblocking(False)
+
+    async def drop_console() -> None:
+        loop = asyncio.get_running_loop()
+        while await loop.sock_recv(con, 65536):
+            pass
+
+    owner.spawn(drop_console())
+    reader, writer = await asyncio.open_unix_connection(sock=handles.ours.pop("mux"),
+                                                        limit=1 << 20)
     try:
         got = b""
         deadline = time.monotonic() + TEMPLATE_BOOT_TIMEOUT
@@ -866,12 +986,14 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
                 chunk = await asyncio.wait_for(reader.read(4096), left)
             except TimeoutError:
                 continue
-            if not chunk:
-                raise HostError(f"the template guest ended before it parked "
-                                f"(QEMU status {proc.returncode})")
+            if not chunk:  # QEMU's end of the socketpair closed: it has ended
+                code = await asyncio.wait_for(asyncio.shield(ended), LOG_SETTLE)
+                raise VMExitedAtStart("QEMU", code, str(work / "qemu.log"),
+                                      last_words(work / "qemu.log")
+                                      or "the template guest ended before it parked")
             got = (got + chunk)[-4096:]
         qmp = _qmp_client("template")
-        await qmp.connect(str(work / "qmp.sock"))
+        await qmp.connect(handles.ours.pop("qmp"))
         try:
             # Migrated running, not stopped first: the destination takes the
             # source's run state, so a state saved paused would restore paused and
@@ -901,3 +1023,5 @@ async def _save_parked(proc: asyncio.subprocess.Process, work: Path, saved: Path
                 await qmp.disconnect()
     finally:
         writer.close()
+        await owner.aclose()
+        con.close()

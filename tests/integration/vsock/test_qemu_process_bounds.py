@@ -6,8 +6,8 @@ the guest makes them: a box whose root loads a kernel module that resets the
 virtio-rng device and offers it a ring entry past the ring's end, in a loop,
 made QEMU write `qemu-system-x86_64: Guest says index 5 is available` 400,000
 times (20,800,000 bytes of qemu.log in seconds, on a real box). A stand-in
-plays QEMU here: it connects to the chardev sockets as QEMU does (`server=off`),
-serves QMP on its `-qmp` socket, and writes or sends what such a guest makes QEMU
+plays QEMU here: it takes its chardevs' descriptors as QEMU does (`fd=N`), serves
+QMP on the `qmp` one, and writes or sends what such a guest makes QEMU
 write or send. No VM is booted. QEMU is started with an empty environment, so
 the stand-in reads what to play from `settings.json` beside it.
 """
@@ -39,28 +39,18 @@ DROPPED = b"\n[tkbox: output past this point was dropped]\n"
 STAND_IN = r"""
 import json, os, socket, sys, time
 args = sys.argv[1:]
-keep, qmp_path = [], None
+chardevs = {}
 for i, a in enumerate(args):
-    if a == "-chardev":
+    if a == "-chardev":  # socket,id=NAME,fd=N: QEMU's end of a socketpair
         opts = dict(kv.split("=", 1) for kv in args[i + 1].split(",")[1:] if "=" in kv)
-        if opts["server"] == "on":  # QMP's: QEMU listens
-            qmp_path = opts["path"]
-            continue
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        s.connect(opts["path"])
-        keep.append(s)
-    if a == "-qmp":  # the older form: -qmp unix:PATH,server=on,wait=off
-        qmp_path = args[i + 1][len("unix:"):].split(",")[0]
+        chardevs[opts["id"]] = socket.socket(fileno=int(opts["fd"]))
 env = json.load(open(os.path.join(os.path.dirname(__file__), "settings.json")))
 line, count = env["FLOOD_LINE"].encode(), int(env["FLOOD_COUNT"])
 for _ in range(count):
     os.write(2, line)
 os.write(1, b"stdout too\n")
 open(env["FLOOD_DONE"], "w").close()  # every write returned: QEMU never blocked
-srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-srv.bind(qmp_path)
-srv.listen(1)
-conn, _ = srv.accept()
+conn = chardevs["qmp"]
 def send(obj):
     conn.sendall(json.dumps(obj).encode() + b"\r\n")
 def commands():  # QMP is a stream of JSON objects, not of lines

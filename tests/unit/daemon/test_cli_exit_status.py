@@ -66,3 +66,26 @@ def test_an_env_option_without_a_value_is_refused_before_anything_starts(
     assert r.returncode == 2, (r.returncode, r.stderr)
     assert "--env 'NOEQUALS' must be NAME=VALUE" in r.stderr
     assert len(r.stderr.strip().splitlines()) == 1, r.stderr
+
+
+@pytest.mark.parametrize("argv,said", [
+    (["--vmm-jail", "sometimes"], "--vmm-jail 'sometimes': use one of auto, on, off"),
+    (["--vmm-uids", "61183-61000"], "--vmm-uids '61183-61000': FIRST < LAST"),
+    (["--vmm-uids", "0-65535"], "--vmm-uids '0-65535': FIRST < LAST, from 1000"),
+    (["--vmm-memory-overhead", "-1"], "--vmm-memory-overhead must be 0 to 65536 MiB"),
+    (["--vmm-pids", "2"], "--vmm-pids must be 4 to 65536"),
+])
+def test_a_bad_vmm_cell_option_is_one_line_and_exit_2(argv: list[str], said: str,
+                                                       tmp_path: Path) -> None:
+    """The daemon's VMM-cell settings are the operator's: a bad one stops the daemon
+    before anything starts, saying which and what it takes."""
+    import tkbox
+
+    env = {**os.environ, "TKBOX_HOME": str(tmp_path / "home"),
+           "TKBOX_RUNTIME": str(tmp_path / "run"),
+           "PYTHONPATH": str(Path(tkbox.__file__).resolve().parents[1])}
+    r = subprocess.run([sys.executable, "-m", "tkbox.cli", "daemon", *argv], env=env,
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode == 2, (r.returncode, r.stderr)
+    assert said in r.stderr
+    assert len(r.stderr.strip().splitlines()) == 1, r.stderr

@@ -142,19 +142,30 @@ def qemu_opts(text: str) -> list[tuple[str, str]]:
 def test_paths_with_commas_cannot_add_qemu_options(tmp_path: Path) -> None:
     """Attack: a path on QEMU's command line with a comma in it (a TKBOX_HOME such as
     '/srv/tk,file=/etc') split its option in two: the rest of the path became QEMU
-    options of their own. Every path reaches QEMU as one value, commas doubled."""
+    options of their own. No path of the daemon's reaches an option list now: the
+    sockets and disks are descriptors (`fd=N`, `/dev/fdset/N`), the memory file is
+    `/proc/self/fd/N`, and the kernel and initramfs are arguments of their own."""
     odd = tmp_path / "a,file=x,readonly=off,b=c"
     s = VMSpec(name="t", kernel=odd / "vmlinux", initramfs=odd / "initrd", workdir=odd,
                disks=(Disk(odd / "r", True, "root"), Disk(odd / "u", False, "upper")))
-    argv = qemu.build_argv(s, "tcg", ram=odd / "ram")
+    wiring = qemu.Wiring(3, 4, 5, ((6,), (7,)), str(s.kernel), str(s.initramfs),
+                         "/proc/self/fd/9")
+    argv = qemu.build_argv(s, "tcg", wiring=wiring)
+    assert argv[argv.index("-kernel") + 1] == str(s.kernel)  # a whole argument: no options
+    assert argv[argv.index("-initrd") + 1] == str(s.initramfs)
+    lists = [argv[i + 1] for i, a in enumerate(argv)
+             if a in ("-drive", "-chardev", "-add-fd", "-object", "-device", "-M", "-mon")]
+    assert not any(str(odd) in opt or "path=" in opt.replace("mem-path=", "") for opt in lists)
     drives = [dict(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-drive"]
-    assert [d["file"] for d in drives] == [str(odd / "r"), str(odd / "u")]
-    assert [len(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-drive"] == [5, 5]
+    assert [d["file"] for d in drives] == ["/dev/fdset/1", "/dev/fdset/2"]
     assert drives[0]["readonly"] == "on" and "readonly" not in drives[1]
-    chardevs = [qemu_opts(argv[i + 1]) for i, a in enumerate(argv) if a == "-chardev"]
-    assert [dict(c)["path"] for c in chardevs] == [str(odd / "console.sock"),
-                                                   str(odd / "mux.sock"), str(odd / "qmp.sock")]
-    assert [len(c) for c in chardevs] == [4, 4, 5]  # socket, id, path, server(, wait)
-    assert "-qmp" not in argv  # its implied path would take an '=' for a key
+    fdsets = [dict(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-add-fd"]
+    assert fdsets == [{"fd": "6", "set": "1"}, {"fd": "7", "set": "2"}]
+    # The writable disk is opened read-write at once (one descriptor, no second open
+    # whose lock a restored VM would collide with).
+    assert drives[1]["auto-read-only"] == "off"
+    chardevs = [dict(qemu_opts(argv[i + 1])) for i, a in enumerate(argv) if a == "-chardev"]
+    assert [(c["id"], c["fd"]) for c in chardevs] == [("con", "3"), ("mux", "5"), ("qmp", "4")]
+    assert "-qmp" not in argv
     ram = dict(qemu_opts(argv[argv.index("-object") + 1]))
-    assert ram["mem-path"] == str(odd / "ram")
+    assert ram["mem-path"] == "/proc/self/fd/9"

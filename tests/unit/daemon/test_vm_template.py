@@ -16,6 +16,7 @@ import fcntl
 import os
 import struct
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -86,8 +87,9 @@ def test_template_argv_parks_the_guest_and_restore_argv_is_the_same_machine(
     """The template writes its memory through to the RAM file; a box maps the same
     file private (its writes are its own) and waits for the device state."""
     cold = qemu.build_argv(spec, "tcg")
-    parked = qemu.build_argv(spec, "tcg", template=True, ram=Path("/t/ram"), share_ram=True)
-    restored = qemu.build_argv(spec, "tcg", template=True, ram=Path("/t/ram"), incoming=True)
+    wiring = replace(qemu.placeholder_wiring(spec), ram="/t/ram")
+    parked = qemu.build_argv(spec, "tcg", wiring=wiring, template=True, share_ram=True)
+    restored = qemu.build_argv(spec, "tcg", wiring=wiring, template=True, incoming=True)
     assert "tkbox.template=1" in parked[parked.index("-append") + 1]
     assert "tkbox.template=1" not in cold[cold.index("-append") + 1]
     assert "-object" not in cold and "-incoming" not in cold

@@ -22,6 +22,10 @@ It does what the launcher relies on, and checks what the launcher sends:
   fake guest boot as tkbox's agent does: at InstanceStart it dials port 1026
   (`<uds_path>_1026`), says hello, and when the host ends that stream (or
   nothing listens) the guest powers off: the VMM exits with status 0.
+  `--behave WORDS` adds such words to the ID (a jailed VM's ID is the jailer's);
+- started by a jailer (`--start-time-us` given, `fake_jailer.py`), it is in its
+  chroot directory (its cwd) and every path it is given is resolved there, as a
+  chrooted Firecracker resolves it.
 
 Test helper only (not shipped).
 """
@@ -52,6 +56,13 @@ from typing import Any  # noqa: E402
 import fc_openapi  # noqa: E402  (beside this script: sys.path[0])
 
 PRE_BOOT = {"/machine-config", "/boot-source", "/vsock"}
+#: Started by a jailer: paths are inside the chroot, which is the cwd.
+JAILED = [False]
+
+
+def here(path: str) -> str:
+    """`path` as a chrooted Firecracker would open it."""
+    return path.lstrip("/") if JAILED[0] else path
 lock = threading.Lock()
 state: dict[str, Any] = {"started": False, "vm": "Not started", "config": {}}
 next_host_port = [1 << 30]
@@ -152,21 +163,21 @@ def boot(config: dict[str, Any]) -> str | None:
     if source is None:
         return "Cannot start microvm without kernel configuration."
     try:
-        with open(source["kernel_image_path"], "rb") as f:
+        with open(here(source["kernel_image_path"]), "rb") as f:
             if f.read(4) != b"\x7fELF":
                 return "Kernel Loader: failed to load ELF kernel image"
         for key in ("initrd_path",):
             if key in source:
-                os.stat(source[key])
+                os.stat(here(source[key]))
         for path, body in config.items():
             if path.startswith("/drives/"):
-                os.stat(body["path_on_host"])
+                os.stat(here(body["path_on_host"]))
     except OSError as exc:
         return f"Cannot open a boot file: {exc.strerror}"
     vsock = config.get("/vsock")
     if vsock is not None:
         try:
-            start_vsock(vsock["uds_path"])
+            start_vsock(here(vsock["uds_path"]))
         except OSError as exc:
             return f"Cannot create backend for vsock device: {exc.strerror}"
     return None
@@ -196,7 +207,7 @@ def handle(vmm_id: str, method: str, path: str, body: Any) -> tuple[int, str | N
         state["started"] = True
         state["vm"] = "Running"
         if "agent" in vmm_id:
-            state["boot_agent"] = state["config"]["/vsock"]["uds_path"]
+            state["boot_agent"] = here(state["config"]["/vsock"]["uds_path"])
         return 204, None
     if path == "/vm":
         if not state["started"]:
@@ -270,7 +281,13 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--api-sock", required=True)
     parser.add_argument("--id", default="anonymous-instance")
+    parser.add_argument("--start-time-us")  # given by the jailer
+    parser.add_argument("--start-time-cpu-us")
+    parser.add_argument("--behave", default="")
     args = parser.parse_args()
+    JAILED[0] = args.start_time_us is not None
+    if args.behave:
+        args.id = f"{args.id}-{args.behave}"
     Path("fake-proc.json").write_text(
         json.dumps(
             {
@@ -281,6 +298,8 @@ def main() -> None:
                 "sid": os.getsid(0),
                 "env": sorted(os.environ),
                 "argv": sys.argv[1:],
+                "uid": os.getuid(),
+                "gid": os.getgid(),
             }
         )
     )
@@ -290,7 +309,7 @@ def main() -> None:
     sys.stdout.write("fake serial console: booting\n")
     sys.stdout.flush()
     Handler.vmm_id = args.id
-    server = Server(args.api_sock, Handler)
+    server = Server(here(args.api_sock), Handler)
     server.serve_forever()
 
 
