@@ -16,7 +16,7 @@ API streams them (`tests/unit/secrets/test_secrets_model_usage.py` has the shape
 Baselines, on the same bytes in the same run: the reader it replaced (a regular
 expression over the last 512 bytes and each read, matching member names
 anywhere), and the response redactor the door runs on the same bytes
-(`tkbox.doors.secrets.scan.Redactor`, one secret). Printed: MiB/s of each, best
+(`tkbox.doors.secrets.leaks.Redactor`, one secret). Printed: MiB/s of each, best
 of `--repeat`, and the ratios reader / old reader and reader / redactor. Only
 ratios are results; the machine's other load is not controlled.
 
@@ -32,8 +32,8 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from tkbox.doors.secrets.leaks import Redactor, patterns
 from tkbox.doors.secrets.model import ModelUsage
-from tkbox.doors.secrets.scan import Redactor, patterns
 
 READ = 65536
 VALUE = b"ghp_BenchmarkSecretValue0123456789"  # not a secret: a fixed benchmark string

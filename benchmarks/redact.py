@@ -21,8 +21,8 @@ redactor that decodes nothing costs. Printed: MiB/s of each, best of
 machine's other load is not controlled (`--cpu` times the process's CPU, not
 the wall clock, which a host shared with other jobs disturbs less).
 
-`--against FILE` also times another version of `scan.py` (say the last
-release's, from `git show REV:src/tkbox/doors/secrets/scan.py`), loaded as a
+`--against FILE` also times another version of `leaks.py` (say the last
+release's, from `git show REV:src/tkbox/doors/secrets/leaks.py`), loaded as a
 module of its own, on the same bodies, in turn with this one: its MiB/s and the
 ratio now / then.
 
@@ -42,7 +42,7 @@ from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
-from tkbox.doors.secrets import scan
+from tkbox.doors.secrets import leaks
 
 VALUE = b"ghp_BenchmarkSecretValue0123456789"  # not a secret: a fixed benchmark string
 READ = 65536
@@ -116,7 +116,7 @@ def redactor(module: ModuleType) -> Callable[[list[bytes]], int]:
 
 
 def baseline(reads: list[bytes]) -> int:
-    needles = [p.needle for p in scan.patterns([("GH", "value", VALUE)], for_redaction=True)]
+    needles = [p.needle for p in leaks.patterns([("GH", "value", VALUE)], for_redaction=True)]
     found = 0
     for data in reads:
         low = data.lower()
@@ -151,10 +151,10 @@ def main() -> None:
     ap.add_argument("--mib", type=int, default=32)
     ap.add_argument("--repeat", type=int, default=3)
     ap.add_argument("--cpu", action="store_true", help="time the process's CPU")
-    ap.add_argument("--against", type=Path, help="another scan.py to time in turn")
+    ap.add_argument("--against", type=Path, help="another leaks.py to time in turn")
     a = ap.parse_args()
     clock = time.process_time if a.cpu else time.perf_counter
-    fns = [redactor(scan), baseline] + ([redactor(load(a.against))] if a.against else [])
+    fns = [redactor(leaks), baseline] + ([redactor(load(a.against))] if a.against else [])
     print(f"{a.mib} MiB in {READ // 1024} KiB reads (sse: {a.mib * 64} KiB, an event a read), "
           f"best of {a.repeat}, {'CPU' if a.cpu else 'wall'} time")
     print(f"{'body':12} {'redactor MiB/s':>15} {'baseline MiB/s':>15} {'ratio':>7} "

@@ -354,7 +354,7 @@ async def events(sock: Path, n: int, concurrency: int) -> dict[str, float]:
 
 def evaluation(n: int) -> dict[str, float]:
     """Microseconds of CPU per new decision in `PolicyEngine.decide`, in this process."""
-    from tkbox.signer.policy import PolicyEngine
+    from tkbox.signer.cedarpolicy import PolicyEngine
 
     engine = PolicyEngine(None)
     for i in range(50):  # warm-up, as above

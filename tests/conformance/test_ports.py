@@ -43,13 +43,13 @@ from typing import Any
 
 import pytest
 
+from tkbox._tasks import TaskOwner
 from tkbox.protocol import vsock
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import MAX_FRAME, FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PortError, Ports, TransportClosed
 from tkbox.protocol.streams import ByteStream, memory_stream_pair
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import (
     GuestVsockPorts,
     HybridVsockHostPorts,

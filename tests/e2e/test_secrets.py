@@ -38,7 +38,7 @@ import pytest
 from e2e_stack import Stack, fresh_name, make_home, stack_env
 
 from tkbox import paths
-from tkbox.doors.secrets.scan import LeakScanner, patterns
+from tkbox.doors.secrets.leaks import LeakScanner, patterns
 from tkbox.image.testing import ScratchCA
 
 GH_VALUE = "ghp_e2eRealTokenValue_7f3a9c"

@@ -12,6 +12,7 @@ import logging
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
+from tkbox._tasks import TaskOwner
 from tkbox.daemon.boxstate import BoxState
 from tkbox.daemon.guest_client import ExecInput, GuestClient
 from tkbox.daemon.lifecycle import Event, State
@@ -19,7 +20,6 @@ from tkbox.daemon.roles import NetworkDoor
 from tkbox.doors.secrets import Secret, prestart
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.mux import MuxPorts
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.vm.base import VM
 
 log = logging.getLogger("tkbox.daemon")

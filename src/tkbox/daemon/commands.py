@@ -14,6 +14,7 @@ import time
 from collections.abc import AsyncIterator
 from typing import Any
 
+from tkbox._tasks import being_cancelled
 from tkbox.daemon import lifecycle
 from tkbox.daemon.core import ManagerCore
 from tkbox.daemon.guest_client import ExecInput, ExecResult
@@ -26,7 +27,6 @@ from tkbox.errors import (
     TkboxError,
     UserError,
 )
-from tkbox.protocol.tasks import being_cancelled
 
 
 class CommandVerbs(ManagerCore):

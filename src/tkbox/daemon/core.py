@@ -20,6 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox import paths
+from tkbox._tasks import TaskOwner
 from tkbox.daemon import lifecycle
 from tkbox.daemon.box import Box, DoorFactory
 from tkbox.daemon.boxstate import BoxState, BoxStateUnreadable
@@ -31,7 +32,6 @@ from tkbox.errors import (
     SignerUnavailable,
     TkboxError,
 )
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.record.budget import RUN_BYTES, RUN_RECORDS, BudgetedSigner
 from tkbox.record.client import SignerClient
 from tkbox.record.journal import Journals

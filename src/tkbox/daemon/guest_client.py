@@ -17,13 +17,13 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO
 
+from tkbox._tasks import cancel_and_wait
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
 from tkbox.guest.diff import CHANGES, WHY
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_RPC, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import StreamClosed
-from tkbox.protocol.tasks import cancel_and_wait
 from tkbox.vm.errors import VMEnded
 
 NextFrame = Callable[[int], Awaitable[dict[str, Any]]]

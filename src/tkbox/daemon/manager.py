@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tkbox._tasks import cancel_and_wait
 from tkbox._threads import run_through
 from tkbox.daemon import lifecycle
 from tkbox.daemon.bootconfig import boot_answer_ok, boot_config, image_config_facts, image_user
@@ -62,7 +63,6 @@ from tkbox.image.tools import MOUNT as TOOLS_MOUNT
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
-from tkbox.protocol.tasks import cancel_and_wait
 from tkbox.vm.base import VM, Disk, VMSpec
 
 __all__ = ["Box", "BoxManager", "BoxSpec", "Options"]

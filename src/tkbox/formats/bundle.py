@@ -33,7 +33,7 @@ from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 
 from tkbox.formats import _strict, canonjson
-from tkbox.formats import policy as policy_mod
+from tkbox.formats import tlogpolicy as policy_mod
 from tkbox.formats.errors import FormatError
 from tkbox.formats.merkle import HASH_SIZE
 from tkbox.formats.proof import HEADER as PROOF_HEADER

@@ -48,13 +48,13 @@ import time
 from pathlib import Path
 from typing import Any
 
+from tkbox._tasks import TaskOwner
 from tkbox.guest import oomwatch, rpc
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.ports import PORT_BOOT, PORT_EGRESS, PORT_RPC, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import GuestVsockPorts
 
 RUN = Path("/run/tkbox")

@@ -204,7 +204,7 @@ def collect(kernel: Kernel | None = None, cache: Path | None = None) -> Inputs:
     msgpack_dir = Path(msgpack_spec.origin).parent
 
     files: dict[str, Path] = {}
-    for rel in ["__init__.py", "errors.py"]:
+    for rel in ["__init__.py", "errors.py", "_tasks.py"]:
         files[f"{APP_DIR}/tkbox/{rel}"] = pkg_root / rel
     for sub in ["protocol", "guest"]:
         for p in sorted((pkg_root / sub).glob("*.py")):

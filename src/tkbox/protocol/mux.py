@@ -63,11 +63,11 @@ import enum
 import struct
 from dataclasses import dataclass
 
+from tkbox._tasks import TaskOwner
 from tkbox.protocol import errors
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.ports import Handler, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import ByteStream, StreamClosed
-from tkbox.protocol.tasks import TaskOwner
 
 HEADER = struct.Struct(">BII")
 MAX_PAYLOAD = 64 * 1024

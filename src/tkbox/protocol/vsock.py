@@ -58,10 +58,10 @@ from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from tkbox._tasks import TaskOwner, cancel_and_wait
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.ports import Handler, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import AsyncioStream, ByteStream
-from tkbox.protocol.tasks import TaskOwner, cancel_and_wait
 
 log = logging.getLogger(__name__)
 

@@ -21,7 +21,7 @@ from typing import Any
 
 from tkbox._fs import write_atomic
 from tkbox.errors import HostError, UserError
-from tkbox.formats import bundle, cosignature, note, policy
+from tkbox.formats import bundle, cosignature, note, tlogpolicy
 
 CONFIG = "config.json"
 KEY = "signer.key"
@@ -108,7 +108,7 @@ class Config:
 
     def trust(self, log_key: note.Ed25519Verifier) -> bytes:
         ws = {w.name: (w.verifier(), w.url) for w in self.witnesses}
-        pol = policy.build(log_key, ws, self.quorum)
+        pol = tlogpolicy.build(log_key, ws, self.quorum)
         return bundle.make_trust(pol, [w.name for w in self.witnesses if w.independent])
 
 

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from tkbox.formats import wire
-from tkbox.signer.policy import DEFAULT_PACKS, Decision, PolicyEngine
+from tkbox.signer.cedarpolicy import DEFAULT_PACKS, Decision, PolicyEngine
 
 log = logging.getLogger("tkbox.signer")
 
@@ -324,7 +324,7 @@ def main(argv: Sequence[str] | None = None) -> None:  # pragma: no cover - a sub
                         format="policy worker: %(message)s")
     # The signer's own engine logs the policy's loads and errors; each worker would
     # say them again.
-    logging.getLogger("tkbox.signer.policy").addFilter(
+    logging.getLogger("tkbox.signer.cedarpolicy").addFilter(
         lambda r: not r.getMessage().startswith(("policy loaded", "policy error")))
     packs = tuple(p for p in args.packs.split(",") if p)
     serve(PolicyEngine(args.policy, packs), sys.stdin.buffer, sys.stdout.buffer)

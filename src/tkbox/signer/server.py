@@ -46,9 +46,9 @@ from tkbox.errors import InternalError, UserError
 from tkbox.formats import bundle, note, record, wire, workload
 from tkbox.formats.errors import FormatError
 from tkbox.signer import config as config_mod
+from tkbox.signer.cedarpolicy import Decision, PolicyEngine
 from tkbox.signer.checkpoints import Checkpointer
 from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, Log, LogError
-from tkbox.signer.policy import Decision, PolicyEngine
 from tkbox.signer.policy_worker import NONE as NO_WORKERS
 from tkbox.signer.policy_worker import PolicyWorkers, default_count
 from tkbox.signer.remote import AUTH_DEADLINE, MAX_CONNECTIONS, RemoteConfig, certificate_identity

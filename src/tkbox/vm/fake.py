@@ -17,10 +17,10 @@ from __future__ import annotations
 import asyncio
 from collections.abc import Awaitable, Callable
 
+from tkbox._tasks import TaskOwner
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.mux import MAX_STREAMS, MuxPorts
 from tkbox.protocol.streams import memory_stream_pair
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.vm.base import BeforeBoot, Launcher, ManagedVM, VMSpec
 from tkbox.vm.errors import VMEnded
 

@@ -49,9 +49,9 @@ from typing import Any, NamedTuple
 import httpx
 
 from tkbox._process import pdeathsig
+from tkbox._tasks import TaskOwner
 from tkbox.errors import HostError, InternalError, UserError
 from tkbox.paths import private_dir, vms
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import (
     DEFAULT_GUEST_CID,
     MAX_U32,

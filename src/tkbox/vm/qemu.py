@@ -69,11 +69,11 @@ from typing import TYPE_CHECKING
 
 from tkbox import paths
 from tkbox._process import pdeathsig
+from tkbox._tasks import TaskOwner
 from tkbox.errors import HostError, InternalError
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.ports import Ports
 from tkbox.protocol.streams import AsyncioStream
-from tkbox.protocol.tasks import TaskOwner
 from tkbox.protocol.vsock import VhostVsockHostPorts
 from tkbox.vm import template as tpl
 from tkbox.vm.base import (

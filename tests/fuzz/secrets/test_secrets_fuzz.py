@@ -11,9 +11,9 @@ from __future__ import annotations
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor, patterns
 from tkbox.doors.secrets.model import HELD_MAX, ModelUsage
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
-from tkbox.doors.secrets.scan import LeakScanner, Redactor, patterns
 from tkbox.doors.secrets.spec import Secret, SecretSpec, parse_spec
 from tkbox.doors.secrets.swap import swap
 from tkbox.errors import UserError

@@ -34,7 +34,7 @@ from tests.unit.secrets.redact_reference import (
     values,
 )
 
-from tkbox.doors.secrets.scan import LeakScanner, Redactor, patterns
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor, patterns
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow,
                                                        HealthCheck.data_too_large])

@@ -31,7 +31,7 @@ from secretsdoor_rig import Origin, Rig, _Handler, make_ca, read_all, tunnel
 from tkbox.doors.network import OperatorConfig
 from tkbox.record.client import Action
 from tkbox.record.testing import FakeSigner
-from tkbox.signer.policy import PolicyEngine
+from tkbox.signer.cedarpolicy import PolicyEngine
 
 pytestmark = pytest.mark.integration
 

@@ -18,8 +18,8 @@ import pytest
 from secretsdoor_rig import NAMES, Origin, _Handler, exchange, make_ca, world
 
 from tkbox.doors.secrets import Secret, SecretSpec
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor
 from tkbox.doors.secrets.rules import TunnelRules
-from tkbox.doors.secrets.scan import LeakScanner, Redactor
 
 pytestmark = pytest.mark.integration
 

@@ -23,7 +23,7 @@ import pytest
 from secretsdoor_rig import NAMES, Origin, _Handler, exchange, make_ca, world
 
 from tkbox.doors.secrets import Secret, SecretSpec
-from tkbox.doors.secrets.scan import LeakScanner, patterns
+from tkbox.doors.secrets.leaks import LeakScanner, patterns
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "secrets"))
 from redact_reference import reference_redact  # noqa: E402

@@ -302,7 +302,7 @@ def _aliases_are_exact(tree: FinalTree, path: str) -> None:
 def test_the_checkout_scan_finds_every_link_but_none_in_git(tmp_path: Path) -> None:
     import os
 
-    from tkbox.doors.changes.scan import checkout_links
+    from tkbox.doors.changes.linkwalk import checkout_links
 
     (tmp_path / "a" / "b").mkdir(parents=True)
     (tmp_path / ".git" / "x").mkdir(parents=True)
@@ -323,7 +323,7 @@ def test_a_checkout_past_the_scan_bound_is_refused(tmp_path: Path) -> None:
     import os
 
     from tkbox.doors.changes.errors import PatchRefused
-    from tkbox.doors.changes.scan import checkout_links
+    from tkbox.doors.changes.linkwalk import checkout_links
 
     for i in range(5):
         (tmp_path / f"f{i}").write_text("x")

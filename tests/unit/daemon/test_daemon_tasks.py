@@ -7,8 +7,8 @@ import asyncio
 
 import pytest
 
+from tkbox._tasks import TaskOwner, cancel_and_wait
 from tkbox.errors import GuestError, InternalError
-from tkbox.protocol.tasks import TaskOwner, cancel_and_wait
 
 
 def test_aclose_cancels_and_awaits_every_task_and_then_refuses_new_ones() -> None:

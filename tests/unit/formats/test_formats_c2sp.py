@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.formats import FormatError, checkpoint, cosignature, note, policy, proof
+from tkbox.formats import FormatError, checkpoint, cosignature, note, proof, tlogpolicy
 from tkbox.formats import witness as wfmt
 
 C2SP = Path(__file__).resolve().parents[2] / "testdata" / "c2sp"
@@ -138,7 +138,7 @@ def test_policy_example_with_real_keys() -> None:
     ex = EXAMPLES["tlog-policy/example-two-level-quorum"]
     text = ex["input"]["policy"]
     with pytest.raises(FormatError):
-        policy.parse(text.encode())  # the placeholders are not keys
+        tlogpolicy.parse(text.encode())  # the placeholders are not keys
     log = note.generate("example.com/log").verifier().vkey()
     keys = iter(_vkeys(6))
     lines = []
@@ -148,7 +148,7 @@ def test_policy_example_with_real_keys() -> None:
         elif line.startswith("witness "):
             line = line.replace("<vkey>", next(keys))
         lines.append(line)
-    pol = policy.parse("\n".join(lines).encode())
+    pol = tlogpolicy.parse("\n".join(lines).encode())
     assert sorted(pol.witnesses) == ex["expected"]["witnesses"]
     for name, g in ex["expected"]["groups"].items():
         assert (pol.groups[name].threshold, list(pol.groups[name].members)) == (
@@ -157,7 +157,7 @@ def test_policy_example_with_real_keys() -> None:
     assert pol.satisfied({"X1", "X3", "Y2"})
     assert not pol.satisfied({"X1", "Y2"})
     assert not pol.satisfied({"X1", "X2", "X3"})
-    assert policy.parse(pol.text().encode()).text() == pol.text()
+    assert tlogpolicy.parse(pol.text().encode()).text() == pol.text()
 
 
 def test_policy_rules() -> None:
@@ -165,7 +165,7 @@ def test_policy_rules() -> None:
     log = note.generate("example.com/log").verifier().vkey()
     ok = (f"log {log}\nwitness A {a}\n  witness\tB {b} https://b.example/\n# c\n\n"
           "group G any A B\nquorum G\n")
-    assert policy.parse(ok.encode()).quorum == "G"
+    assert tlogpolicy.parse(ok.encode()).quorum == "G"
     bad = [
         f"witness A {a}\n",  # no quorum
         f"witness A {a}\nquorum A\nquorum A\n",  # two quorums
@@ -185,4 +185,4 @@ def test_policy_rules() -> None:
     ]
     for text in bad:
         with pytest.raises(FormatError):
-            policy.parse(text.encode())
+            tlogpolicy.parse(text.encode())

@@ -7,7 +7,7 @@ so the formats and the verifier can be tested on their own.
 
 from __future__ import annotations
 
-from tkbox.formats import bundle, cosignature, merkle, note, policy, record
+from tkbox.formats import bundle, cosignature, merkle, note, record, tlogpolicy
 
 T0 = 1_700_000_000
 
@@ -59,7 +59,7 @@ class Kit:
 
     def trust(self) -> bytes:
         ws = {n: (w.verifier(), f"http://127.0.0.1:1/{n}") for n, w in self.witnesses.items()}
-        pol = policy.build(self.signer.verifier(), ws, self.quorum)
+        pol = tlogpolicy.build(self.signer.verifier(), ws, self.quorum)
         return bundle.make_trust(pol, self.independent)
 
 

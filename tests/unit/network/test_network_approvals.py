@@ -6,8 +6,8 @@ import asyncio
 
 import pytest
 
+from tkbox._clock import FakeClock
 from tkbox.doors.network.approvals import ApprovalBoard
-from tkbox.doors.network.clock import FakeClock
 from tkbox.doors.network.testing import aiotest
 from tkbox.errors import Refused, SignerUnavailable, UserError
 from tkbox.record.testing import FakeSigner

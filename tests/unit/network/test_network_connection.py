@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from tkbox.doors.network.clock import FakeClock
+from tkbox._clock import FakeClock
 from tkbox.doors.network.connection import (
     Connection,
     Ending,

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.doors.network.clock import FakeClock
+from tkbox._clock import FakeClock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.names import HostNameError, fully_qualified
 from tkbox.doors.network.resolver import (

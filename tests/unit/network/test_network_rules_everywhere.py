@@ -10,7 +10,7 @@ from pathlib import Path
 
 from tkbox.doors.network.allowlist import Allowlist
 from tkbox.doors.secrets.hosts import read_hosts
-from tkbox.signer.policy import PolicyEngine
+from tkbox.signer.cedarpolicy import PolicyEngine
 
 ROOT = Path(__file__).parents[3]
 

@@ -9,11 +9,11 @@ import struct
 
 import pytest
 
+from tkbox._tasks import TaskOwner
 from tkbox.errors import RemoteError, TkboxError
 from tkbox.protocol.errors import FrameError, MuxError, PortError, StreamClosed, TransportClosed
 from tkbox.protocol.mux import MuxPorts
 from tkbox.protocol.streams import memory_stream_pair
-from tkbox.protocol.tasks import TaskOwner
 
 
 def test_every_transport_error_is_in_the_tree() -> None:

@@ -34,7 +34,7 @@ from html.entities import html5
 
 from hypothesis import strategies as st
 
-from tkbox.doors.secrets.scan import patterns
+from tkbox.doors.secrets.leaks import patterns
 
 WIDTH_PER_CHARACTER = 64
 ROUNDS = 4

@@ -31,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.doors.secrets.scan import LeakScanner, Redactor, patterns, scan_once
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor, patterns, scan_once
 
 VALUE = b"ghp_S3cr3tV4lue0123456789abcdefXYZ"
 ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789")

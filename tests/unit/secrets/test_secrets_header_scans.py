@@ -13,9 +13,9 @@ from typing import Any
 import pytest
 
 from tkbox.doors.secrets import Secret, SecretSpec
-from tkbox.doors.secrets import scan as scan_mod
+from tkbox.doors.secrets import leaks as scan_mod
+from tkbox.doors.secrets.leaks import LeakScanner
 from tkbox.doors.secrets.rules import SecretLeak, TunnelRules
-from tkbox.doors.secrets.scan import LeakScanner
 
 
 class _CountingScanner(LeakScanner):

@@ -13,7 +13,7 @@ import json
 
 import pytest
 
-from tkbox.doors.secrets.scan import LeakScanner, Redactor, patterns
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor, patterns
 
 VALUE = b"ab/cd/ef/gh_0123456789-XYZ/" + b"k" * 60  # 87 bytes: base64 wraps at 76
 PATS = patterns([("GH", "value", VALUE)])

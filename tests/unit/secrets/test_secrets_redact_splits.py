@@ -8,7 +8,7 @@ another (separators dropped, decoded once or twice) they could no longer begin a
 match, and the rest never matched alone. Now each view's text is final only up to
 where an unfinished escape begins, nothing a later byte could make part of a
 match is sent, and the guest receives exactly what redacting the whole answer at
-once gives (`redact_reference.reference_redact`, written apart from `scan.py`), for
+once gives (`redact_reference.reference_redact`, written apart from `leaks.py`), for
 every cut, and nothing a fresh `LeakScanner` finds in it.
 """
 
@@ -35,8 +35,8 @@ from redact_reference import (
     values,
 )
 
-from tkbox.doors.secrets import scan
-from tkbox.doors.secrets.scan import UNSTABLE, LeakScanner, Redactor, patterns
+from tkbox.doors.secrets import leaks
+from tkbox.doors.secrets.leaks import UNSTABLE, LeakScanner, Redactor, patterns
 
 VALUE = VALUES[0]
 
@@ -206,13 +206,13 @@ def test_a_piece_is_found_alike_walking_back_summing_back_and_bisecting() -> Non
             b"&", b"xxxxx", b"\\u2028", b"&foo;"]
     for _ in range(40):
         text = b"".join(rnd.choice(toks) for _ in range(rnd.randrange(1, 3000))).lower()
-        for v in scan._views(text)[1:]:
-            assert isinstance(v, scan._Decoded)
-            listed = scan._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
+        for v in leaks._views(text)[1:]:
+            assert isinstance(v, leaks._Decoded)
+            listed = leaks._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
             listed._piece_ends()
             for in_source, total in ((True, len(v.outer.text)), (False, len(v.text))):
                 for pos in rnd.sample(range(total), min(total, 40)):
-                    fresh = scan._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
+                    fresh = leaks._Decoded(v.text, v.outer, v.parts, v.dec, v.marked)
                     assert fresh._piece(pos, in_source) == listed._piece(pos, in_source)
 
 
@@ -237,8 +237,8 @@ def test_decoding_is_the_reference_decoding(text: bytes) -> None:
     escape-by-escape tokenizer gives."""
     low = text.lower()
     want = _reference_levels(low)
-    assert scan._decode(low)[0] == want[0]
-    views = scan._views(low)  # a level that would change nothing is left out
+    assert leaks._decode(low)[0] == want[0]
+    views = leaks._views(low)  # a level that would change nothing is left out
     assert [v.text for v in views] + [views[-1].text] * (3 - len(views)) == [low, *want]
 
 

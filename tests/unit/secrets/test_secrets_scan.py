@@ -15,7 +15,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from tkbox.doors.secrets.scan import LeakScanner, Redactor, forms, patterns
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor, forms, patterns
 
 VALUE = b"ghp_S3cr3tV4lue+/=xyZ09"
 PH = b"tkbox_GH_0123456789abcdef0123456789abcdef"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from tkbox.signer.policy import PolicyEngine
+from tkbox.signer.cedarpolicy import PolicyEngine
 
 
 def test_base_allows_and_download_exec_refuses() -> None:
@@ -93,20 +93,20 @@ def test_the_decision_cache_never_answers_for_another_request_or_policy(tmp_path
 
 
 def test_a_repeated_command_is_read_once_and_an_oversized_one_is_not_kept() -> None:
-    from tkbox.signer import policy
+    from tkbox.signer import cedarpolicy
 
     e = PolicyEngine(None)
     e.decide("r", "Bash", {"command": "git status"}, {"cwd": "/a"})
     e.decide("r", "Bash", {"command": "git status"}, {"cwd": "/b"})  # another request
     assert list(e._analyses) == ["git status"] and e.misses == 2
-    huge = "echo " + "x" * policy.CACHE_MAX_KEY
+    huge = "echo " + "x" * cedarpolicy.CACHE_MAX_KEY
     assert e.decide("r", "Bash", {"command": huge}, {}).allowed
     assert huge not in e._analyses and len(e._decisions) == 2
-    for i in range(policy.CACHE_ENTRIES + 10):  # bounded: the oldest go first
+    for i in range(cedarpolicy.CACHE_ENTRIES + 10):  # bounded: the oldest go first
         e.decide("r", "Connect", {"host": f"h{i}.example", "port": 443}, {})
-    assert len(e._decisions) == policy.CACHE_ENTRIES
+    assert len(e._decisions) == cedarpolicy.CACHE_ENTRIES
     misses = e.misses
-    last = policy.CACHE_ENTRIES + 9
+    last = cedarpolicy.CACHE_ENTRIES + 9
     e.decide("r", "Connect", {"host": f"h{last}.example", "port": 443}, {})  # the newest: kept
     assert e.misses == misses
     e.decide("r", "Bash", {"command": "git status"}, {"cwd": "/a"})  # the oldest: forgotten

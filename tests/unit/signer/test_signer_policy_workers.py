@@ -16,7 +16,7 @@ import pytest
 
 from tkbox.formats import wire
 from tkbox.signer import policy_worker as pw
-from tkbox.signer.policy import PolicyEngine
+from tkbox.signer.cedarpolicy import PolicyEngine
 
 REQUESTS: list[tuple[str, str, dict[str, Any], dict[str, Any]]] = [
     ("r", "Bash", {"command": "git status"}, {"cwd": "/w"}),

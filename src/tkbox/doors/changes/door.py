@@ -38,11 +38,11 @@ from tkbox.doors.changes.fs import Checkout, Write, place_all, read_fd
 from tkbox.doors.changes.git import Git, Result
 from tkbox.doors.changes.gitnamed import Named, named_paths
 from tkbox.doors.changes.links import Aliases, HostLinks
+from tkbox.doors.changes.linkwalk import checkout_links
 from tkbox.doors.changes.patch import Limits, Patch, git_reading, parse_patch
 from tkbox.doors.changes.paths import folded_parts, under
 from tkbox.doors.changes.plan import FilePlan, Plan, State, build, classify
 from tkbox.doors.changes.report import ApplyReport, FileResult, Status
-from tkbox.doors.changes.scan import checkout_links
 from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.gitconfig import Entry
 from tkbox.record.client import SignerClient, Verdict

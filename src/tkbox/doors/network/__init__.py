@@ -30,13 +30,13 @@ Errors: the door's tree is drawn in `errors` (`Stage`, `EgressRefused`,
 `ConnectionEnded`, `OriginError`, and where each core's own error lives).
 """
 
+from tkbox._clock import Clock, FakeClock, SystemClock
 from tkbox.doors.network.approvals import Answer, ApprovalBoard, PendingApproval, Via
-from tkbox.doors.network.clock import Clock, FakeClock, SystemClock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.door import EgressDoor, open_tcp
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, OriginError, Stage
+from tkbox.doors.network.hostpolicy import Explanation
 from tkbox.doors.network.listener import serve_tcp
-from tkbox.doors.network.policy import Explanation
 from tkbox.doors.network.presets import describe_presets
 from tkbox.doors.network.resolver import FakeResolver, Resolver, SystemResolver
 from tkbox.doors.network.tunnel import Interceptor

@@ -36,7 +36,7 @@ import collections
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
-from tkbox.doors.network.clock import Clock
+from tkbox._clock import Clock
 from tkbox.doors.network.records import excerpt
 from tkbox.errors import Refused, UserError
 from tkbox.record.client import SignerClient

@@ -28,7 +28,7 @@ from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from tkbox.doors.network.clock import Clock
+from tkbox._clock import Clock
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, OriginError, Stage
 from tkbox.doors.network.tls import TLSRefused
 from tkbox.errors import GuestError

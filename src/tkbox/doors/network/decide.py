@@ -30,8 +30,8 @@ from tkbox.doors.network.addresses import IPAddress
 from tkbox.doors.network.approvals import ApprovalBoard
 from tkbox.doors.network.connection import BOX_STOPPED, Connection
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, Stage
+from tkbox.doors.network.hostpolicy import EgressPolicy, Explanation
 from tkbox.doors.network.names import HostNameError, parse_host
-from tkbox.doors.network.policy import EgressPolicy, Explanation
 from tkbox.doors.network.request import BadRequest, ProxyRequest, RequestHeadParser
 from tkbox.doors.network.resolver import ResolveError, Resolver
 from tkbox.doors.network.tunnel import Interceptor

@@ -43,18 +43,18 @@ import logging
 from collections.abc import Callable, Coroutine, Iterable
 from typing import Any
 
+from tkbox._clock import Clock
 from tkbox.doors.network.addresses import AddressPolicy, IPAddress
 from tkbox.doors.network.allowlist import Allowlist
 from tkbox.doors.network.approvals import ApprovalBoard
-from tkbox.doors.network.clock import Clock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.connection import BOX_STOPPED, Connection, Ending, TimeLimits
 from tkbox.doors.network.decide import Decided, Decider, check_secrets, read_request
 from tkbox.doors.network.errors import ConnectionEnded, EgressRefused, Stage
+from tkbox.doors.network.hostpolicy import EgressPolicy, Explanation
 from tkbox.doors.network.httpgate import BoxRequests, HttpGate, HttpRefused
 from tkbox.doors.network.httprules import RuleSet
 from tkbox.doors.network.limits import TUNNEL_IDLE, TUNNEL_TOTAL, ConnectionPool
-from tkbox.doors.network.policy import EgressPolicy, Explanation
 from tkbox.doors.network.records import RefusalLog, excerpt
 from tkbox.doors.network.relay import relay
 from tkbox.doors.network.request import ProxyRequest, RequestHeadParser, answer

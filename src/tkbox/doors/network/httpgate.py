@@ -32,8 +32,8 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from typing import Any
 
+from tkbox._clock import Clock
 from tkbox.doors.network.approvals import ApprovalBoard
-from tkbox.doors.network.clock import Clock
 from tkbox.doors.network.connection import BOX_STOPPED
 from tkbox.doors.network.errors import ConnectionEnded
 from tkbox.doors.network.httprules import RuleSet, show

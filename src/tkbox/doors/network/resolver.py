@@ -28,8 +28,8 @@ from collections.abc import Awaitable, Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tkbox._clock import Clock
 from tkbox.doors.network.addresses import IPAddress
-from tkbox.doors.network.clock import Clock
 from tkbox.doors.network.names import HostNameError, fully_qualified, normalize_name
 from tkbox.errors import RemoteError, UserError
 

@@ -21,8 +21,8 @@ from collections.abc import Callable, Coroutine, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
+from tkbox._clock import FakeClock
 from tkbox.doors.network.approvals import ApprovalBoard
-from tkbox.doors.network.clock import FakeClock
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.door import EgressDoor
 from tkbox.doors.network.resolver import FakeResolver

@@ -59,8 +59,8 @@ from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.exchange import Exchange, reason_phrase
 from tkbox.doors.secrets.h2core import H2Limits
 from tkbox.doors.secrets.h2relay import H2Relay
+from tkbox.doors.secrets.leaks import scan_once
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
-from tkbox.doors.secrets.scan import scan_once
 from tkbox.doors.secrets.spec import Secret
 from tkbox.doors.secrets.tlsstream import TLSError, TLSStream
 from tkbox.errors import GuestError, TkboxError

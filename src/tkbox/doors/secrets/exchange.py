@@ -9,9 +9,9 @@ from dataclasses import dataclass, field
 from http import HTTPStatus
 from typing import Any
 
+from tkbox.doors.secrets.leaks import scan_once
 from tkbox.doors.secrets.model import ModelUsage
 from tkbox.doors.secrets.rules import TunnelRules
-from tkbox.doors.secrets.scan import scan_once
 
 #: characters of a request's path a `tkbox.model.call` keeps
 MAX_PATH = 512

@@ -73,8 +73,8 @@ from tkbox.doors.secrets.h2core import (
     read_request,
     refusal,
 )
+from tkbox.doors.secrets.leaks import LeakScanner, Redactor
 from tkbox.doors.secrets.rules import BadTunnelRequest, SecretLeak, TunnelRules
-from tkbox.doors.secrets.scan import LeakScanner, Redactor
 from tkbox.doors.secrets.tlsstream import TLSError, TLSStream
 from tkbox.protocol.streams import StreamClosed
 

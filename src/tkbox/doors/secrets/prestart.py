@@ -24,7 +24,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from tkbox.doors.secrets.credentials import is_credential
-from tkbox.doors.secrets.scan import LeakScanner, patterns
+from tkbox.doors.secrets.leaks import LeakScanner, patterns
 from tkbox.doors.secrets.spec import (
     MAX_SECRETS,
     Secret,

@@ -34,7 +34,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from tkbox.doors.network.names import Host, HostNameError, format_authority, normalize_name
-from tkbox.doors.secrets.scan import Hit, LeakScanner, Pattern, Redactor, patterns, scan_once
+from tkbox.doors.secrets.leaks import Hit, LeakScanner, Pattern, Redactor, patterns, scan_once
 from tkbox.doors.secrets.spec import Secret, show_bind
 from tkbox.doors.secrets.swap import swap
 from tkbox.errors import GuestError, Refused

@@ -51,7 +51,7 @@ from tkbox.formats import canonjson
 from tkbox.formats.errors import FormatError
 from tkbox.signer.download_exec import analyze
 
-log = logging.getLogger("tkbox.signer.policy")
+log = logging.getLogger("tkbox.signer.cedarpolicy")
 
 ACTIONS = ("Bash", "Connect", "Write", "Approval", "Http")
 DEFAULT_PACKS = ("base", "download-exec")
