@@ -409,7 +409,7 @@ class MuxStream(ByteStream):
         self._writable.set()
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        while not self._buf and not self._eof:
+        while not self._buf and not self._eof and not self._closed:
             self._readable.clear()
             await self._readable.wait()
         data = bytes(self._buf[:max_bytes])
@@ -462,6 +462,9 @@ class MuxStream(ByteStream):
             self._mux._buffered -= len(self._buf)
             self._buf.clear()
             self._mux._room.set()
+        # a receive or send waiting on this stream returns (b"") or raises StreamClosed
+        self._readable.set()
+        self._writable.set()
 
 
 class MuxPorts(Ports):
