@@ -316,10 +316,16 @@ def write_etc(cfg: dict[str, Any]) -> None:
 
 
 class FdStream(ByteStream):
-    """A ByteStream over a non-blocking character device (the virtio-serial port)."""
+    """A ByteStream over a non-blocking character device (the virtio-serial port).
+
+    The port carries no EOF, so `send_eof` does nothing (the mux above delimits its
+    streams). After `aclose` the fd number is never used again: it may already name
+    another file."""
 
     def __init__(self, fd: int) -> None:
         self.fd = fd
+        self._closed = False
+        self._waiting: set[asyncio.Future[None]] = set()  # woken by aclose
         os.set_blocking(fd, False)
 
     async def _wait(self, writer: bool) -> None:
@@ -332,21 +338,27 @@ class FdStream(ByteStream):
                 fut.set_result(None)
 
         add(self.fd, ready)
+        self._waiting.add(fut)
         try:
             await fut
         finally:
-            rm(self.fd)
+            self._waiting.discard(fut)
+            if not self._closed:  # else aclose removed it before closing the fd
+                rm(self.fd)
 
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        while True:
+        while not self._closed:
             try:
                 return os.read(self.fd, max_bytes)
             except BlockingIOError:
                 await self._wait(False)
+        return b""
 
     async def send_all(self, data: bytes) -> None:
         view = memoryview(data)
         while view:
+            if self._closed:
+                raise StreamClosed("stream is closed")
             try:
                 n = os.write(self.fd, view)
                 view = view[n:]
@@ -359,6 +371,15 @@ class FdStream(ByteStream):
         pass
 
     async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        loop = asyncio.get_running_loop()
+        loop.remove_reader(self.fd)
+        loop.remove_writer(self.fd)
+        for fut in self._waiting:
+            if not fut.done():
+                fut.set_result(None)
         with contextlib.suppress(OSError):
             os.close(self.fd)
 
