@@ -20,23 +20,37 @@ __all__ = ["AsyncioStream", "ByteStream", "MemoryStream", "StreamClosed", "memor
 
 
 class ByteStream(ABC):
-    """An async, ordered byte stream with half-close."""
+    """An async, ordered byte stream with half-close.
+
+    Every implementation in `src/` is run through the same checks of what these
+    docstrings promise: tests/conformance/test_byte_streams.py.
+    """
 
     @abstractmethod
     async def receive(self, max_bytes: int = 65536) -> bytes:
-        """Up to `max_bytes` bytes; `b""` once the peer has sent EOF."""
+        """Between 1 and `max_bytes` (≥ 1) bytes, in the order sent, as soon as any
+        are there; `b""` once the peer has sent EOF or closed, and from then on.
+
+        After `aclose` (or pending when it is called) it does not wait: it returns
+        `b""`, possibly after bytes that had already arrived. Cancelling a pending
+        `receive` loses no bytes: the stream stays usable.
+        """
 
     @abstractmethod
     async def send_all(self, data: bytes) -> None:
-        """Send every byte (waits for flow-control credit). Raises StreamClosed."""
+        """Send every byte (waits for flow-control credit). Raises StreamClosed after
+        `aclose`, and once the peer is known to be gone (not necessarily at the first
+        send after it closed: bytes may be buffered on the way)."""
 
     @abstractmethod
     async def send_eof(self) -> None:
-        """Half-close: the peer's `receive` returns `b""` after what was sent."""
+        """Half-close: the peer's `receive` returns `b""` after what was sent, and
+        this side can still receive. A stream whose carrier has no EOF (`FdStream`
+        over a virtio-serial port) makes this a no-op and says so."""
 
     @abstractmethod
     async def aclose(self) -> None:
-        """Close both directions. Idempotent."""
+        """Close both directions: the peer reads EOF after what was sent. Idempotent."""
 
     async def receive_exactly(self, n: int) -> bytes:
         """Exactly `n` bytes, or raise EOFError if the stream ends first."""
