@@ -33,6 +33,7 @@ import ast
 import asyncio
 import contextlib
 import importlib
+import os
 import random
 import socket
 import ssl
@@ -484,6 +485,37 @@ def test_the_port_stream_tells_its_ports_when_closed() -> None:
         assert closed == [stream]
         assert await stream.receive() == b""  # what was read ahead goes with it
         await b.aclose()
+
+    run(main())
+
+
+# --- a closed FdStream and its fd number ---------------------------------------------
+
+
+def test_a_closed_fd_stream_never_uses_its_fd_number_again() -> None:
+    """After aclose the number may name another file: a send must not reach it, a
+    second aclose must not close it."""
+
+    async def main() -> None:
+        s1, s2 = socket.socketpair()
+        stream = FdStream(s1.detach())
+        old = stream.fd
+        await stream.aclose()
+        other, other_peer = socket.socketpair()  # the lowest free number: the old one
+        try:
+            assert other.fileno() == old, "the fd number was not reused; nothing checked"
+            with pytest.raises(StreamClosed):
+                await stream.send_all(b"for the closed stream")
+            assert await stream.receive() == b""
+            await stream.aclose()
+            os.fstat(old)  # still open
+            other_peer.setblocking(False)
+            with pytest.raises(BlockingIOError):
+                other_peer.recv(100)  # and nothing was written into it
+        finally:
+            other.close()
+            other_peer.close()
+            s2.close()
 
     run(main())
 
