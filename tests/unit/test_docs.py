@@ -459,13 +459,16 @@ def _tokens(line: str) -> list[str]:
     return list(lex)
 
 
-def shell_commands(text: str) -> list[list[str]]:
+def shell_commands(text: str, console: bool = False) -> list[list[str]]:
     """The simple commands of a shell snippet, each its words. A line ending in `\\`,
     or an indented line starting with `-` (an option laid out under its command),
-    continues the command before it; `$(...)` is a command of its own."""
+    continues the command before it; `$(...)` is a command of its own. In a console
+    transcript only the lines after a `$ ` prompt (and their continuations) are."""
     lines: list[list[str]] = []
     joined = False
     for raw in text.splitlines():
+        if console and not joined and not raw.startswith("$ "):
+            continue
         line = raw.removeprefix("$ ")
         inner = SUBST.findall(line)
         line = SUBST.sub("SUBST", line)
@@ -497,7 +500,8 @@ def shell_commands(text: str) -> list[list[str]]:
 
 def command_problems(words: list[str]) -> list[str]:
     """What is wrong with one command line if it is `tkbox ...` or `python -m tkbox.X`."""
-    while words and re.match(r"^[A-Z_][A-Z0-9_]*=", words[0]):  # VAR=value before it
+    while words and (re.match(r"^[A-Za-z_][A-Za-z0-9_]*=", words[0])  # VAR=value
+                     or words[0] in {"sudo", "env", "nohup", "time", "exec"}):
         words = words[1:]
     if words[:2] == ["python", "-m"] and len(words) > 2 and words[2].startswith("tkbox"):
         if importlib.util.find_spec(words[2]) is None:
@@ -529,7 +533,7 @@ def snippet_problems(s: Snippet) -> list[str]:
         return python_problems(s.text)
     if s.lang in SHELL:
         try:
-            commands = shell_commands(s.text)
+            commands = shell_commands(s.text, console=s.lang == "console")
         except ValueError as exc:
             return [f"does not parse as shell: {exc}"]
         return [p for c in commands for p in command_problems(c)]
@@ -600,6 +604,11 @@ echo "$(tkbox image fetch x)"
 python -m tkbox.no_such_module
 ```
 
+```console
+$ sudo tkbox doctor --no-such-switch
+tkbox --this-is-output-not-a-command
+```
+
 ```python
 def broken(:
 ```
@@ -614,7 +623,8 @@ from tkbox.sdk import Gone
 def test_the_snippet_check_can_fail(tmp_path: Path) -> None:
     """A planted doc: a snippet importing a name that is gone, using a method or an
     exception's attribute that is gone; a command option, a subcommand, a module that
-    is gone; a snippet that does not compile. The one marked not-run is let off."""
+    is gone (a console transcript's output lines are not commands); a snippet that
+    does not compile. The one marked not-run is let off."""
     doc = tmp_path / "planted.md"
     doc.write_text(PLANTED)
     found = {s.where(): snippet_problems(s) for s in snippets([doc]) if not s.not_run}
@@ -628,6 +638,7 @@ def test_the_snippet_check_can_fail(tmp_path: Path) -> None:
                           "tkbox daemon has no option --gone-option",
                           "tkbox image has no command 'fetch'",
                           "python -m tkbox.no_such_module: no such module"],
-        "planted.md:43": ["does not compile: invalid syntax (snippet line 1)"],
+        "planted.md:43": ["tkbox doctor has no option --no-such-switch"],
+        "planted.md:48": ["does not compile: invalid syntax (snippet line 1)"],
     }
-    assert [s.not_run for s in snippets([doc])] == [False] * 6 + [True]
+    assert [s.not_run for s in snippets([doc])] == [False] * 7 + [True]
