@@ -206,7 +206,11 @@ def test_every_package_is_drawn() -> None:
 #   failure too (decide which set it belongs in, so the sets cannot go stale);
 # - `pathlib` only for its pure classes (`PurePath`, ...): `Path` may be named
 #   in annotations (under `TYPE_CHECKING`), never imported to run;
-# - no call of a builtin that does I/O or imports by name (`FORBIDDEN_CALLS`).
+# - no call of a builtin that does I/O or imports by name (`FORBIDDEN_CALLS`),
+#   nor of a method named as a `Path` method that reaches the file system
+#   (`PATH_IO_METHODS`: a core handed a `Path` must not read it). By name, so
+#   deliberately coarse; `replace`, `rename` and `group` are left out (`str`
+#   and `re` use them).
 #
 # A package's `__init__` that Python runs on the way to a module is not counted:
 # `doors/changes`, `doors/network` and `doors/secrets` re-export their shells
@@ -233,6 +237,13 @@ PURE_IMPORTS = frozenset({
 PURE_PATHLIB = frozenset({"PurePath", "PurePosixPath", "PureWindowsPath"})
 FORBIDDEN_CALLS = frozenset({"open", "print", "input", "breakpoint", "__import__",
                              "exec", "eval", "compile"})
+PATH_IO_METHODS = frozenset({
+    "read_text", "read_bytes", "write_text", "write_bytes", "open", "iterdir", "glob",
+    "rglob", "walk", "exists", "is_file", "is_dir", "is_symlink", "stat", "lstat",
+    "mkdir", "rmdir", "unlink", "touch", "chmod", "lchmod", "symlink_to",
+    "hardlink_to", "readlink", "resolve", "absolute", "expanduser", "samefile",
+    "cwd", "home",
+})
 
 
 def pure_list(design: Path = REPO / "docs" / "design.md") -> list[str]:
@@ -284,6 +295,9 @@ def _impure_lines(name: str, path: Path, mods: Mapping[str, Path]) -> tuple[list
         elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
               and node.func.id in FORBIDDEN_CALLS):
             bad.append(f"{name}:{node.lineno} calls {node.func.id}()")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in PATH_IO_METHODS):
+            bad.append(f"{name}:{node.lineno} calls .{node.func.attr}() (a file-system method)")
         for n in names:
             if n == "tkbox" or n.startswith("tkbox."):
                 continue
@@ -360,13 +374,15 @@ def test_an_io_import_in_a_pure_core_or_below_it_is_found(tmp_path: Path) -> Non
                                  "from typing import TYPE_CHECKING\n"
                                  "if TYPE_CHECKING:\n    from pathlib import Path\n"
                                  "    from tkbox.a import shell\n")
-    (pkg / "helper.py").write_text("def f():\n    import asyncio.subprocess\n"
-                                   "    return open('x')\n")
+    (pkg / "helper.py").write_text("def f(p):\n    import asyncio.subprocess\n"
+                                   "    return open('x'), p.read_text()\n")
     (pkg / "shell.py").write_text("import socket\n")
     (pkg / "paths.py").write_text("from pathlib import Path, PurePosixPath\nimport weird\n")
     mods = modules(tmp_path)
     assert impurities(["tkbox.a.core", "tkbox.a.paths", "tkbox.a.gone"], mods) == [
         "tkbox.a.core: tkbox.a.helper:2 imports asyncio.subprocess (I/O) "
+        "(via tkbox.a.core -> tkbox.a.helper)",
+        "tkbox.a.core: tkbox.a.helper:3 calls .read_text() (a file-system method) "
         "(via tkbox.a.core -> tkbox.a.helper)",
         "tkbox.a.core: tkbox.a.helper:3 calls open() (via tkbox.a.core -> tkbox.a.helper)",
         "tkbox.a.gone: listed as pure, but there is no such module",
