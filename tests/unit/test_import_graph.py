@@ -17,6 +17,9 @@ Two rules:
 
 `from tkbox import __version__` (the root package) is allowed anywhere; the
 root's own lazy `tkbox.Client` re-export of the SDK is the one edge out of it.
+
+And the **pure cores** (the ```pure block of docs/design.md) import no I/O, nor
+does anything of tkbox's they import: see the section below.
 """
 
 from __future__ import annotations
