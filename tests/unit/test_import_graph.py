@@ -17,6 +17,9 @@ Two rules:
 
 `from tkbox import __version__` (the root package) is allowed anywhere; the
 root's own lazy `tkbox.Client` re-export of the SDK is the one edge out of it.
+
+And the **pure cores** (the ```pure block of docs/design.md) import no I/O, nor
+does anything of tkbox's they import: see the section below.
 """
 
 from __future__ import annotations
@@ -53,22 +56,30 @@ def graph(mods: Mapping[str, Path]) -> dict[str, set[str]]:
     for name, path in mods.items():
         deps: set[str] = set()
         for node in ast.walk(ast.parse(path.read_text(), str(path))):
-            if isinstance(node, ast.Import):
-                deps |= {a.name for a in node.names if a.name in mods}
-            elif isinstance(node, ast.ImportFrom):
-                if node.level:
-                    base = name.split(".")
-                    if path.name != "__init__.py":
-                        base = base[:-1]
-                    base = base[: len(base) - node.level + 1]
-                    target = ".".join(base + ([node.module] if node.module else []))
-                else:
-                    target = node.module or ""
-                for a in node.names:
-                    sub = f"{target}.{a.name}"
-                    deps.add(sub if sub in mods else target)
+            deps |= imported(name, path, node, mods)
         edges[name] = {d for d in deps if d in mods and d != name}
     return edges
+
+
+def imported(name: str, path: Path, node: ast.AST, mods: Mapping[str, Path]) -> set[str]:
+    """The tkbox modules one import statement of module `name` names."""
+    if isinstance(node, ast.Import):
+        return {a.name for a in node.names if a.name in mods}
+    if not isinstance(node, ast.ImportFrom):
+        return set()
+    if node.level:
+        base = name.split(".")
+        if path.name != "__init__.py":
+            base = base[:-1]
+        base = base[: len(base) - node.level + 1]
+        target = ".".join(base + ([node.module] if node.module else []))
+    else:
+        target = node.module or ""
+    deps: set[str] = set()
+    for a in node.names:
+        sub = f"{target}.{a.name}"
+        deps.add(sub if sub in mods else target)
+    return {d for d in deps if d in mods}
 
 
 def cycles(edges: Graph) -> list[list[str]]:
@@ -184,6 +195,152 @@ def test_every_package_is_drawn() -> None:
     assert packages <= drawn, f"not drawn in docs/design.md: {sorted(packages - drawn)}"
 
 
+# ---- pure cores -------------------------------------------------------------
+#
+# The modules listed in docs/design.md's ```pure block are sans-IO: given the
+# same inputs they do the same thing, and they reach no file, socket, process,
+# thread, event loop, clock, entropy or terminal. The rule, checked on the
+# source with `ast` over the module and every tkbox module it imports at run
+# time (transitively; `if TYPE_CHECKING:` imports never run and are not
+# followed; imports inside functions are):
+#
+# - every import from outside tkbox is of a module in `PURE_IMPORTS`; one in
+#   `IO_IMPORTS` is the failure this check is for, and one in neither is a
+#   failure too (decide which set it belongs in, so the sets cannot go stale);
+# - `pathlib` only for its pure classes (`PurePath`, ...): `Path` may be named
+#   in annotations (under `TYPE_CHECKING`), never imported to run;
+# - no call of a builtin that does I/O or imports by name (`FORBIDDEN_CALLS`),
+#   nor of a method named as a `Path` method that reaches the file system
+#   (`PATH_IO_METHODS`: a core handed a `Path` must not read it). By name, so
+#   deliberately coarse; `replace`, `rename` and `group` are left out (`str`
+#   and `re` use them).
+#
+# A package's `__init__` that Python runs on the way to a module is not counted:
+# `doors/changes`, `doors/network` and `doors/secrets` re-export their shells
+# there, so importing a core of theirs loads its package's shell, though the
+# core's own code reaches none of it.
+
+IO_IMPORTS = frozenset({
+    "asyncio", "socket", "ssl", "select", "selectors", "os", "posix", "io", "shutil",
+    "tempfile", "glob", "fcntl", "mmap", "ctypes", "resource", "pwd", "grp", "termios",
+    "subprocess", "multiprocessing", "signal", "pty", "threading", "_thread",
+    "concurrent", "queue", "sqlite3", "time", "secrets", "random", "logging", "sys",
+    "importlib", "http", "urllib.request", "webbrowser", "getpass", "atexit", "gc",
+    "contextvars", "httpx", "psycopg", "rich", "typer", "click", "qemu", "pip",
+    "cedarpy",
+})
+PURE_IMPORTS = frozenset({
+    "__future__", "abc", "base64", "binascii", "bisect", "codecs", "collections",
+    "contextlib", "copy", "csv", "dataclasses", "datetime", "difflib", "enum", "errno",
+    "fnmatch", "functools", "hashlib", "heapq", "hmac", "html", "ipaddress",
+    "itertools", "json", "math", "operator", "re", "shlex", "stat", "string", "struct",
+    "textwrap", "types", "typing", "unicodedata", "urllib.parse", "zlib",
+    "cryptography", "h11", "h2", "hyperframe", "idna", "msgpack",
+})
+PURE_PATHLIB = frozenset({"PurePath", "PurePosixPath", "PureWindowsPath"})
+FORBIDDEN_CALLS = frozenset({"open", "print", "input", "breakpoint", "__import__",
+                             "exec", "eval", "compile"})
+PATH_IO_METHODS = frozenset({
+    "read_text", "read_bytes", "write_text", "write_bytes", "open", "iterdir", "glob",
+    "rglob", "walk", "exists", "is_file", "is_dir", "is_symlink", "stat", "lstat",
+    "mkdir", "rmdir", "unlink", "touch", "chmod", "lchmod", "symlink_to",
+    "hardlink_to", "readlink", "resolve", "absolute", "expanduser", "samefile",
+    "cwd", "home",
+})
+
+
+def pure_list(design: Path = REPO / "docs" / "design.md") -> list[str]:
+    """The ```pure block: one tkbox module a line."""
+    m = re.search(r"^```pure\n(.*?)^```", design.read_text(), re.M | re.S)
+    assert m, "docs/design.md has no ```pure block"
+    return [line.split()[0] for line in m.group(1).splitlines() if line.strip()]
+
+
+def _runtime_nodes(tree: ast.AST) -> Iterable[ast.AST]:
+    """Every node but those under `if TYPE_CHECKING:` (which never runs)."""
+    todo: list[ast.AST] = [tree]
+    while todo:
+        node = todo.pop()
+        yield node
+        for child in ast.iter_child_nodes(node):
+            if isinstance(child, ast.If) and (
+                    (isinstance(child.test, ast.Name) and child.test.id == "TYPE_CHECKING")
+                    or (isinstance(child.test, ast.Attribute)
+                        and child.test.attr == "TYPE_CHECKING")):
+                todo += child.orelse
+                continue
+            todo.append(child)
+
+
+def _outside(name: str) -> str:
+    """The entry of IO_IMPORTS or PURE_IMPORTS an import of `name` falls under."""
+    for key in (".".join(name.split(".")[:2]), name.split(".")[0]):
+        if key in IO_IMPORTS or key in PURE_IMPORTS:
+            return key
+    return name
+
+
+def _impure_lines(name: str, path: Path, mods: Mapping[str, Path]) -> tuple[list[str], set[str]]:
+    """What in module `name` itself breaks the rule, and the tkbox modules it runs."""
+    bad: list[str] = []
+    deps: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text(), str(path))):
+        names: list[str] = []
+        if isinstance(node, ast.Import):
+            names = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and not node.level and node.module:
+            if node.module == "pathlib":
+                bad += [f"{name}:{node.lineno} imports pathlib.{a.name} (only "
+                        f"{sorted(PURE_PATHLIB)} run in a pure core)"
+                        for a in node.names if a.name not in PURE_PATHLIB]
+            else:
+                names = [node.module]
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Name)
+              and node.func.id in FORBIDDEN_CALLS):
+            bad.append(f"{name}:{node.lineno} calls {node.func.id}()")
+        elif (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute)
+              and node.func.attr in PATH_IO_METHODS):
+            bad.append(f"{name}:{node.lineno} calls .{node.func.attr}() (a file-system method)")
+        for n in names:
+            if n == "tkbox" or n.startswith("tkbox."):
+                continue
+            key = _outside(n)
+            if key == "pathlib" or key in IO_IMPORTS:
+                bad.append(f"{name}:{getattr(node, 'lineno', 0)} imports {n} (I/O)")
+            elif key not in PURE_IMPORTS:
+                bad.append(f"{name}:{getattr(node, 'lineno', 0)} imports {n}, in neither "
+                           "IO_IMPORTS nor PURE_IMPORTS: say which it is")
+        deps |= imported(name, path, node, mods)
+    return bad, {d for d in deps if d != name and d != "tkbox"}
+
+
+def impurities(roots: Iterable[str], mods: Mapping[str, Path]) -> list[str]:
+    """Every break of the rule in `roots` and what they import from tkbox, with the
+    chain of imports that reaches it."""
+    bad: list[str] = []
+    for root in roots:
+        if root not in mods:
+            bad.append(f"{root}: listed as pure, but there is no such module")
+            continue
+        via = {root: [root]}
+        todo = [root]
+        while todo:
+            m = todo.pop()
+            found, deps = _impure_lines(m, mods[m], mods)
+            chain = " -> ".join(via[m])
+            bad += [f"{root}: {f}" + (f" (via {chain})" if m != root else "") for f in found]
+            for d in sorted(deps - via.keys()):
+                via[d] = via[m] + [d]
+                todo.append(d)
+    return sorted(set(bad))
+
+
+def test_every_pure_core_imports_no_io() -> None:
+    listed = pure_list()
+    assert listed, "the ```pure block lists no module"
+    assert impurities(listed, modules()) == []
+
+
 # The checks themselves, on planted graphs, so that an empty answer above means
 # "no cycle" and not "a checker that finds nothing".
 
@@ -209,3 +366,33 @@ def test_a_package_cycle_and_an_upward_import_are_found() -> None:
     bad = violations(edges, [{"high"}, {"low", "guest"}])
     assert bad == ["tkbox.guest.g -> tkbox.low.c (guest imports only ['_tasks', 'protocol'])",
                    "tkbox.low.a -> tkbox.high.b runs up or across the layers (low -> high)"]
+
+
+def test_an_io_import_in_a_pure_core_or_below_it_is_found(tmp_path: Path) -> None:
+    pkg = tmp_path / "tkbox" / "a"
+    pkg.mkdir(parents=True)
+    (tmp_path / "tkbox" / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("")
+    (pkg / "core.py").write_text("import struct\nfrom tkbox.a import helper\n"
+                                 "from typing import TYPE_CHECKING\n"
+                                 "if TYPE_CHECKING:\n    from pathlib import Path\n"
+                                 "    from tkbox.a import shell\n")
+    (pkg / "helper.py").write_text("def f(p):\n    import asyncio.subprocess\n"
+                                   "    return open('x'), p.read_text()\n")
+    (pkg / "shell.py").write_text("import socket\n")
+    (pkg / "paths.py").write_text("from pathlib import Path, PurePosixPath\nimport weird\n")
+    mods = modules(tmp_path)
+    assert impurities(["tkbox.a.core", "tkbox.a.paths", "tkbox.a.gone"], mods) == [
+        "tkbox.a.core: tkbox.a.helper:2 imports asyncio.subprocess (I/O) "
+        "(via tkbox.a.core -> tkbox.a.helper)",
+        "tkbox.a.core: tkbox.a.helper:3 calls .read_text() (a file-system method) "
+        "(via tkbox.a.core -> tkbox.a.helper)",
+        "tkbox.a.core: tkbox.a.helper:3 calls open() (via tkbox.a.core -> tkbox.a.helper)",
+        "tkbox.a.gone: listed as pure, but there is no such module",
+        "tkbox.a.paths: tkbox.a.paths:1 imports pathlib.Path (only "
+        "['PurePath', 'PurePosixPath', 'PureWindowsPath'] run in a pure core)",
+        "tkbox.a.paths: tkbox.a.paths:2 imports weird, in neither IO_IMPORTS nor "
+        "PURE_IMPORTS: say which it is",
+    ]
+    (pkg / "helper.py").write_text("import json\n")
+    assert impurities(["tkbox.a.core"], mods) == []

@@ -33,6 +33,10 @@ is read.
 Errors (`tkbox.errors`): bad input before the box is a `UserError`; once the
 box exists, an agent that fails, or runs past `--timeout`, is an `AgentFailed`
 (a `GuestError`: what ran in the box failed), raised after the bundle is out.
+
+One idea: one agent job in the order it runs, from checked input to the bundle;
+the three agents' drivers (`Agent`: argv, endpoint, result reading) are the
+table its steps look up, kept beside them.
 """
 
 from __future__ import annotations

@@ -49,6 +49,10 @@ the host's.
 
 The ELF header reader is written here: the standard library reads no ELF, and only
 one field (PT_INTERP, ELF64 little-endian: System V gABI, "Program Header") is needed.
+
+One idea: an agent's program turned into a read-only tool disk, from its
+registry package to the disk a box mounts (fetch, verify, store, choose the
+build the image can load, check it runs), each step feeding the next.
 """
 
 from __future__ import annotations

@@ -37,7 +37,7 @@ convention; its byte-level behaviour is summarised in
 
 Standard library only: the guest agent imports this module.
 
-Why one module (about 680 lines): the three transports share one base
+One idea: the three transports share one base
 (`_SocketPorts`: stream counting, handler tasks, accept loops) and differ only
 in how a socket is opened and listened for; split apart, each would import
 the others' internals.

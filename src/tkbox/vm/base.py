@@ -37,11 +37,12 @@ import signal
 import stat
 from abc import ABC, abstractmethod
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 
 from tkbox.errors import HostError
 from tkbox.protocol.ports import Ports
+from tkbox.vm.spec import Disk as Disk
+from tkbox.vm.spec import VMSpec as VMSpec
 
 #: Called with the new VM's ports before its guest can open a stream: serve there.
 BeforeBoot = Callable[[Ports], None]
@@ -96,28 +97,6 @@ def last_line(text: str) -> str:
         return ""
     line = "".join(c if c.isprintable() else " " for c in lines[-1])
     return " ".join(line.split())[:MAX_LAST_WORDS]
-
-
-@dataclass(frozen=True)
-class Disk:
-    """A block device given to the guest, in order (vda, vdb, ...)."""
-
-    path: Path
-    read_only: bool
-    role: str  # "root", "lower", "upper": the guest learns roles from its boot config
-
-
-@dataclass(frozen=True)
-class VMSpec:
-    name: str
-    kernel: Path  # an ELF vmlinux (PVH) or a bzImage
-    initramfs: Path
-    workdir: Path  # private 0700 directory owned by this VM
-    disks: tuple[Disk, ...] = ()
-    memory_mib: int = 1024
-    vcpus: int = 1
-    cmdline: str = ""  # appended to the launcher's own kernel command line
-    extra: dict[str, str] = field(default_factory=dict)
 
 
 def check_boot_files(spec: VMSpec) -> None:

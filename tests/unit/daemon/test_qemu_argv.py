@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.vm import qemu
+from tkbox.vm import qemu, qemuargv
 from tkbox.vm.base import Disk, VMSpec
 
 
@@ -42,6 +42,26 @@ def test_tcg_gets_the_host_tsc_rate_and_a_fixed_lpj(tmp_path: Path,
     assert "tsc_early_khz=2000000" in cmd_tcg and "lpj=" in cmd_tcg
     assert "lpj=" not in cmd_kvm and "tsc_early_khz" not in cmd_kvm
     assert kvm[kvm.index("-accel") + 1] == "kvm" and tcg[tcg.index("-accel") + 1] == "tcg"
+
+
+def test_the_pure_argv_is_given_the_host_facts_the_launcher_reads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """`qemuargv.build_argv` reads nothing of the host: the TSC rate and the debug
+    switch are arguments; `qemu.build_argv` reads them and gives the same line."""
+    s = spec(tmp_path)
+    tcg = qemuargv.build_argv(s, "tcg", tsc_khz=2_000_000)
+    cmd = tcg[tcg.index("-append") + 1]
+    assert cmd.startswith("quiet loglevel=1 ") and "tsc_early_khz=2000000 tsc=reliable" in cmd
+    bare = qemuargv.build_argv(s, "tcg", guest_debug=True)
+    cmd = bare[bare.index("-append") + 1]
+    assert "quiet" not in cmd.split() and "tsc_early_khz" not in cmd and "lpj=578048" in cmd
+    monkeypatch.setattr(qemu, "host_tsc_khz", lambda: 2_000_000)
+    monkeypatch.delenv("TKBOX_GUEST_DEBUG", raising=False)
+    assert qemu.build_argv(s, "tcg") == tcg
+    monkeypatch.setenv("TKBOX_GUEST_DEBUG", "1")
+    assert qemu.build_argv(s, "kvm") == qemuargv.build_argv(s, "kvm", guest_debug=True)
+    monkeypatch.setattr(qemu, "host_tsc_khz", lambda: None)
+    assert qemu.build_argv(s, "tcg") == bare
 
 
 def test_user_address_randomization_is_off_under_tcg_only(tmp_path: Path) -> None:

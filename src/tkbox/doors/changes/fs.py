@@ -24,7 +24,7 @@ that dies mid-way, every name is chosen before the first step and written to
 a journal outside the checkout (`journal`), from which the next apply undoes
 or finishes it (`recover`).
 
-Why one module (about 650 lines): the descriptor-relative walk, the durable
+One idea: the descriptor-relative walk, the durable
 writes and the journalled transaction are one guarantee (nothing followed,
 nothing half-written, everything undone on failure); every undo step the
 journal records is a function of this module's own walk.

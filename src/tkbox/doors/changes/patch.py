@@ -37,7 +37,7 @@ compares its result with what git builds from the same patch. It holds the old
 file as one bytes object and joins the result from ranges of it and the hunks'
 lines: the old file, the result and the patch, never an object per line.
 
-Why one module (about 780 lines): the grammar above, its reader and the exact
+One idea: the grammar above, its reader and the exact
 applier share one private representation of a section and its hunks; the
 applier is only correct for what this reader accepts, so they are read together.
 """

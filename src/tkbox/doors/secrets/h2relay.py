@@ -1,5 +1,9 @@
 """HTTP/2 on an intercepted tunnel: the asyncio shell around two `h2` connections.
 
+One idea: relaying one intercepted HTTP/2 connection stream for stream, as the
+asyncio shell of two `h2` connections; the rules it applies are the pure
+`tkbox.doors.secrets.h2core`'s.
+
 **Which way.** The door speaks HTTP/2 to the box only when the origin does too,
 and relays stream for stream (the box's stream n is one origin stream): it
 never translates HTTP/2 to HTTP/1.1. Translating would put every stream of a

@@ -62,6 +62,10 @@ joined once the `*` are dropped) until nothing is found (`MAX_ROUNDS` searches a
 most). The guest receives
 exactly what redacting the whole body at once gives, however the origin's bytes
 were split.
+
+One idea: finding a secret's value in bytes, in any of its forms and however
+the bytes are split; `Redactor` is that finding's ranges starred, over the same
+decoded views (`_View`), so the two cannot disagree on what is a secret.
 """
 
 from __future__ import annotations

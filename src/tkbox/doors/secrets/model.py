@@ -65,6 +65,10 @@ model and no counts, whatever members the body had), `model` and `usage` when
 read, and `incomplete: true` when the body ended inside a document (a stream
 cut short), or a JSON body stopped being JSON: the counts are then those of the
 documents read whole.
+
+One idea: reading a model API's response as it streams; the incremental JSON
+lexer is here because it reads only the paths the API shapes ask for
+(`_wanted`), and nothing else uses it.
 """
 
 from __future__ import annotations
