@@ -14,8 +14,9 @@ It answers the routes of the daemon's API (`tkbox.daemon.api`) that the SDK call
 with the API's shapes and the API's errors (`{"error": {"type", "message"}}`, 404 for
 a box that is not there), and moves each box through the daemon's own lifecycle
 table (`tkbox.daemon.lifecycle`), so a call the daemon would refuse in a state is
-refused here in the same words. `tests/integration/sdk/test_fake_daemon.py` runs one
-script against the real API and against this fake and compares what the SDK returns.
+refused here in the same words. `tests/integration/sdk/test_fake_daemon_conformance.py`
+runs one script against the real API and against this fake and compares what the SDK
+returns.
 
 What is fake, and says so:
 
@@ -82,7 +83,7 @@ class _Box:
         return out
 
     def move(self, event: Event) -> None:
-        self.state = lifecycle.next_state(self.state, event, self.name)
+        self.state = lifecycle.next_state(self.state, event, f"box {self.name}")
 
 
 class FakeDaemon:
@@ -163,7 +164,7 @@ class FakeDaemon:
         name = str(body.get("name") or f"box-{self._made}")
         if name in self.boxes:
             raise UserError(f"a box named {name!r} exists already; pick another --name "
-                            "or remove it with 'tkbox rm'")
+                            f"or remove it with 'tkbox rm {name}'")
         box = _Box(name=name, run_id=f"{name}-{self._made}", image=str(body.get("image", "")),
                    workspace=str(body.get("workspace", "")),
                    allow=[str(a) for a in body.get("allow", [])], state=State.CREATING)
