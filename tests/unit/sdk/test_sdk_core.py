@@ -8,6 +8,7 @@ shells, since both only carry the core's requests.
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import base64
 import json
@@ -167,21 +168,29 @@ def test_an_answer_that_is_not_json_is_a_host_error() -> None:
         core.boxes().parse({"nope": []})
 
 
-@pytest.mark.parametrize("make", [Client, AsyncClient])
-def test_a_transport_that_cannot_connect_means_no_daemon(make: Any) -> None:
+def test_a_transport_that_cannot_connect_means_no_daemon() -> None:
     def refuse(req: httpx.Request) -> httpx.Response:
         raise httpx.ConnectError("refused", request=req)
 
-    async def go() -> None:
+    async def ask_async() -> None:
         async with AsyncClient(transport=httpx.MockTransport(refuse)) as c:
             await c.info()
 
+    with pytest.raises(HostError, match="the tkbox daemon is not running"), \
+            Client(transport=httpx.MockTransport(refuse)) as c:
+        c.info()
     with pytest.raises(HostError, match="the tkbox daemon is not running"):
-        if make is Client:
-            with Client(transport=httpx.MockTransport(refuse)) as c:
-                c.info()
-        else:
-            asyncio.run(go())
+        asyncio.run(ask_async())
+
+
+def test_the_core_is_sans_io() -> None:
+    """`tkbox.sdk.core` imports no HTTP client, socket or event loop: the shells do."""
+    tree = ast.parse(Path(core.__file__).read_text())
+    names = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import)
+             for a in n.names}
+    names |= {(n.module or "").split(".")[0] for n in ast.walk(tree)
+              if isinstance(n, ast.ImportFrom)}
+    assert not names & {"httpx", "httpcore", "socket", "asyncio", "ssl", "urllib"}, names
 
 
 def test_without_a_transport_the_client_still_asks_the_socket(tmp_path: Path) -> None:
