@@ -24,11 +24,21 @@ Layers translate the errors below them into these; a parser never lets a bare
 `ValueError`, `KeyError` or `struct.error` escape. The guest can only ever cause
 a `GuestError` (or a `Refused`), never an `InternalError`.
 
+Each class carries the exit status the CLI ends with for it (`exit_code`: 1 our
+bug, 2 the user's, 3 the host's, 4 a remote party's, 5 refused, 70 internal;
+docs/exit-status.md). Every `tkbox` command, its sub-apps (`signer`, `witness`,
+`image`, `verify`, …) and the daemon's foreground process say an error the same
+way, through `exit_with`: one line `tkbox: error: MESSAGE` on stderr, then that
+status. It lives here, at the bottom, so every layer's commands can use it.
+
 This module imports nothing but the standard library, so the guest agent and the
 offline verifier may use it.
 """
 
 from __future__ import annotations
+
+import sys
+from typing import NoReturn, TextIO
 
 
 class TkboxError(Exception):
@@ -107,3 +117,33 @@ class InternalError(TkboxError):
     """A bug in tkbox. Never raised because of input."""
 
     exit_code = 70
+
+
+#: the longest message `error_line` prints whole (a message may quote hostile bytes)
+MAX_ERROR_LINE = 4000
+
+
+def error_line(exc: TkboxError) -> str:
+    """The error as the CLI says it: `tkbox: error: MESSAGE`, one line.
+
+    Whatever the message quotes (a guest's, a registry's or a peer's bytes), what
+    reaches a terminal is printable: a control or format character (ESC, BEL, a
+    bidi override) is shown as its escape, so no message can move the cursor, recolour
+    the screen or forge a second line; past `MAX_ERROR_LINE` characters it is cut.
+    """
+    text = str(exc)
+    if len(text) > MAX_ERROR_LINE:
+        text = text[:MAX_ERROR_LINE] + "…"
+    safe = "".join(c if c.isprintable() else repr(c)[1:-1] for c in text)
+    return f"tkbox: error: {safe}"
+
+
+def exit_with(exc: TkboxError, stream: TextIO | None = None) -> NoReturn:
+    """End a command on `exc`: its `error_line` on stderr, and its class's exit status.
+
+    Raises `SystemExit`, which typer and click let through, so a sub-app's command
+    ends the same way run under `tkbox` or alone (`CliRunner`, `python -m`).
+    """
+    out = stream or sys.stderr
+    print(error_line(exc), file=out, flush=True)
+    raise SystemExit(exc.exit_code)

@@ -2,8 +2,9 @@
 
 Every verb that touches boxes is a client of the daemon's API; `image`,
 `guest`, `doctor`, `presets`, `verify`, `signer` and `witness` work without it.
-Errors are one line (`tkbox: error: …`) with an exit status by kind
-(`tkbox.errors`).
+Errors are one line (`tkbox: error: …`) with an exit status by kind: every
+verb's, every sub-app's and click's usage errors are said by `tkbox.errors.exit_with`
+(`status_of` below routes them there; docs/exit-status.md lists every status).
 
 Why one module (about 700 lines): it is the table of verbs, each a thin
 function that parses its options and calls the SDK; what a verb does lives in
@@ -34,7 +35,7 @@ from rich.table import Table
 from rich.text import Text
 
 from tkbox import __version__
-from tkbox.errors import GuestError, HostError, Refused, TkboxError, UserError
+from tkbox.errors import GuestError, HostError, Refused, TkboxError, UserError, exit_with
 
 app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -432,9 +433,8 @@ def stop(name: str, as_json: JsonOpt = False) -> None:
 
     _emit(b, as_json, human)
     if p.get("partial"):
-        err.print(Text(f"tkbox: error: box {name}: the patch is partial, it holds only the "
-                       f"files that arrived whole: {str(p.get('error', ''))[:300]}"))
-        raise typer.Exit(GuestError.exit_code)
+        raise GuestError(f"box {name}: the patch is partial, it holds only the files that "
+                         f"arrived whole: {str(p.get('error', ''))[:300]}")
 
 
 def _say_apart(p: dict[str, Any]) -> None:
@@ -964,14 +964,40 @@ def _broken(target: typer.Typer, name: str, exc: ImportError) -> None:
 _mount_optional()
 
 
+#: click's error base (a bad option, a missing argument), as this typer ships it: its
+#: own vendored copy since typer 0.29, click's before; found from a public subclass
+ClickError: type[Exception] = next(c for c in typer.BadParameter.__mro__
+                                   if c.__name__ == "ClickException")
+
+
+def usage_error(exc: Exception) -> UserError:
+    """A usage error click found (an unknown option, a missing argument, a bad value)
+    as the `UserError` every other bad request is: one line, naming the help to read."""
+    ctx = getattr(exc, "ctx", None)
+    where = f"; see '{ctx.command_path} --help'" if ctx is not None else ""
+    format_message = getattr(exc, "format_message", lambda: str(exc))
+    return UserError(f"{str(format_message()).rstrip('.')}{where}")
+
+
+def status_of(argv: list[str] | None = None) -> int:
+    """`tkbox ARGV…` to its exit status. Every error of every verb and sub-app, and
+    every usage error, ends here in `tkbox.errors.exit_with`: one line on stderr,
+    and the status of its class (docs/exit-status.md)."""
+    try:
+        status = app(args=argv, prog_name="tkbox", standalone_mode=False)
+    except TkboxError as exc:
+        exit_with(exc)
+    except ClickError as exc:
+        if type(exc).__name__ == "NoArgsIsHelpError":  # as typer tells it apart
+            return 2  # the help is printed already; click's status for it
+        exit_with(usage_error(exc))
+    except (KeyboardInterrupt, typer.Abort):
+        return 130
+    return status if isinstance(status, int) else 0
+
+
 def main() -> None:
     try:
-        app()
-    except TkboxError as exc:
-        # Plain print: an error is one line, never wrapped to the terminal's width.
-        print(f"tkbox: error: {exc}", file=sys.stderr, flush=True)
-        sys.exit(exc.exit_code)
-    except KeyboardInterrupt:
-        sys.exit(130)
+        sys.exit(status_of())
     except BrokenPipeError:
         os._exit(0)

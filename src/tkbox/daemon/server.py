@@ -25,7 +25,7 @@ from tkbox._process import not_dumpable, undumpable
 from tkbox._tasks import TaskOwner
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
-from tkbox.errors import HostError, SignerUnavailable, UserError
+from tkbox.errors import HostError, SignerUnavailable, UserError, exit_with
 from tkbox.record.client import SignerClient
 from tkbox.record.unrecorded import UnrecordedSigner
 from tkbox.vm.jail import JailConfig
@@ -223,5 +223,4 @@ def main(opts: Options, socket_path: Path | None = None,
                           signer_backend=signer_backend, vmm=vmm,
                           remote_signer=remote_signer, jail=jail))
     except (HostError, UserError, SignerUnavailable) as exc:
-        print(f"tkbox: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+        exit_with(exc)

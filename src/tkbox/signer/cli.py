@@ -10,6 +10,9 @@
     tkbox witness init [--name NAME]     a witness key
     tkbox witness add-log VKEY           accept checkpoints of this log
     tkbox witness serve [--listen 127.0.0.1:PORT]
+
+Errors end each command through `tkbox.errors.exit_with`, as every `tkbox` verb's do:
+one line `tkbox: error: …` on stderr and the status of the error's class.
 """
 
 from __future__ import annotations
@@ -27,7 +30,14 @@ import typer
 
 from tkbox import paths
 from tkbox._process import not_dumpable
-from tkbox.errors import SignerRefused, SignerUnavailable, TkboxError, UserError
+from tkbox.errors import (
+    HostError,
+    SignerRefused,
+    SignerUnavailable,
+    TkboxError,
+    UserError,
+    exit_with,
+)
 from tkbox.signer import config as config_mod
 
 signer_app = typer.Typer(help="The signer: decides and signs every crossing.",
@@ -41,11 +51,6 @@ Socket = Annotated[Path | None, typer.Option("--socket", help="the signer's sock
                                              "(default: $TKBOX_SIGNER_SOCKET or "
                                              "$TKBOX_RUNTIME/signer.sock)")]
 Json = Annotated[bool, typer.Option("--json", help="output for programs")]
-
-
-def _fail(exc: TkboxError) -> typer.Exit:
-    typer.echo(f"error: {exc}", err=True)
-    return typer.Exit(exc.exit_code)
 
 
 def _home(home: Path | None) -> Path:
@@ -78,7 +83,7 @@ def init_cmd(
 ) -> None:
     """Create the signer's key, log, policy file and trust file."""
     if dev and system:
-        raise _fail(UserError("choose one of --dev and --system"))
+        exit_with(UserError("choose one of --dev and --system"))
     try:
         if system:
             from tkbox.signer import system as system_mod
@@ -90,7 +95,7 @@ def init_cmd(
         cfg = config_mod.init(_home(home), origin=origin, mode="dev")
         signer = cfg.signer()
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     typer.echo(f"signer {signer.name} in {cfg.home} (dev: same user as the daemon)")
     typer.echo(f"verifier key: {signer.verifier().vkey()}")
     typer.echo(f"trust file:   {cfg.trust_path}")
@@ -143,10 +148,9 @@ def serve_cmd(home: Home = None, socket: Socket = None,
             paths.private_dir(sock.parent)
         asyncio.run(serve(cfg, sock, policy_workers, remote, store))
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     except RuntimeError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(3) from None
+        exit_with(HostError(str(exc)))
 
 
 def _remote_config(listen: str | None, cert: Path | None, key: Path | None,
@@ -242,7 +246,7 @@ def status_cmd(socket: Socket = None, json_out: Json = False) -> None:
     try:
         st = asyncio.run(_ask(_socket(socket), "status"))
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     if json_out:
         typer.echo(json.dumps(st, indent=2, sort_keys=True))
         return
@@ -278,7 +282,7 @@ def _admin(op: str, run: str, reason: str, socket: Path | None) -> None:
     try:
         res = asyncio.run(_ask(_socket(socket), op, run=run, reason=reason))
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     typer.echo(f"{op}: run {run} (record {res['seq']}); the daemon is told at once")
 
 
@@ -326,9 +330,9 @@ def add_witness_cmd(
         cfg.save()
         config_mod.write_trust(cfg)
     except FormatError as exc:
-        raise _fail(UserError(f"bad witness: {exc.what}")) from None
+        exit_with(UserError(f"bad witness: {exc.what}"))
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     typer.echo(f"witness {name} added; restart `tkbox signer serve` to use it")
 
 
@@ -339,7 +343,7 @@ def trust_cmd(home: Home = None,
     try:
         data = config_mod.write_trust(config_mod.load(_home(home)))
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     if out is None:
         sys.stdout.buffer.write(data)
     else:
@@ -370,7 +374,7 @@ def witness_init_cmd(
     try:
         w = witness.init(_witness_home(home), name)
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     typer.echo(f"witness {w.name} in {_witness_home(home)}")
     typer.echo(f"verifier key: {w.verifier().vkey()}")
     typer.echo("next: tkbox witness add-log <the signer's verifier key>; tkbox witness serve")
@@ -384,7 +388,7 @@ def witness_add_log_cmd(vkey: str, home: WHome = None) -> None:
     try:
         origin = witness.add_log(_witness_home(home), vkey)
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
     typer.echo(f"witnessing {origin}")
 
 
@@ -400,18 +404,21 @@ def witness_serve_cmd(
 
     host, _, port = listen.rpartition(":")
     if not port.isdigit():
-        raise _fail(UserError(f"--listen {listen!r}: expected host:port"))
+        exit_with(UserError(f"--listen {listen!r}: expected host:port"))
     try:
         witness.serve(_witness_home(home), host or "127.0.0.1", int(port))
     except TkboxError as exc:
-        raise _fail(exc) from None
+        exit_with(exc)
 
 
 def main() -> None:  # pragma: no cover - `python -m tkbox.signer.cli`
-    app = typer.Typer()
+    app = typer.Typer(pretty_exceptions_enable=False)
     app.add_typer(signer_app, name="signer")
     app.add_typer(witness_app, name="witness")
-    app()
+    try:
+        app()
+    except TkboxError as exc:
+        exit_with(exc)
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -14,7 +14,7 @@ from typing import Annotated
 
 import typer
 
-from tkbox.errors import UserError
+from tkbox.errors import UserError, exit_with
 from tkbox.formats import FormatError
 from tkbox.formats.bundle import MAX_TRUST
 from tkbox.verify.core import Report, verify_bundle
@@ -52,8 +52,7 @@ def _read(path: Path, what: str, limit: int) -> bytes:
     try:
         return read_input(path, what, limit)
     except UserError as exc:
-        typer.echo(f"error: {exc}", err=True)
-        raise typer.Exit(2) from None
+        exit_with(exc)  # 2
 
 
 def render(report: Report) -> str:

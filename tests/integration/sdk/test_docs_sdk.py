@@ -12,7 +12,7 @@ DOC = Path(__file__).resolve().parents[3] / "docs" / "sdk.md"
 EXAMPLES = re.findall(r"```python\n(.*?)```", DOC.read_text(), re.S)
 # what each example must print, in the page's order (the fake guest echoes argv)
 SHOWS = ["['hello.txt']", "exit status 3", "refused: secret KEY", "ExecResult(status=0",
-         "no box named 'no-such-box'"]
+         "(True, ['app.py'])", "no box named 'no-such-box'"]
 
 
 def test_the_page_has_examples():

@@ -417,7 +417,8 @@ def test_a_listen_address_in_use_is_one_line_and_no_half_started_signer(
                       "--tls-cert", str(remote.cert), "--tls-key", str(remote.key),
                       "--client-ca", str(remote.pki.ca_path), check=False)
         lines = r.stderr.strip().splitlines()
-        assert r.returncode == 2 and lines[-1].startswith("error: cannot listen on"), r.stderr
+        assert r.returncode == 2, r.stderr
+        assert lines[-1].startswith("tkbox: error: cannot listen on"), r.stderr
         assert "Traceback" not in r.stderr
         assert not other.socket.exists()
     finally:

@@ -90,7 +90,7 @@ DRAIN_SECONDS = 2.0
 E = h2.errors.ErrorCodes
 
 
-class _End(Exception):
+class _H2Ended(Exception):
     """The connection ends: `ended` for the completion, `reason` if refused."""
 
     def __init__(self, ended: str, reason: str | None = None) -> None:
@@ -215,7 +215,7 @@ class H2Relay:
     async def run(self) -> None:
         self.g.take()
         self.o.take()
-        ended: _End | None = None
+        ended: _H2Ended | None = None
         try:
             async with asyncio.TaskGroup() as tg:
                 self.tg = tg
@@ -223,19 +223,19 @@ class H2Relay:
                 tg.create_task(self._reader(self.o, self._on_origin))
                 tg.create_task(self._writer(self.g))
                 tg.create_task(self._writer(self.o))
-        except* _End as eg:
+        except* _H2Ended as eg:
             ended = eg.exceptions[0]  # type: ignore[assignment]
         except* ConnectionEnded as eg:
             raise eg.exceptions[0] from None
         except* (TLSError, StreamClosed, OSError):
-            ended = _End("reset")
+            ended = _H2Ended("reset")
         except* h2.exceptions.ProtocolError as eg:
             # a call `h2` refused in a state the handlers did not foresee: the
             # connection cannot go on (the class only: its text can quote a field)
-            ended = _End("refused request", "refused: the exchange cannot be relayed "
+            ended = _H2Ended("refused request", "refused: the exchange cannot be relayed "
                                             f"({eg.exceptions[0].__class__.__name__})")
         if ended is None:  # pragma: no cover - the readers only end by raising
-            ended = _End("closed")
+            ended = _H2Ended("closed")
         self.stats["ended"] = ended.ended
         if ended.reason is not None:
             self.stats["reason"] = ended.reason
@@ -269,9 +269,9 @@ class H2Relay:
             data = await side.stream.receive(self.chunk)
             if not data:
                 if side is self.g:
-                    raise _End("client closed")
+                    raise _H2Ended("client closed")
                 self._origin_failed("the origin closed the connection")
-                raise _End("origin closed")
+                raise _H2Ended("origin closed")
             try:
                 side.guard.feed(data)
                 events = side.conn.receive_data(data)
@@ -286,18 +286,18 @@ class H2Relay:
             self._take()
 
     def _cut(self, side: _Side, code: E | None, reason: str) -> None:
-        """End the connection for what `side` sent: raises `_End`."""
+        """End the connection for what `side` sent: raises `_H2Ended`."""
         if side is self.g:
             if code is not None:
                 with contextlib.suppress(h2.exceptions.ProtocolError):
                     self.g.conn.close_connection(code, reason.encode("ascii", "replace")[:512])
             self._close(self.o, E.NO_ERROR, b"")
             self._take()
-            raise _End("refused request", reason)
+            raise _H2Ended("refused request", reason)
         if code is not None:
             self._close(self.o, code, b"")
         self._origin_failed(reason)
-        raise _End("origin error", reason)
+        raise _H2Ended("origin error", reason)
 
     @staticmethod
     def _close(side: _Side, code: E, data: bytes) -> None:
@@ -331,7 +331,7 @@ class H2Relay:
             self._new_stream(ev.stream_id, list(ev.headers), bool(ev.stream_ended))
             return
         if isinstance(ev, h2.events.ConnectionTerminated):
-            raise _End("client closed")
+            raise _H2Ended("client closed")
         if isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             if isinstance(ev, h2.events.RemoteSettingsChanged):
                 self._clamp_encoder(self.g)
@@ -536,7 +536,7 @@ class H2Relay:
                     self._reset_guest(t, E.REFUSED_STREAM)  # never processed: safe to retry
                     t.finish("the origin refused the stream (GOAWAY)")
             self._origin_failed(f"the origin {self.host} ended the connection (GOAWAY)")
-            raise _End("origin closed")
+            raise _H2Ended("origin closed")
         if isinstance(ev, h2.events.WindowUpdated | h2.events.RemoteSettingsChanged):
             if isinstance(ev, h2.events.RemoteSettingsChanged):
                 self._clamp_encoder(self.o)
