@@ -3,7 +3,7 @@
 Every verb that touches boxes is a client of the daemon's API; `image`,
 `guest`, `doctor`, `presets`, `verify`, `signer` and `witness` work without it.
 Errors are one line (`tkbox: error: …`) with an exit status by kind: every
-verb's, every sub-app's and click's usage errors are said by `tkbox.errors.exit_with`
+verb's, every sub-app's and click's usage errors are said by `tkbox._exit.exit_with`
 (`status_of` below routes them there; docs/exit-status.md lists every status).
 
 Why one module (about 700 lines): it is the table of verbs, each a thin
@@ -35,7 +35,8 @@ from rich.table import Table
 from rich.text import Text
 
 from tkbox import __version__
-from tkbox.errors import GuestError, HostError, Refused, TkboxError, UserError, exit_with
+from tkbox._exit import exit_with
+from tkbox.errors import GuestError, HostError, Refused, TkboxError, UserError
 
 app = typer.Typer(name="tkbox", no_args_is_help=True, add_completion=False,
                   pretty_exceptions_enable=False,
@@ -981,7 +982,7 @@ def usage_error(exc: Exception) -> UserError:
 
 def status_of(argv: list[str] | None = None) -> int:
     """`tkbox ARGV…` to its exit status. Every error of every verb and sub-app, and
-    every usage error, ends here in `tkbox.errors.exit_with`: one line on stderr,
+    every usage error, ends here in `tkbox._exit.exit_with`: one line on stderr,
     and the status of its class (docs/exit-status.md)."""
     try:
         status = app(args=argv, prog_name="tkbox", standalone_mode=False)

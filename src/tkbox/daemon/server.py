@@ -21,11 +21,12 @@ from typing import Any
 import uvicorn
 
 from tkbox import __version__, paths
+from tkbox._exit import exit_with
 from tkbox._process import not_dumpable, undumpable
 from tkbox._tasks import TaskOwner
 from tkbox.daemon.api import PeerCheckedH11, make_app
 from tkbox.daemon.manager import BoxManager, Options
-from tkbox.errors import HostError, SignerUnavailable, UserError, exit_with
+from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.record.client import SignerClient
 from tkbox.record.unrecorded import UnrecordedSigner
 from tkbox.vm.jail import JailConfig

@@ -2,7 +2,7 @@
 
 Human output by default; `--json` prints one JSON document (and, for long work,
 one JSON progress event per line before it). Errors are one line on stderr and
-a non-zero exit status (the `TkboxError`'s `exit_code`), said by `tkbox.errors.exit_with`.
+a non-zero exit status (the `TkboxError`'s `exit_code`), said by `tkbox._exit.exit_with`.
 
 `pull` runs here, in the CLI's process, into the store the daemon shares. It goes
 where the daemon's own pulls go: with no `--registry-*` flag it takes the running
@@ -20,7 +20,8 @@ from typing import Annotated, Any, TypeVar
 
 import typer
 
-from tkbox.errors import TkboxError, exit_with
+from tkbox._exit import exit_with
+from tkbox.errors import TkboxError
 from tkbox.image.mirrors import Registries, load, settings_of
 from tkbox.image.progress import RichProgress, auto_progress
 from tkbox.image.store import DEFAULT_TAG, Image, ImageStore

@@ -11,7 +11,7 @@
     tkbox witness add-log VKEY           accept checkpoints of this log
     tkbox witness serve [--listen 127.0.0.1:PORT]
 
-Errors end each command through `tkbox.errors.exit_with`, as every `tkbox` verb's do:
+Errors end each command through `tkbox._exit.exit_with`, as every `tkbox` verb's do:
 one line `tkbox: error: …` on stderr and the status of the error's class.
 """
 
@@ -29,15 +29,9 @@ from typing import Annotated, Any
 import typer
 
 from tkbox import paths
+from tkbox._exit import exit_with
 from tkbox._process import not_dumpable
-from tkbox.errors import (
-    HostError,
-    SignerRefused,
-    SignerUnavailable,
-    TkboxError,
-    UserError,
-    exit_with,
-)
+from tkbox.errors import HostError, SignerRefused, SignerUnavailable, TkboxError, UserError
 from tkbox.signer import config as config_mod
 
 signer_app = typer.Typer(help="The signer: decides and signs every crossing.",

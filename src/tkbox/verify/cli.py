@@ -14,7 +14,8 @@ from typing import Annotated
 
 import typer
 
-from tkbox.errors import UserError, exit_with
+from tkbox._exit import exit_with
+from tkbox.errors import UserError
 from tkbox.formats import FormatError
 from tkbox.formats.bundle import MAX_TRUST
 from tkbox.verify.core import Report, verify_bundle

@@ -19,7 +19,7 @@ import pytest
 from typer.testing import CliRunner
 
 import tkbox
-from tkbox import errors
+from tkbox import _exit
 from tkbox.errors import (
     BundleError,
     GuestError,
@@ -90,7 +90,7 @@ def test_exit_with_prints_one_line_and_exits_with_the_class_status(
         cls: type[TkboxError]) -> None:
     out = io.StringIO()
     with pytest.raises(SystemExit) as ended:
-        errors.exit_with(cls("the disk\nis full"), out)
+        _exit.exit_with(cls("the disk\nis full"), out)
     assert ended.value.code == cls.exit_code
     assert out.getvalue() == "tkbox: error: the disk is full\n"
 
@@ -99,8 +99,8 @@ def test_what_a_message_quotes_cannot_drive_the_terminal() -> None:
     """A message that quotes hostile bytes (a guest's error, a registry's answer) shows
     every control and format character as its escape: no colour, no bell, no cursor
     moved, no bidi override, no second line forged with a carriage return."""
-    line = errors.error_line(GuestError("bad \x1b[31mred\x07 \u202eevil\x00\r"))
+    line = _exit.error_line(GuestError("bad \x1b[31mred\x07 \u202eevil\x00\r"))
     assert line == "tkbox: error: bad \\x1b[31mred\\x07 \\u202eevil\\x00"
     assert line.isprintable()
-    long = errors.error_line(UserError("x" * (errors.MAX_ERROR_LINE + 50)))
-    assert len(long) == len("tkbox: error: ") + errors.MAX_ERROR_LINE + 1
+    long = _exit.error_line(UserError("x" * (_exit.MAX_ERROR_LINE + 50)))
+    assert len(long) == len("tkbox: error: ") + _exit.MAX_ERROR_LINE + 1

@@ -2,7 +2,7 @@
 
 The statuses are read from the source with `ast`, not listed here: every
 `typer.Exit(…)`, `sys.exit(…)`, `SystemExit(…)`, `os._exit(…)`, each error class's
-`exit_code` (what `tkbox.errors.exit_with` exits with), and each `EXIT_…` constant.
+`exit_code` (what `tkbox._exit.exit_with` exits with), and each `EXIT_…` constant.
 An exit's argument counts with every integer it holds (`{"ask": 6}.get(v, 5)`), the
 constants and `exit_code`s it names, and, when it is a variable or a call of a
 function of the tree, the integers assigned to that variable or returned by that
