@@ -22,7 +22,7 @@ from typing import Any, BinaryIO
 from tkbox._tasks import TaskOwner
 from tkbox.errors import GuestError
 from tkbox.guest import rpc
-from tkbox.guest.rpc import guest_text
+from tkbox.guest.rpc import guest_text as guest_text  # re-exported for the daemon
 from tkbox.protocol.framing import GUEST_FRAMES, FramedStream, FrameError
 from tkbox.protocol.ports import PORT_RPC, PortError, Ports, TransportClosed
 from tkbox.protocol.streams import StreamClosed
