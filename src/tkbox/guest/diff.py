@@ -521,6 +521,15 @@ def _section(out: _Buf, path: bytes, old: tuple[int, bytes] | None,
         out.write(chunk)
 
 
+def section(path: bytes, old: tuple[int, bytes] | None,
+            new: tuple[int, bytes] | None) -> bytes:
+    """One path's `diff --git` section as `WorkspaceDiff` writes it; `old`/`new` are
+    (mode, content) or None (for `tkbox.guest.testing`'s fake, which has no disks)."""
+    out = _Buf()
+    _section(out, path, old, new)
+    return out.getvalue()
+
+
 # --- deciding what the patch carries ---------------------------------------------
 
 
