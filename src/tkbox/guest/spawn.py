@@ -201,7 +201,7 @@ async def start(req: rpc.Exec, env: dict[str, str], *, root: str,
     why it did not start (one line, for `rpc.Exit.error`). `watch(pid)` is the
     reaper's future for its wait status, taken before the first await, so the
     SIGCHLD handler cannot reap it unseen."""
-    argv = list(req.argv)
+    argv, cwd = list(req.argv), req.cwd or "/workspace"
     name = argv[0][:200]
     master = -1
     errr, errw = os.pipe2(os.O_CLOEXEC)
@@ -212,7 +212,7 @@ async def start(req: rpc.Exec, env: dict[str, str], *, root: str,
             fcntl.ioctl(slave, termios.TIOCSWINSZ, winsize(*req.tty))
             try:
                 proc = subprocess.Popen(  # noqa: S603 - the host decided this command
-                    spawn_argv(argv, env, errw, root, req.cwd, user, tty=True, procs=procs),
+                    spawn_argv(argv, env, errw, root, cwd, user, tty=True, procs=procs),
                     executable=helper, env={}, stdin=slave, stdout=slave, stderr=slave,
                     start_new_session=True, close_fds=True, pass_fds=(errw,),
                 )
@@ -220,7 +220,7 @@ async def start(req: rpc.Exec, env: dict[str, str], *, root: str,
                 os.close(slave)
         else:
             proc = subprocess.Popen(  # noqa: S603 - the host decided this command
-                spawn_argv(argv, env, errw, root, req.cwd, user, procs=procs),
+                spawn_argv(argv, env, errw, root, cwd, user, procs=procs),
                 executable=helper, env={},
                 stdin=subprocess.PIPE if req.stdin else subprocess.DEVNULL,
                 stdout=subprocess.PIPE, stderr=subprocess.PIPE, start_new_session=True,

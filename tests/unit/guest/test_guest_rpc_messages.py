@@ -116,7 +116,7 @@ def test_the_hosts_frames_are_parsed_by_the_guest_as_strictly() -> None:
     with pytest.raises(rpc.RequestError, match="unknown op 'frob'"):
         rpc.parse_request({"op": "frob"})
     with pytest.raises(rpc.RequestError, match=r"a malformed exec frame \('env'\)"):
-        rpc.parse_request({"op": "exec", "argv": ["x"], "env": {"A=B": "c"}})
+        rpc.parse_request({"op": "exec", "argv": ["x"], "env": {"A": b"c"}})
     with pytest.raises(rpc.RequestError, match=r"a malformed exec frame \('tty'\)"):
         rpc.parse_request({"op": "exec", "argv": ["x"], "tty": {"rows": 0, "cols": 80}})
     with pytest.raises(rpc.RequestError, match="an unexpected frame during write"):
