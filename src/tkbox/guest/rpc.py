@@ -189,13 +189,15 @@ def _stats(v: Any) -> dict[str, int | str]:
 
 @dataclass(frozen=True, slots=True)
 class Field:
-    """One key of a message: its check, and its default when absent (`_REQUIRED`:
-    none). A field equal to `omit` is left off the wire, as the agent always has."""
+    """One key of a message: its check, its default when absent (`_REQUIRED`: none),
+    and how its value goes on the wire (`dump`). A field that is None, or equal to
+    `omit`, is left off the wire, as both ends always have."""
 
     key: str
     check: Check
     default: Any = _REQUIRED
     omit: Any = None
+    dump: Callable[[Any], Any] | None = None
 
 
 class Message:
@@ -214,11 +216,7 @@ class Message:
             v = getattr(self, spec.key)
             if v is None or (spec.omit is not None and v == spec.omit):
                 continue
-            if isinstance(v, tuple) and spec.key == "tty":
-                v = {"rows": v[0], "cols": v[1]}
-            elif isinstance(v, tuple):
-                v = list(v)
-            out[spec.key] = v
+            out[spec.key] = v if spec.dump is None else spec.dump(v)
         return out
 
 
@@ -248,8 +246,9 @@ class Event(Message):
 @dataclass(frozen=True, slots=True)
 class Exec(Request):
     NAME = "exec"
-    FIELDS = (Field("argv", _argv), Field("cwd", _text(MAX_PATH), "/workspace"),
-              Field("env", _env, {}), Field("stdin", _bool, False), Field("tty", _tty, None))
+    FIELDS = (Field("argv", _argv, dump=list), Field("cwd", _text(MAX_PATH), "/workspace"),
+              Field("env", _env, {}), Field("stdin", _bool, False),
+              Field("tty", _tty, None, dump=lambda t: {"rows": t[0], "cols": t[1]}))
     argv: tuple[str, ...]
     cwd: str = "/workspace"
     env: Mapping[str, str] = field(default_factory=dict)
