@@ -34,8 +34,8 @@ field's type and every bound once, so nothing past them sees a raw map:
 - `parse_request(msg)` and `parse_input(op, msg)` (the guest, reading the host)
   raise `RequestError`; the agent answers it with `error`.
 
-Used by the guest agent: standard library, `tkbox.errors` and `tkbox.guest.diff`
-only.
+Used by the guest agent: standard library and `tkbox.errors` only (the agent
+imports it at boot; `tkbox.guest.diff` is imported only for a `diff`).
 """
 
 from __future__ import annotations
@@ -46,7 +46,6 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar, TypeVar
 
 from tkbox.errors import GuestError, TkboxError
-from tkbox.guest.diff import CHANGES, WHY
 
 CHUNK = 256 * 1024  # payload bytes per data frame (well under the 1 MiB frame limit)
 MAX_PATCH = 256 * 1024 * 1024  # the largest patch the guest will compute
@@ -63,6 +62,13 @@ MAX_ARGS = 4096  # arguments of one command (the host's frames allow 4,096 array
 MAX_STATS = 64  # entries of a patch's statistics the host keeps
 
 OPS = frozenset({"exec", "read", "write", "diff", "shutdown", "ping"})
+
+#: why a change is set apart (an `apart` event's `why`; `tkbox.guest.diff` decides)
+WHY_IGNORED = "ignored"  # the checkout's git ignores the path
+WHY_FILE = "file-too-large"  # larger than the per-file limit
+WHY_TOTAL = "patch-too-large"  # the patch's limit was reached: the largest left out
+WHY = (WHY_IGNORED, WHY_FILE, WHY_TOTAL)
+CHANGES = ("added", "modified", "deleted")  # an `apart` event's `change`
 
 
 class RequestError(TkboxError):

@@ -33,7 +33,8 @@ from typing import Any
 
 from tkbox._tasks import TaskOwner
 from tkbox.guest import rpc
-from tkbox.guest.diff import WHY_IGNORED, PatchStats, section
+from tkbox.guest.diff import PatchStats, section
+from tkbox.guest.rpc import WHY_IGNORED
 from tkbox.protocol.framing import FramedStream, FrameError
 from tkbox.protocol.ports import PORT_RPC, Handler, PortError, Ports
 from tkbox.protocol.streams import ByteStream, StreamClosed, memory_stream_pair
