@@ -49,7 +49,7 @@ from tkbox._tasks import TaskOwner
 from tkbox.doors.secrets.ca import BoxCA
 from tkbox.doors.secrets.door import _Prefixed
 from tkbox.doors.secrets.tlsstream import TLSStream
-from tkbox.guest.agent import FdStream  # may move with the agent's split into modules
+from tkbox.guest.spawn import FdStream
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.mux import MuxPorts, MuxStream
 from tkbox.protocol.streams import (

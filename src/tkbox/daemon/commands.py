@@ -27,6 +27,7 @@ from tkbox.errors import (
     TkboxError,
     UserError,
 )
+from tkbox.guest import rpc
 
 
 class CommandVerbs(ManagerCore):
@@ -162,12 +163,11 @@ class CommandVerbs(ManagerCore):
         if not data:
             return
         await asyncio.wait_for(self._exec_queue(name, exec_id).put(
-            {"op": "stdin", "data": data}), 10)
+            rpc.Stdin(data)), 10)
 
     async def exec_resize(self, name: str, exec_id: str, rows: int, cols: int) -> None:
         with contextlib.suppress(asyncio.QueueFull):
-            self._exec_queue(name, exec_id).put_nowait({"op": "resize", "rows": rows,
-                                                        "cols": cols})
+            self._exec_queue(name, exec_id).put_nowait(rpc.Resize(rows, cols))
 
     async def signal(self, name: str, exec_id: str, sig: int) -> None:
         box = self.get(name)

@@ -71,6 +71,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import BinaryIO
 
+# the `apart` event's vocabulary (the RPC's, `tkbox.guest.rpc`), re-exported here
+from tkbox.guest.rpc import CHANGES, WHY, WHY_FILE, WHY_IGNORED, WHY_TOTAL
+
 __all__ = [
     "CHANGES",
     "WHY",
@@ -105,11 +108,6 @@ _CACHE_BYTES = 64 << 20
 MAX_LISTED = 1000  # set-apart changes listed one by one; the rest are counted
 MAX_HASHED_BYTES = 4 << 30  # content hashed for the listed entries, in all
 
-WHY_IGNORED = "ignored"  # the checkout's git ignores the path
-WHY_FILE = "file-too-large"  # larger than the per-file limit
-WHY_TOTAL = "patch-too-large"  # the patch's limit was reached: the largest left out
-WHY = (WHY_IGNORED, WHY_FILE, WHY_TOTAL)
-CHANGES = ("added", "modified", "deleted")
 _BINARY_LINE = 52  # bytes per base85 line, as git writes them
 
 _DIR_FLAGS = os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC
@@ -519,6 +517,15 @@ def _section(out: _Buf, path: bytes, old: tuple[int, bytes] | None,
     out.write(b"+++ " + (qb + tab_a if new else b"/dev/null") + b"\n")
     for chunk in _hunks(_lines(a), _lines(b)):
         out.write(chunk)
+
+
+def section(path: bytes, old: tuple[int, bytes] | None,
+            new: tuple[int, bytes] | None) -> bytes:
+    """One path's `diff --git` section as `WorkspaceDiff` writes it; `old`/`new` are
+    (mode, content) or None (for `tkbox.guest.testing`'s fake, which has no disks)."""
+    out = _Buf()
+    _section(out, path, old, new)
+    return out.getvalue()
 
 
 # --- deciding what the patch carries ---------------------------------------------

@@ -41,7 +41,7 @@ from tkbox.image.kernel import Kernel, cached_vmlinux, find_kernel, read_module
 BUILD_VERSION = "1"  # bump when the layout below changes
 PY_DIR = "/tkbox/python"
 APP_DIR = "/tkbox/app"
-SPAWN_PATH = "/tkbox/bin/tkbox-spawn"  # tkbox.guest.agent.SPAWN
+SPAWN_PATH = "/tkbox/bin/tkbox-spawn"  # tkbox.guest.spawn.SPAWN
 #: static (no loader, no libraries in the guest), stripped, no build id: same source,
 #: same compiler, same bytes
 SPAWN_FLAGS = ["-static", "-Os", "-s", "-Wall", "-Wextra", "-Wl,--build-id=none"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from tkbox.guest import agent
+from tkbox.guest import spawn as guest_spawn
 from tkbox.image.initramfs import compile_spawn
 
 pytestmark = [
@@ -27,7 +27,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def spawn(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    src = Path(agent.__file__).with_name("spawn.c")
+    src = Path(guest_spawn.__file__).with_name("spawn.c")
     out = tmp_path_factory.mktemp("spawn") / "tkbox-spawn"
     out.write_bytes(compile_spawn(src))
     out.chmod(0o755)
@@ -40,7 +40,7 @@ def run(spawn: Path, argv: list[str], env: dict[str, str], cwd: str, *,
     """(exit status, stdout, the agent's error message) for one command."""
     r, w = os.pipe2(os.O_CLOEXEC)
     try:
-        proc = subprocess.Popen(agent.spawn_argv(argv, env, w, "/", cwd, user, procs=procs),
+        proc = subprocess.Popen(guest_spawn.spawn_argv(argv, env, w, "/", cwd, user, procs=procs),
                                 executable=str(spawn), env={}, stdout=subprocess.PIPE,
                                 stdin=subprocess.DEVNULL, start_new_session=True,
                                 close_fds=True, pass_fds=(w,))
@@ -49,7 +49,7 @@ def run(spawn: Path, argv: list[str], env: dict[str, str], cwd: str, *,
     with os.fdopen(r, "rb") as errpipe:
         report = errpipe.read()
     out, _ = proc.communicate(timeout=30)
-    return proc.returncode, out, agent.spawn_error(argv[0], report)
+    return proc.returncode, out, guest_spawn.spawn_error(argv[0], report)
 
 
 def test_the_command_joins_the_cgroup_before_its_own_code_runs(spawn: Path,

@@ -18,7 +18,6 @@ STATE_WORDS = {s.value for s in State}
 #: where a task may be started outside a TaskOwner, and why
 OWNED_ELSEWHERE = {
     "tasks.py": "TaskOwner itself",
-    "guest_client.py": "exec's input sender: cancelled and awaited in the same call's finally",
 }
 
 

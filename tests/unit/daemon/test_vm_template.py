@@ -181,7 +181,7 @@ def test_guest_credits_the_host_seed_and_forces_a_reseed(monkeypatch: pytest.Mon
     """The mechanism behind fresh entropy per box: the boot config's seed is
     credited to the kernel (RNDADDENTROPY, its size in bits) and the generator is
     reseeded at once (RNDRESEEDCRNG), not at the kernel's next interval."""
-    from tkbox.guest import agent
+    from tkbox.guest import boot as agent
 
     ioctls = _Ioctls()
     monkeypatch.setattr(agent.fcntl, "ioctl", ioctls)
@@ -198,7 +198,7 @@ def test_restored_guest_without_a_seed_or_a_reseed_refuses_to_start(
     """Attack: a boot config without fresh entropy (or a kernel that refuses it) would
     leave a restored box on the template's generator state, shared with every other
     box from that template. It must not start; a cold boot may go on."""
-    from tkbox.guest import agent
+    from tkbox.guest import boot as agent
 
     monkeypatch.setattr(agent.os, "open", lambda *a, **k: 99)
     monkeypatch.setattr(agent.os, "close", lambda fd: None)
