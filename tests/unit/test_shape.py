@@ -175,7 +175,7 @@ def swallowed_cancellations(source: str) -> list[int]:
                 lines.append(n.lineno)
         elif isinstance(n, (ast.Try, ast.TryStar)):
             lines += [s.lineno for s in _jumps_out(n.finalbody)]
-    return sorted(lines)
+    return sorted(set(lines))  # a try in a finally is walked twice
 
 
 def _jumps_out(body: list[ast.stmt], in_loop: bool = False) -> list[ast.stmt]:
