@@ -20,7 +20,11 @@ Over every module of `src/tkbox` (recursive):
   raising again, or asks `being_cancelled()` whether the cancellation is its
   own before it takes one that is not (a task it awaited was cancelled by its
   owner); no `return`, `break` or `continue` in a `finally` (each drops
-  whatever was being raised, a cancellation too).
+  whatever was being raised, a cancellation too). This holds wherever a
+  cancellation can arrive: in an `async def`, and in a generator (a context
+  manager's `yield` is where the `async with` body's cancellation is thrown);
+  plain sync code (PID 1's last-resort handler after `asyncio.run`) sees one
+  only as another task's outcome.
 
 Over every unit test (`tests/unit`, recursive):
 
@@ -64,7 +68,6 @@ PENDING_OTHER_HELPERS: dict[str, str] = {
     "tkbox/record/unix.py": "wire",
     "tkbox/record/tracekit.py": "wire",
     "tkbox/daemon/guest_client.py": "guestrpc",
-    "tkbox/guest/agent.py": "guestrpc",
     "tests/unit/signer/test_record_client_failclosed.py": "wire",
     "tests/unit/signer/test_signer_policy_workers.py": "wire",
     "tests/unit/record/test_journal.py": "wire",
@@ -160,11 +163,38 @@ def _catches_cancellation(t: ast.expr | None) -> bool:
     return _name(t) in CANCEL_NAMES
 
 
+def _may_be_cancelled(tree: ast.AST) -> set[ast.AST]:
+    """The nodes where a cancellation can arrive: in an `async def`, and in a generator
+    (a context manager's `yield` gets what the `async with` body raised). Plain sync
+    code sees a cancellation only as another task's outcome, never its own."""
+    out: set[ast.AST] = set()
+
+    def own(f: ast.AST) -> list[ast.AST]:
+        nodes, todo = [], list(ast.iter_child_nodes(f))
+        while todo:
+            c = todo.pop()
+            nodes.append(c)
+            if not isinstance(c, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+                todo += ast.iter_child_nodes(c)
+        return nodes
+
+    for f in ast.walk(tree):
+        if isinstance(f, (ast.FunctionDef, ast.AsyncFunctionDef)):
+            body = own(f)
+            if isinstance(f, ast.AsyncFunctionDef) \
+                    or any(isinstance(c, (ast.Yield, ast.YieldFrom)) for c in body):
+                out.update(body)
+    return out
+
+
 def swallowed_cancellations(source: str) -> list[int]:
     """Lines that take a cancellation and do not pass it on (see the module's text)."""
     tree = ast.parse(source)
+    live = _may_be_cancelled(tree)
     lines: list[int] = []
     for n in ast.walk(tree):
+        if n not in live:
+            continue
         if isinstance(n, ast.Call) and _name(n.func) == "suppress" \
                 and any(_name(a) in CANCEL_NAMES for a in n.args):
             lines.append(n.lineno)
@@ -369,6 +399,21 @@ async def f(t):
             continue
 """
     assert swallowed_cancellations(bad) == [4, 6, 10, 14, 18, 25, 30]
+    in_a_context_manager = """
+import contextlib
+@contextlib.contextmanager
+def held(lock):
+    try:
+        yield lock
+    except BaseException:
+        pass
+def main():
+    try:
+        asyncio.run(amain())
+    except BaseException:
+        power_off()
+"""
+    assert swallowed_cancellations(in_a_context_manager) == [7]
     ok = """
 import asyncio
 async def f(box, task):
