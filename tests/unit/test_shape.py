@@ -270,10 +270,10 @@ def _function_at(tree: ast.AST, line: int) -> str:
     return best
 
 
-def _pending(rel: str, found: list[int]) -> None:
+def _pending(rel: str) -> None:
+    """A module another helper is fixing is an expected failure until its merge."""
     if rel in PENDING_OTHER_HELPERS:
         pytest.xfail(f"{rel}: {PENDING_OTHER_HELPERS[rel]} is fixing it (issue 36)")
-    assert found == []
 
 
 @pytest.mark.parametrize("path", MODULES, ids=_rel)
@@ -283,7 +283,7 @@ def test_every_task_has_an_owner(path: Path) -> None:
         return
     found = unowned_tasks(path.read_text())
     if found:
-        _pending(rel, found)
+        _pending(rel)
         raise AssertionError(f"{rel}:{found}: start it with a TaskOwner "
                              "(or inside one `async with asyncio.TaskGroup()` block)")
 
@@ -296,7 +296,7 @@ def test_no_cancellation_is_swallowed(path: Path) -> None:
     found = [n for n in swallowed_cancellations(source)
              if f"{rel}:{_function_at(tree, n)}" not in CANCEL_EXEMPT]
     if found:
-        _pending(rel, found)
+        _pending(rel)
         raise AssertionError(f"{rel}:{found}: a cancellation is taken and not passed on")
 
 
@@ -305,7 +305,7 @@ def test_no_unit_test_sleeps_for_time_to_pass(path: Path) -> None:
     rel = _rel(path)
     found = sleeps(path.read_text())
     if found:
-        _pending(rel, found)
+        _pending(rel)
         raise AssertionError(f"{rel}:{found}: move a FakeClock, or wait for a signal "
                              "(or say why: `# sleep-ok: <reason>`)")
 
