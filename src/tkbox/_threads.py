@@ -11,6 +11,7 @@ stops (uvicorn cancels the requests still running five seconds in).
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import functools
 import threading
 from collections.abc import Callable
@@ -44,7 +45,10 @@ async def run_through(fn: Callable[..., T], *args: Any,
     at a cancellation, for `fn` to end early."""
     call = functools.partial(fn, *args) if stop is None else \
         functools.partial(fn, *args, stop=stop)
-    thread = asyncio.ensure_future(asyncio.to_thread(call))
+    # The thread's own future, not a task: there is nothing to cancel, only a thread
+    # to wait out (what `asyncio.to_thread` does, less the task around it).
+    context = contextvars.copy_context()
+    thread = asyncio.get_running_loop().run_in_executor(None, context.run, call)
     if await through(thread, stop):
         if not thread.cancelled():
             thread.exception()  # seen: the cancellation is what the caller gets

@@ -85,12 +85,16 @@ class BoxManager(CommandVerbs, CopyVerbs):
     async def shutdown(self) -> None:
         """SIGTERM: stop every live box cleanly (patch saved), kill what will not stop."""
         live = [b for b in self.boxes.values() if lifecycle.can(b.state, Event.STOP)]
-        await asyncio.gather(*(self._stop_quietly(b) for b in live))
+        async with asyncio.TaskGroup() as tg:
+            for b in live:
+                tg.create_task(self._stop_quietly(b), name=f"stop {b.name}")
         for b in self.boxes.values():
             if b.vm is not None:
                 await b.vm.kill()
         # Every task ends with its owner: each box's, then the daemon's own.
-        await asyncio.gather(*(b.tasks.aclose() for b in self.boxes.values()))
+        async with asyncio.TaskGroup() as tg:
+            for b in self.boxes.values():
+                tg.create_task(b.tasks.aclose(), name=f"close {b.name}'s tasks")
         await self.tasks.aclose()
 
     async def _stop_quietly(self, box: Box) -> None:

@@ -22,6 +22,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
+from tkbox._threads import run_through
 from tkbox.errors import TkboxError
 from tkbox.image import gc, oci
 from tkbox.image.blobs import BlobStore
@@ -110,13 +111,7 @@ async def in_thread(fn: Callable[[threading.Event], T]) -> T:
     is left writing into the store behind the caller's back. The thread's own
     result or error is dropped then; the cancellation is never swallowed.
     """
-    cancel = threading.Event()
-    task = asyncio.get_running_loop().create_task(asyncio.to_thread(fn, cancel))
-    try:
-        return await asyncio.shield(task)
-    except asyncio.CancelledError:
-        cancel.set()
-        await asyncio.wait([task])
-        if not task.cancelled():
-            task.exception()  # retrieved: asyncio would otherwise log it as never retrieved
-        raise
+    def call(*, stop: threading.Event) -> T:
+        return fn(stop)
+
+    return await run_through(call, stop=threading.Event())

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import asyncio
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 
 #: units a second a guest may cost: about 5% of one core at ~2.5 µs a unit
 RATE = 20_000.0
@@ -35,12 +35,16 @@ class Budget:
     """A token bucket of work units; see the module docstring."""
 
     def __init__(self, rate: float = RATE, burst: float = BURST,
-                 clock: Callable[[], float] = time.monotonic) -> None:
+                 clock: Callable[[], float] = time.monotonic,
+                 sleep: Callable[[float], Awaitable[None]] = asyncio.sleep) -> None:
+        """`clock` and `sleep`: a test's fake clock (`tkbox._clock.FakeClock`'s
+        `monotonic` and `sleep`), so time passes when the test says."""
         if rate <= 0 or burst <= 0:
             raise ValueError("a budget needs a positive rate and burst")  # our bug, not input
         self.rate = rate
         self.burst = burst
         self._clock = clock
+        self._sleep = sleep
         self._tokens = burst
         self._at = clock()
         self.spent = 0
@@ -72,4 +76,11 @@ class Budget:
         """`spend`, then sleep for as long as it says."""
         wait = self.spend(units)
         if wait > 0:
-            await asyncio.sleep(wait)
+            await self._sleep(wait)
+
+    async def pause(self, wait: float) -> None:
+        """Sleep the `wait` that `spend` returned; at 0, one turn of the loop still."""
+        if wait > 0:
+            await self._sleep(wait)
+        else:
+            await asyncio.sleep(0)

@@ -300,7 +300,7 @@ class MuxPorts(Ports):
                         await self._room.wait()
                 # Always yield between slices: a read from a busy link returns without
                 # suspending, so without this one guest could hold the loop for its burst.
-                await asyncio.sleep(wait)
+                await self.budget.pause(wait)
         except MuxError as exc:
             self._fail(f"protocol violation: {exc}", violation=True)
         finally:

@@ -83,13 +83,14 @@ def test_cancel_and_wait_takes_the_tasks_end_but_passes_on_the_callers_cancellat
         assert task.cancelled()
 
         stuck_started = asyncio.Event()
+        release = asyncio.Event()
 
         async def stubborn() -> None:
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
                 stuck_started.set()
-                await asyncio.sleep(0.2)  # slow to end: the caller is cancelled meanwhile
+                await release.wait()  # slow to end: the caller is cancelled meanwhile
                 raise
 
         inner = asyncio.get_running_loop().create_task(stubborn())
@@ -104,6 +105,8 @@ def test_cancel_and_wait_takes_the_tasks_end_but_passes_on_the_callers_cancellat
         outer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await outer
+        assert not inner.done()  # the caller's cancellation came while the task still ran
+        release.set()
         await asyncio.wait({inner})
 
     asyncio.run(asyncio.wait_for(main(), 5))

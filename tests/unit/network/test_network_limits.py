@@ -12,6 +12,7 @@ from typing import Any
 
 import pytest
 
+from tkbox._clock import FakeClock
 from tkbox.doors.network.limits import (
     FD_RESERVE,
     MIN_SHARE,
@@ -123,12 +124,23 @@ async def test_a_box_over_its_share_gets_503_while_another_box_connects() -> Non
 
 
 async def _complete(signer: FakeSigner) -> dict[str, Any]:
-    for _ in range(200):
+    for _ in range(TURNS):
         done = [r for r in signer.records if r["kind"] == "tkbox.complete"]
         if done:
             return done[-1]["outcome"]  # type: ignore[no-any-return]
-        await asyncio.sleep(0.01)
+        await asyncio.sleep(0)
     raise AssertionError("no completion record")
+
+
+#: turns of the event loop a completion may take to be recorded (all in memory)
+TURNS = 10_000
+
+
+async def _settled(clock: FakeClock, task: asyncio.Future[Any]) -> None:
+    """Until the tunnel's timer sleeps on the fake clock again, or the tunnel ended:
+    whatever a step of the clock set off has happened."""
+    while not clock.sleepers and not task.done():
+        await asyncio.sleep(0)
 
 
 @aiotest
@@ -138,11 +150,10 @@ async def test_idle_tunnel_is_closed_after_the_idle_timeout() -> None:
                                        tunnel_idle=30.0, tunnel_total=3600.0)
     guest, task = await open_conn(door, connect("git.example", 22))
     assert (await read_head(guest)).startswith(b"HTTP/1.1 200")
-    for _ in range(20):
-        await asyncio.sleep(0)
+    await _settled(clock, task)  # the timer sleeps until the idle deadline
     clock.advance(29.0)
-    await asyncio.sleep(0.01)
-    assert not task.done()
+    await _settled(clock, task)
+    assert not task.done() and clock.sleepers  # still asleep: nothing woke it
     clock.advance(2.0)
     await asyncio.wait_for(task, 5)
     outcome = await _complete(signer)
@@ -161,7 +172,7 @@ async def test_busy_tunnel_is_closed_at_its_total_time() -> None:
         await guest.send_all(b"x")  # echoed by the origin: activity both ways
         assert await guest.receive() == b"x"
         clock.advance(20.0)  # under the idle timeout each time
-        await asyncio.sleep(0.01)
+        await _settled(clock, task)
         rounds += 1
     await asyncio.wait_for(task, 5)
     assert rounds == 5  # 5 x 20 s: cut at 100 s, not before

@@ -16,6 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from tkbox._clock import FakeClock
 from tkbox.daemon.guest_client import check_answer
 from tkbox.protocol.budget import Budget
 from tkbox.protocol.framing import (
@@ -45,12 +46,9 @@ def run(coro):
     return asyncio.run(asyncio.wait_for(coro, 30))
 
 
-class FakeClock:
-    def __init__(self) -> None:
-        self.t = 0.0
-
-    def __call__(self) -> float:
-        return self.t
+#: turns of the event loop a bound is watched for (the parts are in memory: each turn
+#: moves bytes; no test here waits for wall-clock time to pass)
+TURNS = 2000
 
 
 def open_frame(sid: int, port: int) -> bytes:
@@ -80,8 +78,11 @@ def test_guest_that_stops_reading_cannot_grow_the_hosts_output_queue():
 
         attacker = asyncio.ensure_future(attack())
         peak = 0
-        for _ in range(200):
-            await asyncio.sleep(0.005)
+        turns = 0
+        # until the host has stopped reading the guest, and for a while after
+        while host.paused_reads == 0 or turns < TURNS:
+            await asyncio.sleep(0)
+            turns += 1
             peak = max(peak, host._core.control_pending + host._ctl_inflight)
         assert not attacker.done(), "the host kept reading a guest that owes it nothing"
         assert host.paused_reads > 0
@@ -113,8 +114,8 @@ def test_guest_that_stops_reading_cannot_grow_the_hosts_queued_data():
         task = asyncio.ensure_future(host.run())
         await guest_end.send_all(b"".join(open_frame(2 * i + 2, 1025) for i in range(40)))
         peak = 0
-        for _ in range(100):
-            await asyncio.sleep(0.005)
+        for _ in range(TURNS):  # every turn of the loop while the downloads run
+            await asyncio.sleep(0)
             peak = max(peak, host._core.pending_output + host._out_inflight)
         assert peak <= MAX_QUEUED_OUT + 4 * 65536 + 4096, peak
         assert 40 * WINDOW > MAX_QUEUED_OUT + 4 * 65536  # credit alone would have allowed more
@@ -177,8 +178,10 @@ def test_guest_filling_streams_nobody_reads_is_no_longer_read_past_the_bound():
             await guest_end.send_all(wire)
 
         attacker = asyncio.ensure_future(attack())
-        for _ in range(100):
-            await asyncio.sleep(0.005)
+        turns = 0
+        while host.paused_reads == 0 or turns < TURNS:  # stopped reading, and stays so
+            await asyncio.sleep(0)
+            turns += 1
         assert host._buffered <= 512 * 1024 + 256 * 65536
         assert host.paused_reads > 0 and not attacker.done()
         stall.set()  # the owner reads again: the guest is read again
@@ -222,10 +225,10 @@ def test_guest_reopen_after_reset_frees_its_slot_only():
 
 def test_budget_refills_at_its_rate_and_says_how_long_to_wait():
     clock = FakeClock()
-    b = Budget(rate=100.0, burst=50.0, clock=clock)
+    b = Budget(rate=100.0, burst=50.0, clock=clock.monotonic)
     assert b.spend(50) == 0.0
     assert b.spend(10) == pytest.approx(0.1)
-    clock.t = 1.0  # 100 units refilled, capped at the burst
+    clock.advance(1.0)  # 100 units refilled, capped at the burst
     assert b.spend(50) == 0.0
     assert b.spend(1) == pytest.approx(0.01)
     assert b.throttled == pytest.approx(0.11)
@@ -239,7 +242,8 @@ def test_one_byte_frame_flood_is_paid_for_frame_by_frame():
 
     async def main():
         host_end, guest_end = memory_stream_pair()
-        budget = Budget(rate=20_000, burst=2_000)
+        clock = FakeClock()
+        budget = Budget(rate=20_000, burst=2_000, clock=clock.monotonic, sleep=clock.sleep)
         host = MuxPorts(host_end, initiator=True, budget=budget)
 
         async def sink(stream):
@@ -252,7 +256,9 @@ def test_one_byte_frame_flood_is_paid_for_frame_by_frame():
         wire = open_frame(2, 1025) + (HEADER.pack(T.DATA, 2, 1) + b"x") * n
         await guest_end.send_all(wire)
         while budget.spent < n:
-            await asyncio.sleep(0.01)
+            await asyncio.sleep(0)
+            if clock.sleepers:  # the reader waits for its budget to refill
+                clock.advance(0.01)
         assert budget.spent >= n  # every frame was charged...
         assert budget.throttled > 0  # ...and past the burst, the reader was made to wait
         await host.aclose()

@@ -54,18 +54,20 @@ def test_the_callers_cancellation_is_not_swallowed() -> None:
     async def main() -> None:
         owner = TaskOwner("t")
         release = asyncio.Event()
+        caught = asyncio.Event()
 
         async def stubborn() -> None:
             try:
                 await asyncio.Event().wait()
             except asyncio.CancelledError:
+                caught.set()  # aclose has cancelled it, and is waiting for it to end
                 await release.wait()  # slow to end
                 raise
 
         owner.spawn(stubborn())
         await asyncio.sleep(0)
         closer = asyncio.get_running_loop().create_task(owner.aclose())
-        await asyncio.sleep(0.01)
+        await caught.wait()
         closer.cancel()
         with pytest.raises(asyncio.CancelledError):
             await closer
@@ -83,7 +85,7 @@ def test_cancel_and_wait_takes_the_tasks_own_end_and_errors() -> None:
         task = asyncio.get_running_loop().create_task(boom())
         await asyncio.sleep(0)
         await cancel_and_wait(task)  # a finished task's error is collected, not raised
-        sleeper = asyncio.get_running_loop().create_task(asyncio.sleep(10))
+        sleeper = asyncio.get_running_loop().create_task(asyncio.Event().wait())
         await cancel_and_wait(sleeper)
         assert sleeper.cancelled()
 

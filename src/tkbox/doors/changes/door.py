@@ -31,6 +31,7 @@ from typing import Any
 
 from tkbox import paths
 from tkbox._fs import write_all
+from tkbox._tasks import TaskOwner
 from tkbox._threads import through
 from tkbox.doors.changes import gitdirs, recover, sensitive
 from tkbox.doors.changes.errors import PatchRefused
@@ -85,8 +86,11 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
     # the first fault found is the one reported, as when they ran one by one.
     reading: asyncio.Future[Result] | None = None
     started: list[asyncio.Future[Any]] = []  # git runs begun early; ended in `finally`
+    # this apply's tasks: git runs and worker threads, all ended by its `finally`
+    owner = TaskOwner("apply")
     if git is not None and len(patch) <= limits.max_patch_bytes:
-        reading = asyncio.ensure_future(_git_reading(git, patch))  # git's part of (3)
+        reading = owner.spawn(_git_reading(git, patch), "git reading",
+                              awaited=True)  # git's part of (3)
         started.append(reading)
     try:
         parsed = await asyncio.to_thread(parse_patch, patch, limits)  # (1)
@@ -95,10 +99,11 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
                                notes=(*notes, "the patch is empty"))
         if git is None or reading is None:  # no git; parse_patch refuses an oversized patch
             git = Git()
-            reading = asyncio.ensure_future(_git_reading(git, patch))
+            reading = owner.spawn(_git_reading(git, patch), "git reading", awaited=True)
             started.append(reading)
-        repo_task = asyncio.ensure_future(_repo_config(git, root, notes))
-        ignored_task = asyncio.ensure_future(_ignored_after(git, root, parsed, repo_task))
+        repo_task = owner.spawn(_repo_config(git, root, notes), "repo config", awaited=True)
+        ignored_task = owner.spawn(_ignored_after(git, root, parsed, repo_task), "ignored",
+                                   awaited=True)
         started += [repo_task, ignored_task]
         try:
             co = Checkout(root)
@@ -107,8 +112,8 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             await repo_task
             raise
         with co:
-            plan_task = asyncio.ensure_future(
-                asyncio.to_thread(_plan, co, parsed, limits, root, checkout))  # (1), (4) ours
+            plan_task = owner.spawn(asyncio.to_thread(  # (1), (4) ours
+                _plan, co, parsed, limits, root, checkout), "plan", awaited=True)
             try:
                 await _git_reads_same(git, parsed, await reading)  # (3)
                 repo = await repo_task
@@ -122,8 +127,9 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             if dry_run:
                 return _report(root, plan, dry_run, allow_sensitive, notes, "would apply")
             verdicts = await _decide(signer, run_id, plan)  # (5)
-            writing = asyncio.ensure_future(asyncio.to_thread(
-                place_all, co, _writes(plan), limits.max_file_bytes, where))  # (6)
+            writing = owner.spawn(asyncio.to_thread(  # (6)
+                place_all, co, _writes(plan), limits.max_file_bytes, where), "writing",
+                awaited=True)
             cancelled = await through(writing)
             if (exc := writing.exception()) is not None:
                 await _complete(signer, run_id, verdicts, {"written": False,
@@ -131,8 +137,8 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
                 raise exc
             # Written and durable: recorded so while the originals kept for undo are
             # removed (a failure to remove them does not unwrite the files).
-            removing = asyncio.ensure_future(asyncio.to_thread(
-                writing.result().remove_originals))
+            removing = owner.spawn(asyncio.to_thread(writing.result().remove_originals),
+                                   "removing originals", awaited=True)
             try:
                 await _complete(signer, run_id, verdicts, {"written": True})
             finally:
@@ -143,6 +149,7 @@ async def apply_patch(patch: bytes, checkout: Path, signer: SignerClient, run_id
             return _report(root, plan, dry_run, allow_sensitive, notes, "applied")
     finally:
         await _settle(started, [])
+        await owner.aclose()  # nothing is left running: settled, or waited out above
         if git is not None:
             git.close()
 
@@ -390,13 +397,15 @@ async def _git_builds_same(git: Git, plan: Plan) -> None:
         _populate(scratch, kept)
 
     # git init and the copy at once: they touch different names in `scratch`
-    init = asyncio.ensure_future(git.init(scratch))
-    copy = asyncio.ensure_future(asyncio.to_thread(prepare))
+    owner = TaskOwner("git builds")
+    init = owner.spawn(git.init(scratch), "git init", awaited=True)
+    copy = owner.spawn(asyncio.to_thread(prepare), "copy", awaited=True)
     try:
         await init
         await copy
     finally:
         await _settle([init], [copy])
+        await owner.aclose()
     r = await git.run(scratch, ["apply", "--whitespace=nowarn"],
                       stdin=plan.patch.subset(plan.kept_sections()))
     if r.rc != 0 or r.err:
@@ -496,7 +505,9 @@ async def _decide(signer: SignerClient, run_id: str,
             if not v.allowed:
                 stop.set()
 
-    await asyncio.gather(*(one(i, f) for i, f in enumerate(kept)))
+    async with asyncio.TaskGroup() as tg:
+        for i, f in enumerate(kept):
+            tg.create_task(one(i, f))
     verdicts: list[tuple[FilePlan, Verdict]] = []
     for f, a in zip(kept, answers, strict=True):
         if isinstance(a, SignerUnavailable):

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from tkbox._clock import FakeClock
+from tkbox._tasks import TaskOwner
 from tkbox.doors.network.approvals import ApprovalBoard
 from tkbox.doors.network.config import OperatorConfig
 from tkbox.doors.network.door import EgressDoor
@@ -144,7 +145,7 @@ class MemoryOrigin:
     handler: OriginHandler
     dialed: list[tuple[str, int]] = field(default_factory=list)
     refuse: set[str] = field(default_factory=set)
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
+    tasks: TaskOwner = field(default_factory=lambda: TaskOwner("origin"))
     streams: list[MemoryStream] = field(default_factory=list)
 
     async def __call__(self, address: str, port: int) -> ByteStream:
@@ -153,17 +154,12 @@ class MemoryOrigin:
             raise ConnectionRefusedError(address)
         ours, theirs = memory_stream_pair(limit=64 * 1024)
         self.streams.append(theirs)
-        task = asyncio.get_running_loop().create_task(self.handler(theirs))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self.tasks.spawn(self.handler(theirs), f"{address}:{port}")
         return ours
 
     async def aclose(self) -> None:
         """Cancel every handler still running and wait until each has ended."""
-        tasks = list(self.tasks)
-        for t in tasks:
-            t.cancel()
-        await asyncio.gather(*tasks, return_exceptions=True)
+        await self.tasks.aclose()
 
 
 async def echo(stream: ByteStream) -> None:

@@ -207,7 +207,8 @@ class H2Relay:
         self.active = 0  # stream tasks not yet ended (reset streams included)
         self.slot = asyncio.Event()  # an origin stream closed, or its limit changed
         self.origin_gone = False
-        self.tg: asyncio.TaskGroup | None = None
+        # streams opened by the box, for `run`'s group to start (their tasks are its)
+        self.opened: asyncio.Queue[_Stream] = asyncio.Queue()
         stats.setdefault("streams", 0)
 
     # --- the connection -------------------------------------------------------------
@@ -218,11 +219,14 @@ class H2Relay:
         ended: _H2Ended | None = None
         try:
             async with asyncio.TaskGroup() as tg:
-                self.tg = tg
                 tg.create_task(self._reader(self.g, self._on_guest))
                 tg.create_task(self._reader(self.o, self._on_origin))
                 tg.create_task(self._writer(self.g))
                 tg.create_task(self._writer(self.o))
+                # each stream is a task of this group: one failing ends the connection;
+                # this loop ends when the group is cancelled (a task of it raised)
+                while True:
+                    tg.create_task(self._stream(await self.opened.get()))
         except* _H2Ended as eg:
             ended = eg.exceptions[0]  # type: ignore[assignment]
         except* ConnectionEnded as eg:
@@ -379,8 +383,7 @@ class H2Relay:
         self.streams[gid] = s
         self.active += 1
         self.stats["streams"] += 1
-        assert self.tg is not None
-        self.tg.create_task(self._stream(s))
+        self.opened.put_nowait(s)
 
     # --- one stream ------------------------------------------------------------------
 

@@ -37,6 +37,8 @@ import h2.events
 import h2.settings
 from hyperframe.frame import ContinuationFrame, HeadersFrame, PingFrame, SettingsFrame
 
+from tkbox._tasks import TaskOwner
+
 
 class H2Origin:
     def __init__(self, cert: Path, key: Path) -> None:
@@ -52,31 +54,35 @@ class H2Origin:
         self.ctx = ctx
         ready = threading.Event()
 
+        self._stopping: asyncio.Event | None = None
+
+        async def serve() -> None:
+            self._stopping = asyncio.Event()
+            self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
+                                                     ssl=self.ctx)
+            self.port = self.server.sockets[0].getsockname()[1]
+            ready.set()
+            await self._stopping.wait()
+            self.server.close()
+            # the connections' handlers (started by the server) end with the origin
+            me = asyncio.current_task()
+            rest = [t for t in asyncio.all_tasks() if t is not me]
+            for t in rest:
+                t.cancel()
+            if rest:
+                await asyncio.wait(rest)
+
         def main() -> None:
             asyncio.set_event_loop(self.loop)
-
-            async def start() -> None:
-                self.server = await asyncio.start_server(self._serve, "127.0.0.1", 0,
-                                                         ssl=self.ctx)
-                self.port = self.server.sockets[0].getsockname()[1]
-                ready.set()
-
-            self.loop.run_until_complete(start())
-            self.loop.run_forever()
+            self.loop.run_until_complete(serve())
 
         self.thread = threading.Thread(target=main, daemon=True)
         self.thread.start()
         ready.wait(10)
 
     def close(self) -> None:
-        async def stop() -> None:
-            self.server.close()
-            for t in asyncio.all_tasks():
-                if t is not asyncio.current_task():
-                    t.cancel()
-
-        asyncio.run_coroutine_threadsafe(stop(), self.loop).result(10)
-        self.loop.call_soon_threadsafe(self.loop.stop)
+        if self._stopping is not None:
+            self.loop.call_soon_threadsafe(self._stopping.set)
         self.thread.join(10)
         self.loop.close()
 
@@ -95,7 +101,7 @@ class H2Origin:
         conn.increment_flow_control_window(4 * 1024 * 1024)
         writer.write(conn.data_to_send())
         requests: dict[int, dict[str, Any]] = {}
-        tasks: set[asyncio.Task[None]] = set()
+        answers = TaskOwner("h2 origin answers")  # this connection's; end with it
         try:
             while True:
                 data = await reader.read(65536)
@@ -132,9 +138,7 @@ class H2Origin:
                         r = requests.pop(ev.stream_id, None)
                         if r is not None:
                             self.log.append(r)
-                            t = asyncio.ensure_future(self._answer(conn, writer, r))
-                            tasks.add(t)
-                            t.add_done_callback(tasks.discard)
+                            answers.spawn(self._answer(conn, writer, r), "answer")
                     elif isinstance(ev, h2.events.StreamReset):
                         requests.pop(ev.stream_id, None)
                 writer.write(conn.data_to_send())
@@ -142,8 +146,7 @@ class H2Origin:
         except (ConnectionError, ssl.SSLError, OSError):
             pass
         finally:
-            for t in tasks:
-                t.cancel()
+            await answers.aclose()
             writer.close()
 
     async def _answer(self, conn: h2.connection.H2Connection, writer: asyncio.StreamWriter,
