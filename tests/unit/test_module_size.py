@@ -25,11 +25,7 @@ MIN_WORDS = 8
 MARK = re.compile(r"^One idea: (.+?)(?:\n\n|\Z)", re.M | re.S)
 
 PENDING = {
-    "tkbox/guest/agent.py": "guestrpc",
-    "tkbox/guest/diff.py": "guestrpc (guest/ is its folder this round)",
     "tkbox/signer/server.py": "wire",
-    "tkbox/sdk.py": "voice",
-    "tkbox/cli/main.py": "voice",
 }
 
 

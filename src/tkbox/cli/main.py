@@ -6,7 +6,7 @@ Errors are one line (`tkbox: error: …`) with an exit status by kind: every
 verb's, every sub-app's and click's usage errors are said by `tkbox._exit.exit_with`
 (`status_of` below routes them there; docs/exit-status.md lists every status).
 
-Why one module (about 700 lines): it is the table of verbs, each a thin
+One idea: the table of `tkbox` verbs (about 1,000 lines), each a thin
 function that parses its options and calls the SDK; what a verb does lives in
 the SDK, the daemon or its own module (`cli/logs.py`, `cli/terminal.py`,
 `cli/doctor.py`, `image/cli.py`, `signer/cli.py`, `verify/cli.py`). Split by

@@ -5,6 +5,10 @@ made lives in UPPER, so the patch is computed by walking UPPER only; LOWER is
 read just for the old contents and modes of the paths UPPER names (and, below
 a whiteout or an opaque directory, for the list of what was deleted).
 
+One idea: one pass over UPPER that decides, for each change, whether it goes in
+the patch or is set apart, and streams it; the walk, the budget and the rendering
+share that pass (splitting them would mean walking UPPER twice or passing its state).
+
 How the upper layer encodes changes (Documentation/filesystems/overlayfs.rst):
 
 - a file or symlink in UPPER: added, or (if LOWER has one) modified;
