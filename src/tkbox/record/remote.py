@@ -267,11 +267,17 @@ class RemoteSignerClient(UnixSignerClient):
 
 
 async def _closed(writer: asyncio.StreamWriter) -> None:
+    """Close, waiting at most a second; a close that hangs is aborted. A connection
+    that broke while closing is already gone: aborting it then raised AttributeError
+    from inside asyncio's TLS transport (its protocol already dropped), which ended
+    `tkbox daemon` with a traceback instead of its one-line refusal."""
     writer.close()
     try:
         await asyncio.wait_for(writer.wait_closed(), 1.0)
-    except (TimeoutError, ConnectionError, OSError, ssl.SSLError):
+    except TimeoutError:
         writer.transport.abort()
+    except (ConnectionError, OSError, ssl.SSLError):
+        pass  # the peer reset or refused it: nothing left to abort
 
 
 def _why(exc: BaseException) -> str:

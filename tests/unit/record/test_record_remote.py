@@ -4,11 +4,13 @@ and a token that is not a token is never sent."""
 from __future__ import annotations
 
 import asyncio
+import ssl
 from pathlib import Path
 
 import pytest
 
 from tkbox.errors import SignerUnavailable, UserError
+from tkbox.record import remote
 from tkbox.record.remote import (
     EnvToken,
     FileToken,
@@ -60,3 +62,29 @@ def test_an_empty_or_oversized_token_is_refused_before_it_is_sent(
     monkeypatch.delenv("ACTIONS_ID_TOKEN_REQUEST_URL", raising=False)
     with pytest.raises(SignerUnavailable, match="id-token: write"):
         asyncio.run(GithubToken("aud").get())
+
+
+class _Transport:
+    def abort(self) -> None:
+        # as asyncio's TLS transport once its connection is lost: its protocol is gone
+        raise AttributeError("'NoneType' object has no attribute '_abort'")
+
+
+class _Writer:
+    def __init__(self, error: BaseException) -> None:
+        self.error = error
+        self.transport = _Transport()
+
+    def close(self) -> None:
+        pass
+
+    async def wait_closed(self) -> None:
+        raise self.error
+
+
+@pytest.mark.parametrize("error", [ConnectionResetError(104, "reset by peer"),
+                                   ssl.SSLError("bad record mac"), BrokenPipeError()])
+def test_a_connection_that_broke_while_closing_is_not_aborted(error: BaseException) -> None:
+    # the signer resets a daemon it refuses; closing the broken TLS connection must
+    # not end `tkbox daemon` with asyncio's AttributeError instead of its refusal
+    asyncio.run(remote._closed(_Writer(error)))  # type: ignore[arg-type]
