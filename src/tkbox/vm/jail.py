@@ -506,12 +506,28 @@ def userns_problem() -> str | None:
     return None
 
 
+def chroot_problem() -> str | None:
+    """Why no cell can be made from here when this process runs in a chroot (its `/` is
+    not PID 1's), or None: the kernel refuses a user namespace to a chrooted process and
+    cannot pivot a cell's root from a root that is not a mount point."""
+    try:
+        here, init = os.stat("/"), os.stat("/proc/1/root/")
+    except OSError:
+        return None  # no /proc, or PID 1 is not ours to look at: try, and say what fails
+    if (here.st_dev, here.st_ino) == (init.st_dev, init.st_ino):
+        return None
+    return ("this daemon runs in a chroot: the kernel gives a chrooted process no user "
+            "namespace and no pivot_root (run it in a container or on the host)")
+
+
 def decide(config: JailConfig, vmm: str, cache: Path) -> Jail:
     """This host's answer for `config`: the most of a cell it can give each VMM, and
     what it cannot and why. `--vmm-jail on` makes anything missing a HostError."""
     check_mode(config.mode)
     if config.mode == "off":
         return Jail("off", config, missing=["--vmm-jail off"])
+    if (why := chroot_problem()) is not None:
+        return _settle(config, Jail("off", config, missing=[why]))
     try:
         jailer = build_jailer(cache)
     except HostError as exc:

@@ -155,3 +155,22 @@ def test_a_template_memory_in_cells_cannot_be_written(tmp_path: Path) -> None:
         assert os.pread(fd, 10, 4096) == b"guest page"
     finally:
         store.close()
+
+
+def test_in_a_chroot_no_cell_is_tried_and_the_reason_is_said(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real = os.stat
+
+    def stat(path: str, *a: object, **k: object) -> os.stat_result:
+        # PID 1's root is another directory than this process's /: a chroot
+        return real(str(tmp_path) if path == "/proc/1/root/" else path)
+
+    monkeypatch.setattr(jail.os, "stat", stat)
+    why = jail.chroot_problem()
+    assert why is not None and "chroot" in why
+    decided = jail.decide(jail.JailConfig(), "/bin/true", tmp_path / "cache")
+    assert decided.mode == "off" and decided.missing == [why]
+    assert "chroot" in decided.summary()
+    with pytest.raises(HostError, match="chroot"):
+        jail.decide(jail.JailConfig(mode="on"), "/bin/true", tmp_path / "cache")
+
