@@ -2,7 +2,7 @@
 
 Each body (about `--mib` MiB) is fed to a `ModelUsage` in 64 KiB reads, as the
 secrets door feeds a model host's answer, then finished. Bodies, shaped as each
-API streams them (`tests/unit/secrets/test_secrets_model_usage.py` has the shapes):
+API streams them (`tests/unit/doors/secrets/test_secrets_model_usage.py` has the shapes):
 
 - `responses-sse`: the OpenAI Responses API, `response.output_text.delta` events
   of a few words each, then `response.completed` with its usage;

@@ -3,13 +3,13 @@ every implementation (`tkbox.vm.base`).
 
 - `fake`: `FakeLauncher` with an agent that behaves as tkbox's does at boot;
 - `firecracker`: `FirecrackerLauncher` driving the stand-in binary
-  (`tests/unit/vm_firecracker/fake_firecracker.py`, which checks every API
+  (`tests/unit/vm/fake_firecracker.py`, which checks every API
   request against Firecracker's OpenAPI description and, with `agent` in its
   id, boots a guest that asks for its config on port 1026 and powers off when
   the host ends that stream);
 - `firecracker-jailed`: the same launcher under a stand-in of Firecracker's own
   jailer that holds it to the jailer's documented interface
-  (`tests/unit/vm_firecracker/fake_jailer.py`), the stand-in Firecracker then
+  (`tests/unit/vm/fake_jailer.py`), the stand-in Firecracker then
   running as the VM's own uid in its chroot directory;
 - `qemu`: `QemuLauncher` booting the real guest build under this host's
   acceleration (TCG here), templates off so that each start is a cold boot;
@@ -49,7 +49,7 @@ from tkbox.vm.errors import VMEnded
 from tkbox.vm.fake import FakeLauncher
 from tkbox.vm.firecracker import FirecrackerLauncher
 
-FAKE_FC = Path(__file__).resolve().parents[1] / "unit" / "vm_firecracker" / "fake_firecracker.py"
+FAKE_FC = Path(__file__).resolve().parents[1] / "unit" / "vm" / "fake_firecracker.py"
 FAKE_JAILER = FAKE_FC.with_name("fake_jailer.py")
 #: The interpreter a jailed stand-in Firecracker runs under (its own uid must reach it).
 SYSTEM_PYTHON = Path("/usr/bin/python3")

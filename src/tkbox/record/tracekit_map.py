@@ -1,7 +1,7 @@
 """The Tracekit backend's mapping, sans-IO: tkbox crossings to Tracekit calls and back.
 
 Pure functions of values and bytes, tested by feeding them
-(`tests/unit/tracekit/test_tracekit_mapping.py`): `tool_call` (a decision as
+(`tests/unit/record/test_tracekit_mapping.py`): `tool_call` (a decision as
 Tracekit's tool and args), `read_answer` (its verdict), `event_source` (an
 event's one-line `source`), `read_webhook` (a signed incident POST, checked
 and turned into holds and quarantines), `is_final` (a v2 bundle that ends

@@ -17,7 +17,7 @@ from hypothesis import strategies as st
 
 from tkbox.doors.network.httprules import RuleError, RuleSet, parse_rules
 
-sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "network"))
+sys.path.insert(0, str(Path(__file__).parents[2] / "unit" / "doors" / "network"))
 from httprules_reference import reference_verdict, views  # noqa: E402
 
 FUZZ = settings(deadline=None, suppress_health_check=[HealthCheck.too_slow])

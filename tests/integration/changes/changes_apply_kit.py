@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "doors" / "changes"))
 from changes_trees import Tree, build_upper, make_tree  # noqa: E402
 
 from tkbox.doors.changes import ApplyReport, apply_patch  # noqa: E402

@@ -17,7 +17,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "doors" / "changes"))
 from changes_trees import Tree, build_upper, file, link, make_tree, read_tree  # noqa: E402
 
 from tkbox.doors.changes import ApplyFailed, ApplyReport, PatchRefused, apply_patch  # noqa: E402

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "doors" / "changes"))
 from changes_trees import file, make_tree, read_tree  # noqa: E402
 
 from tkbox.doors.changes import apply_patch  # noqa: E402

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "changes"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "doors" / "changes"))
 from changes_apply_kit import apply, setup, statuses  # noqa: E402
 from changes_trees import Tree, file, read_tree  # noqa: E402
 

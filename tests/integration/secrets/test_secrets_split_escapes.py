@@ -25,7 +25,7 @@ from secretsdoor_rig import NAMES, Origin, _Handler, exchange, make_ca, world
 from tkbox.doors.secrets import Secret, SecretSpec
 from tkbox.doors.secrets.leaks import LeakScanner, patterns
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "secrets"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "unit" / "doors" / "secrets"))
 from redact_reference import reference_redact  # noqa: E402
 
 pytestmark = pytest.mark.integration

@@ -1,6 +1,6 @@
 """FirecrackerLauncher under a stand-in of Firecracker's own jailer, end to end.
 
-The stand-in (tests/unit/vm_firecracker/fake_jailer.py) refuses any command line the
+The stand-in (tests/unit/vm/fake_jailer.py) refuses any command line the
 jailer's documentation does not allow, builds the chroot directory the doc names,
 copies the binary in, drops to the VM's uid and execs it; the stand-in Firecracker
 then serves its API and vsock device from that directory, as that uid. What the
@@ -31,7 +31,7 @@ from tkbox.vm.jail import DEFAULT_UIDS, LEASES
 
 pytestmark = pytest.mark.integration
 
-HERE = Path(__file__).resolve().parents[2] / "unit" / "vm_firecracker"
+HERE = Path(__file__).resolve().parents[2] / "unit" / "vm"
 SYSTEM_PYTHON = Path("/usr/bin/python3")
 
 

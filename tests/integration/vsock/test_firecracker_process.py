@@ -1,6 +1,6 @@
 """FirecrackerLauncher driving a fake `firecracker` process, end to end.
 
-The fake (tests/unit/vm_firecracker/fake_firecracker.py) serves the API on its
+The fake (tests/unit/vm/fake_firecracker.py) serves the API on its
 Unix socket, checks every request against Firecracker's OpenAPI description,
 records them, and plays the hybrid vsock device with a tiny guest on port
 1024. So the launcher's real process handling runs here: start, configure,
@@ -35,7 +35,7 @@ from tkbox.vm.firecracker import FirecrackerLauncher, FirecrackerVM, build_reque
 
 pytestmark = pytest.mark.integration
 
-FAKE = Path(__file__).resolve().parents[2] / "unit" / "vm_firecracker" / "fake_firecracker.py"
+FAKE = Path(__file__).resolve().parents[2] / "unit" / "vm" / "fake_firecracker.py"
 
 
 def run(coro: Coroutine[Any, Any, None]) -> None:

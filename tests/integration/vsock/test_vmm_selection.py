@@ -19,7 +19,7 @@ from tkbox.vm.firecracker import firecracker_problem
 pytestmark = pytest.mark.integration
 
 TKBOX = [sys.executable, "-m", "tkbox.cli"]
-FAKE_FC = Path(__file__).resolve().parents[2] / "unit" / "vm_firecracker" / "fake_firecracker.py"
+FAKE_FC = Path(__file__).resolve().parents[2] / "unit" / "vm" / "fake_firecracker.py"
 
 
 def env_for(home: Path, path: str) -> dict[str, str]:

@@ -12,7 +12,7 @@ from tkbox.doors.network.allowlist import Allowlist
 from tkbox.doors.secrets.hosts import read_hosts
 from tkbox.signer.cedarpolicy import PolicyEngine
 
-ROOT = Path(__file__).parents[3]
+ROOT = Path(__file__).parents[4]
 
 
 def _action() -> object:

@@ -35,7 +35,7 @@ from tkbox.doors.secrets.leaks import LeakScanner, Redactor, patterns, scan_once
 
 VALUE = b"ghp_S3cr3tV4lue0123456789abcdefXYZ"
 ALNUM = frozenset(b"abcdefghijklmnopqrstuvwxyz0123456789")
-DOCS = Path(__file__).resolve().parents[3] / "docs" / "secrets.md"
+DOCS = Path(__file__).resolve().parents[4] / "docs" / "secrets.md"
 
 
 def _planes() -> list[int]:

@@ -7,7 +7,7 @@ import logging
 from typing import Any
 
 import pytest
-from tests.unit.network.test_network_door import (
+from tests.unit.doors.network.test_network_door import (
     PUBLIC,
     connect,
     decisions,
