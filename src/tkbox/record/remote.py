@@ -203,11 +203,11 @@ class RemoteSignerClient(UnixSignerClient):
                                     ) from None
         try:
             if self._token is not None:
-                answer = await self._handshake(reader, writer, {"op": "auth",
-                                                                "token": await self._token.get()})
+                answer = await self._handshake(reader, writer,
+                                               wire.Auth(0, await self._token.get()))
                 self.workload = str(answer.get("workload", ""))
             else:
-                answer = await self._handshake(reader, writer, {"op": "ping"})
+                answer = await self._handshake(reader, writer, wire.Ping(0))
             self._check_clock(answer.get("time_ms"))
         except BaseException:
             await _closed(writer)
@@ -224,18 +224,18 @@ class RemoteSignerClient(UnixSignerClient):
             await _closed(w)
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         req: dict[str, Any]) -> dict[str, Any]:
+                         req: wire.Auth | wire.Ping) -> dict[str, Any]:
         """One request before the connection is handed over (id 0; nothing else is in
         flight on it yet, and the signer sends nothing unasked before `subscribe`)."""
         decoder = wire.Decoder()
         try:
-            writer.write(wire.encode({"id": 0, **req}))
+            writer.write(req.encode())
             await writer.drain()
             while (frame := decoder.next()) is None:
                 data = await reader.read(1 << 16)
                 if not data:
                     raise SignerUnavailable(f"the signer at {self.url} closed the connection "
-                                            f"during {req['op']} (did it refuse this daemon's "
+                                            f"during {req.OP} (did it refuse this daemon's "
                                             "certificate?)")
                 decoder.feed(data)
         except wire.WireError as exc:
@@ -245,16 +245,19 @@ class RemoteSignerClient(UnixSignerClient):
                                     f"certificate ({_why(exc)})") from None
         except (ConnectionError, OSError) as exc:
             raise SignerUnavailable(f"the connection to the signer at {self.url} broke during "
-                                    f"{req['op']} ({_why(exc)}; did it refuse this daemon's "
+                                    f"{req.OP} ({_why(exc)}; did it refuse this daemon's "
                                     "certificate?)") from None
         if decoder.buffered:
-            raise SignerUnavailable("the signer sent more than the answer to " + req["op"])
-        result = frame.get("result")
-        if frame.get("id") != 0 or frame.get("ok") is not True or not isinstance(result, dict):
-            error = frame.get("error")
+            raise SignerUnavailable("the signer sent more than the answer to " + req.OP)
+        try:
+            answer = wire.parse_answer(frame)
+        except wire.BadAnswer:
+            answer = None
+        if not isinstance(answer, wire.Ok) or answer.id != 0:
+            error = answer.error if isinstance(answer, wire.Refused | wire.Failed) else None
             raise SignerUnavailable(f"the signer at {self.url} refused this daemon: "
-                                    f"{error if isinstance(error, str) else 'no reason'}")
-        return result
+                                    f"{error if error is not None else 'no reason'}")
+        return answer.result
 
     def _check_clock(self, signer_ms: Any) -> None:
         if not isinstance(signer_ms, int) or isinstance(signer_ms, bool):
