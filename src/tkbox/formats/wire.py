@@ -66,7 +66,7 @@ from typing import Any, ClassVar, Literal
 from tkbox.errors import RemoteError
 from tkbox.formats import canonjson
 from tkbox.formats.errors import FormatError
-from tkbox.formats.record import KIND, RUN_ID
+from tkbox.formats.record import KIND, RUN_ID  # re-exported: the bounds of a request
 
 MAX_FRAME = 1 << 20
 MAX_ID = canonjson.MAX_SAFE_INT
