@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import ssl
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tkbox._clock import Clock, SystemClock
 from tkbox.errors import SignerUnavailable, UserError
 from tkbox.formats import wire
 from tkbox.record.unix import Streams, UnixSignerClient
@@ -150,7 +150,7 @@ def parse_url(url: str) -> tuple[str, int]:
 class RemoteSignerClient(UnixSignerClient):
     def __init__(self, url: str, *, ca: Path | None, cert: Path | None = None,
                  key: Path | None = None, token: TokenSource | None = None,
-                 max_skew: float = MAX_SKEW, **kw: Any) -> None:
+                 max_skew: float = MAX_SKEW, clock: Clock | None = None, **kw: Any) -> None:
         self.url = url.rstrip("/")
         self.host, self.port = parse_url(url)
         if cert is None and token is None:
@@ -161,6 +161,7 @@ class RemoteSignerClient(UnixSignerClient):
         self._ssl = self._context(ca, cert, key)
         self._token = token
         self.max_skew = max_skew
+        self._clock = clock or SystemClock()  # this host's time, beside the signer's
         self.workload = ""  # what the signer said this daemon is, once authenticated
         self._streams: set[asyncio.StreamWriter] = set()
         super().__init__(self.url, **kw)
@@ -263,7 +264,7 @@ class RemoteSignerClient(UnixSignerClient):
         if not isinstance(signer_ms, int) or isinstance(signer_ms, bool):
             raise SignerUnavailable("the signer did not say its time; refusing (the records' "
                                     "times could not be trusted)")
-        skew = abs(signer_ms / 1000 - time.time())
+        skew = abs(signer_ms / 1000 - self._clock.time())
         if skew > self.max_skew:
             raise SignerUnavailable(f"the signer's clock and this host's differ by {skew:.0f} s "
                                     f"(at most {self.max_skew:.0f} s); fix the clocks (NTP)")

@@ -80,10 +80,10 @@ log = logging.getLogger("tkbox.signer")
 MAX_IN_FLIGHT = 256
 MAX_UNREAD_PUSHES = 1 << 20  # bytes a subscriber may leave unread before it is dropped
 EXPORT_PART = 512 * 1024
-#: kinds a client may not send as events: the signer writes these itself
 #: the push an operator's record is announced by
 _PUSH: dict[str, Literal["hold", "release", "quarantine"]] = {
     HOLD: "hold", RELEASE: "release", QUARANTINE: "quarantine"}
+#: kinds a client may not send as events: the signer writes these itself
 RESERVED_KINDS = frozenset({record.OPEN, record.CLOSE, record.DECISION, record.COMPLETE, HOLD,
                             RELEASE, QUARANTINE})
 #: what a remote connection that has proved nothing yet may ask
