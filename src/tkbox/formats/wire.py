@@ -297,73 +297,86 @@ def _quote(value: Any) -> str:
     return text if len(text) <= _QUOTE else text[: _QUOTE - 3] + "..."
 
 
-# A field's check: (its value, the request's op, id) -> the value, or BadRequest.
-_Check = Callable[[Any, str, int], Any]
-
-
-def _obj(key: str) -> _Check:
-    def check(v: Any, op: str, rid: int) -> Any:
-        if type(v) is not dict:
-            raise BadRequest(f"{op}: {key} must be an object", rid)
-        return v
-    return check
-
-
-def _text(key: str, limit: int, *, empty: bool = True, printable: bool = False) -> _Check:
-    def check(v: Any, op: str, rid: int) -> Any:
+def _why_text(key: str, limit: int, empty: bool, printable: bool) -> Callable[..., None]:
+    def why(v: Any, op: str, rid: int) -> None:
         if type(v) is not str:
             raise BadRequest(f"{op}: {key} must be a string", rid)
-        if len(v) > limit or (not empty and not v) or (printable and not v.isprintable()):
-            raise BadRequest(f"{op}: {key} must be a string of {0 if empty else 1}-{limit}"
-                             f"{' printable' if printable else ''} characters", rid)
-        return v
-    return check
+        raise BadRequest(f"{op}: {key} must be a string of {0 if empty else 1}-{limit}"
+                         f"{' printable' if printable else ''} characters", rid)
+    return why
 
 
-def _run(v: Any, op: str, rid: int) -> Any:
+def _why_obj(key: str) -> Callable[..., None]:
+    def why(v: Any, op: str, rid: int) -> None:
+        raise BadRequest(f"{op}: {key} must be an object", rid)
+    return why
+
+
+def _why_run(v: Any, op: str, rid: int) -> None:
     if type(v) is not str:
         raise BadRequest(f"{op}: run must be a string", rid)
-    if RUN_ID.fullmatch(v) is None:
-        raise BadRequest("a run id is 1-128 of [A-Za-z0-9._:-], starting with a letter "
-                         "or digit", rid)
-    return v
+    raise BadRequest("a run id is 1-128 of [A-Za-z0-9._:-], starting with a letter or digit",
+                     rid)
 
 
-def _kind(v: Any, op: str, rid: int) -> Any:
+def _why_kind(v: Any, op: str, rid: int) -> None:
     if type(v) is not str:
         raise BadRequest(f"{op}: kind must be a string", rid)
-    if len(v) > MAX_KIND or KIND.fullmatch(v) is None:
-        raise BadRequest(f"{_quote(v)} cannot be an event kind (a dotted lowercase name such "
-                         "as tkbox.gap, and not one the signer writes itself)", rid)
-    return v
+    raise BadRequest(f"{_quote(v)} cannot be an event kind (a dotted lowercase name such as "
+                     "tkbox.gap, and not one the signer writes itself)", rid)
 
 
 _REQUIRED = object()
-#: per op: its class and (field, check, default) for each field after `id`
-_SPEC: dict[str, tuple[type[Request], tuple[tuple[str, _Check, Any], ...]]] = {
+# A field: (its name, its type, a test of a value of that type or None, its default or
+# _REQUIRED, and what raises the BadRequest that says why a value is not one). The test
+# is the whole check on the way in (the decision path); `why` runs only on a refusal.
+_Field = tuple[str, type, Callable[[Any], Any] | None, Any, Callable[..., None]]
+_RUN: _Field = ("run", str, RUN_ID.fullmatch, _REQUIRED, _why_run)
+
+
+def _obj(key: str) -> _Field:
+    return (key, dict, None, _REQUIRED, _why_obj(key))
+
+
+def _text(key: str, limit: int, *, empty: bool = True, printable: bool = False,
+          default: Any = _REQUIRED) -> _Field:
+    if printable:
+        def test(v: str) -> bool:
+            return 0 < len(v) <= limit and v.isprintable()
+    else:
+        def test(v: str) -> bool:
+            return (empty or v != "") and len(v) <= limit
+    return (key, str, test, default, _why_text(key, limit, empty, printable))
+
+
+_KIND: _Field = ("kind", str, lambda v: len(v) <= MAX_KIND and KIND.fullmatch(v),
+                 _REQUIRED, _why_kind)
+
+#: per op: its class and its fields after `id`
+_SPEC: dict[str, tuple[type[Request], tuple[_Field, ...]]] = {
     "ping": (Ping, ()),
     "status": (Status, ()),
     "subscribe": (Subscribe, ()),
-    "auth": (Auth, (("token", _text("token", MAX_TOKEN), _REQUIRED),)),
-    "open": (Open, (("run", _run, _REQUIRED), ("facts", _obj("facts"), _REQUIRED))),
-    "decide": (Decide, (("run", _run, _REQUIRED),
-                        ("action", _text("action", MAX_ACTION, empty=False, printable=True),
-                         _REQUIRED),
-                        ("resource", _obj("resource"), _REQUIRED),
-                        ("context", _obj("context"), _REQUIRED))),
-    "complete": (Complete, (("run", _run, _REQUIRED),
-                            ("decision", _text("decision", MAX_DECISION), _REQUIRED),
-                            ("outcome", _obj("outcome"), _REQUIRED))),
-    "event": (Event, (("run", _run, _REQUIRED), ("kind", _kind, _REQUIRED),
-                      ("body", _obj("body"), _REQUIRED))),
-    "close": (Close, (("run", _run, _REQUIRED),)),
-    "export": (Export, (("run", _run, _REQUIRED),)),
-    **{c.OP: (c, (("run", _run, _REQUIRED), ("reason", _text("reason", MAX_REASON), "")))
+    "auth": (Auth, (_text("token", MAX_TOKEN),)),
+    "open": (Open, (_RUN, _obj("facts"))),
+    "decide": (Decide, (_RUN, _text("action", MAX_ACTION, empty=False, printable=True),
+                        _obj("resource"), _obj("context"))),
+    "complete": (Complete, (_RUN, _text("decision", MAX_DECISION), _obj("outcome"))),
+    "event": (Event, (_RUN, _KIND, _obj("body"))),
+    "close": (Close, (_RUN,)),
+    "export": (Export, (_RUN,)),
+    **{c.OP: (c, (_RUN, _text("reason", MAX_REASON, default="")))
        for c in (Hold, Release, Quarantine)},
 }
 assert set(_SPEC) == OPS and all(  # one definition: the spec names each class's fields
-    tuple(f for f, _, _ in spec) == cls.FIELDS for cls, spec in _SPEC.values())
+    tuple(f[0] for f in spec) == cls.FIELDS for cls, spec in _SPEC.values())
 _KEYS = {op: frozenset(("id", "op", *cls.FIELDS)) for op, (cls, _) in _SPEC.items()}
+# A request is built through its slots' own setters: a frozen dataclass's __init__ sets
+# each field with object.__setattr__, twice the cost on the decision path. Same result:
+# every field set once, and the instance frozen after.
+_SETTERS = {op: tuple(getattr(cls, f).__set__ for f in ("id", *cls.FIELDS))
+            for op, (cls, _) in _SPEC.items()}
+_new = object.__new__
 
 
 def parse_request(obj: Any) -> Request:
@@ -376,22 +389,29 @@ def parse_request(obj: Any) -> Request:
     op = obj.get("op")
     spec = _SPEC.get(op) if type(op) is str else None
     if spec is None:
-            raise BadRequest(f"unknown op {_quote(op)}; the signer knows {_KNOWN}", rid)
+        raise BadRequest(f"unknown op {_quote(op)}; the signer knows {_KNOWN}", rid)
     cls, fields = spec
     op = cls.OP
-    if not obj.keys() <= _KEYS[op]:
-        extra = sorted(k for k in obj if k not in _KEYS[op])
+    keys = _KEYS[op]
+    if not obj.keys() <= keys:
+        extra = sorted(k for k in obj if k not in keys)
         raise BadRequest(f"{op}: no field {_quote(extra[0])} (it takes "
                          f"{', '.join(cls.FIELDS) or 'none'})", rid)
-    args = []
-    for key, check, default in fields:
+    req = _new(cls)
+    setters = _SETTERS[op]
+    setters[0](req, rid)
+    i = 1
+    for key, typ, test, default, why in fields:
         value = obj.get(key, _REQUIRED)
         if value is _REQUIRED:
             if default is _REQUIRED:
                 raise BadRequest(f"{op}: {key} is missing", rid)
             value = default
-        args.append(check(value, op, rid))
-    return cls(rid, *args)
+        elif type(value) is not typ or (test is not None and not test(value)):
+            why(value, op, rid)
+        setters[i](req, value)
+        i += 1
+    return req
 
 
 # --- answers and pushes -----------------------------------------------------------

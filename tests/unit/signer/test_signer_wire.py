@@ -123,3 +123,11 @@ def test_answers_and_pushes_parse_into_their_classes_and_back(frame: dict[str, o
 def test_an_answer_that_is_none_is_bad_answer(frame: dict[str, object]) -> None:
     with pytest.raises(wire.BadAnswer):
         wire.parse_answer(frame)
+
+
+def test_a_parsed_request_is_frozen() -> None:
+    import dataclasses
+
+    req = wire.parse_request({"id": 1, "op": "close", "run": "r"})
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        req.run = "other"  # type: ignore[misc]
