@@ -16,7 +16,7 @@ offline verifier (`tkbox.verify`) is allowed to import.
 | `canonjson`   | RFC 8785 canonical JSON (the subset records use)          |
 | `record`      | tkbox's log record (one leaf)                             |
 | `bundle`      | tkbox's `.tkb` bundle and `.trust.json` trust file        |
-| `wire`        | the signer's socket framing (signer and daemon share it)  |
+| `wire`        | the signer's framing and typed requests (both ends share) |
 | `workload`    | who recorded a remote run (the open record's `workload`)  |
 
 Errors:
@@ -28,6 +28,8 @@ tkbox.errors.BundleError          anything under verification is wrong
                                   `what` (one line for a person)
 tkbox.errors.RemoteError
 └── wire.WireError                the signer's peer broke the framing
+    ├── wire.BadSignerRequest           a frame that is not one of the requests (`.id`)
+    └── wire.BadSignerAnswer            a frame from the signer that is no answer or push
 ```
 
 Every parser bounds sizes before reading, accepts only the canonical form

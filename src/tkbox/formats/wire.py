@@ -35,7 +35,7 @@ each of its type and within its bound: `run` a run id (`record.RUN_ID`),
 `facts`/`resource`/`context`/`outcome`/`body` objects, `action` 1-128
 printable characters, `decision` at most 160 characters, `kind` a record kind
 (`record.KIND`, at most 128 characters), `reason` at most 1000 characters,
-`token` at most 64 KiB. Anything else raises `BadRequest` (its `id` when one
+`token` at most 64 KiB. Anything else raises `BadSignerRequest` (its `id` when one
 was readable, so the answer can echo it; its message one line that quotes at
 most a few dozen characters of what the peer sent).
 
@@ -45,15 +45,15 @@ run is closed, the request is malformed, ...) or `failed` (`Failed`: the
 signer could not do it); an export's bundle follows its answer as
 `{id, part, data}` frames (`Part`). Pushes: `{push: "hold"|"release"|
 "quarantine", run, reason}` (`Pushed`). `parse_answer` reads what the signer
-sends back (`BadAnswer` for anything else).
+sends back (`BadSignerAnswer` for anything else).
 
 Every answer is sent only after what it reports is durable in the log.
 
 Errors:
 
     WireError          the peer broke the framing (or an encode that cannot be one)
-    ├── BadRequest     a frame that is not one of the requests (`.id`: its id or None)
-    └── BadAnswer      a frame from the signer that is neither an answer nor a push
+    ├── BadSignerRequest     a frame that is not one of the requests (`.id`: its id or None)
+    └── BadSignerAnswer      a frame from the signer that is neither an answer nor a push
 """
 
 from __future__ import annotations
@@ -83,7 +83,7 @@ class WireError(RemoteError):
     asked to encode something that cannot be one)."""
 
 
-class BadRequest(WireError):
+class BadSignerRequest(WireError):
     """A frame that is not one of the signer's requests. `id` is the request's id when
     it was readable (the refusal echoes it), else None."""
 
@@ -92,8 +92,8 @@ class BadRequest(WireError):
         self.id = id
 
 
-class BadAnswer(WireError):
-    """A frame from the signer that is neither an answer nor a push. `id` as BadRequest's."""
+class BadSignerAnswer(WireError):
+    """A frame from the signer that is neither an answer nor a push. `id` as BadSignerRequest's."""
 
     def __init__(self, message: str, id: int | None = None) -> None:
         super().__init__(message)
@@ -300,35 +300,35 @@ def _quote(value: Any) -> str:
 def _why_text(key: str, limit: int, empty: bool, printable: bool) -> Callable[..., None]:
     def why(v: Any, op: str, rid: int) -> None:
         if type(v) is not str:
-            raise BadRequest(f"{op}: {key} must be a string", rid)
-        raise BadRequest(f"{op}: {key} must be a string of {0 if empty else 1}-{limit}"
+            raise BadSignerRequest(f"{op}: {key} must be a string", rid)
+        raise BadSignerRequest(f"{op}: {key} must be a string of {0 if empty else 1}-{limit}"
                          f"{' printable' if printable else ''} characters", rid)
     return why
 
 
 def _why_obj(key: str) -> Callable[..., None]:
     def why(v: Any, op: str, rid: int) -> None:
-        raise BadRequest(f"{op}: {key} must be an object", rid)
+        raise BadSignerRequest(f"{op}: {key} must be an object", rid)
     return why
 
 
 def _why_run(v: Any, op: str, rid: int) -> None:
     if type(v) is not str:
-        raise BadRequest(f"{op}: run must be a string", rid)
-    raise BadRequest("a run id is 1-128 of [A-Za-z0-9._:-], starting with a letter or digit",
+        raise BadSignerRequest(f"{op}: run must be a string", rid)
+    raise BadSignerRequest("a run id is 1-128 of [A-Za-z0-9._:-], starting with a letter or digit",
                      rid)
 
 
 def _why_kind(v: Any, op: str, rid: int) -> None:
     if type(v) is not str:
-        raise BadRequest(f"{op}: kind must be a string", rid)
-    raise BadRequest(f"{_quote(v)} cannot be an event kind (a dotted lowercase name such as "
+        raise BadSignerRequest(f"{op}: kind must be a string", rid)
+    raise BadSignerRequest(f"{_quote(v)} cannot be an event kind (a dotted lowercase name such as "
                      "tkbox.gap, and not one the signer writes itself)", rid)
 
 
 _REQUIRED = object()
 # A field: (its name, its type, a test of a value of that type or None, its default or
-# _REQUIRED, and what raises the BadRequest that says why a value is not one). The test
+# _REQUIRED, and what raises the BadSignerRequest that says why a value is not one). The test
 # is the whole check on the way in (the decision path); `why` runs only on a refusal.
 _Field = tuple[str, type, Callable[[Any], Any] | None, Any, Callable[..., None]]
 _RUN: _Field = ("run", str, RUN_ID.fullmatch, _REQUIRED, _why_run)
@@ -380,22 +380,22 @@ _new = object.__new__
 
 
 def parse_request(obj: Any) -> Request:
-    """A decoded frame as one of the requests, every field checked; else BadRequest."""
+    """A decoded frame as one of the requests, every field checked; else BadSignerRequest."""
     if type(obj) is not dict:
-        raise BadRequest("a request must be a JSON object")
+        raise BadSignerRequest("a request must be a JSON object")
     rid = obj.get("id")
     if type(rid) is not int or not 0 <= rid <= MAX_ID:
-        raise BadRequest("a request needs a non-negative integer id")
+        raise BadSignerRequest("a request needs a non-negative integer id")
     op = obj.get("op")
     spec = _SPEC.get(op) if type(op) is str else None
     if spec is None:
-        raise BadRequest(f"unknown op {_quote(op)}; the signer knows {_KNOWN}", rid)
+        raise BadSignerRequest(f"unknown op {_quote(op)}; the signer knows {_KNOWN}", rid)
     cls, fields = spec
     op = cls.OP
     keys = _KEYS[op]
     if not obj.keys() <= keys:
         extra = sorted(k for k in obj if k not in keys)
-        raise BadRequest(f"{op}: no field {_quote(extra[0])} (it takes "
+        raise BadSignerRequest(f"{op}: no field {_quote(extra[0])} (it takes "
                          f"{', '.join(cls.FIELDS) or 'none'})", rid)
     req = _new(cls)
     setters = _SETTERS[op]
@@ -405,7 +405,7 @@ def parse_request(obj: Any) -> Request:
         value = obj.get(key, _REQUIRED)
         if value is _REQUIRED:
             if default is _REQUIRED:
-                raise BadRequest(f"{op}: {key} is missing", rid)
+                raise BadSignerRequest(f"{op}: {key} is missing", rid)
             value = default
         elif type(value) is not typ or (test is not None and not test(value)):
             why(value, op, rid)
@@ -478,21 +478,21 @@ _PUSHES: dict[Any, Literal["hold", "release", "quarantine"]] = {
 
 
 def parse_answer(obj: dict[str, Any]) -> Answer | Pushed:
-    """A frame from the signer as an answer or a push; else BadAnswer."""
+    """A frame from the signer as an answer or a push; else BadSignerAnswer."""
     if "push" in obj:
         kind, run, reason = obj.get("push"), obj.get("run"), obj.get("reason", "")
         push = _PUSHES.get(kind) if type(kind) is str else None
         if push is not None and type(run) is str and type(reason) is str:
             return Pushed(push, run, reason)
-        raise BadAnswer("a push that is not a hold, release or quarantine of a run")
+        raise BadSignerAnswer("a push that is not a hold, release or quarantine of a run")
     rid = obj.get("id")
     if type(rid) is not int:
-        raise BadAnswer("an answer without an integer id")
+        raise BadSignerAnswer("an answer without an integer id")
     if "part" in obj:
         part, data = obj.get("part"), obj.get("data")
         if type(part) is int and type(data) is str:
             return Part(rid, part, data)
-        raise BadAnswer("an export part without its number and data", rid)
+        raise BadSignerAnswer("an export part without its number and data", rid)
     result, error = obj.get("result"), obj.get("error")
     if obj.get("ok") is True and type(result) is dict:
         return Ok(rid, result)
@@ -501,5 +501,5 @@ def parse_answer(obj: dict[str, Any]) -> Answer | Pushed:
         if kind == "refused":
             return Refused(rid, error)
         return Failed(rid, error, kind if type(kind) is str else "")
-    raise BadAnswer("the signer sent an answer that is neither a result nor an error", rid)
+    raise BadSignerAnswer("the signer sent an answer that is neither a result nor an error", rid)
 

@@ -252,7 +252,7 @@ class RemoteSignerClient(UnixSignerClient):
             raise SignerUnavailable("the signer sent more than the answer to " + req.OP)
         try:
             answer = wire.parse_answer(frame)
-        except wire.BadAnswer:
+        except wire.BadSignerAnswer:
             answer = None
         if not isinstance(answer, wire.Ok) or answer.id != 0:
             error = answer.error if isinstance(answer, wire.Refused | wire.Failed) else None

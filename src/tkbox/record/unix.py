@@ -107,7 +107,7 @@ class UnixSignerClient(SignerClient):
     def _deliver(self, frame: dict[str, Any]) -> None:
         try:
             answer = wire.parse_answer(frame)
-        except wire.BadAnswer as exc:
+        except wire.BadSignerAnswer as exc:
             p = self._pending.get(exc.id) if exc.id is not None else None
             if p is not None and not p.fut.done():
                 p.fut.set_exception(SignerUnavailable(str(exc)))
@@ -267,7 +267,7 @@ class UnixSignerClient(SignerClient):
                 for f in frames:
                     try:
                         msg: wire.Answer | wire.Pushed | None = wire.parse_answer(f)
-                    except wire.BadAnswer:
+                    except wire.BadSignerAnswer:
                         msg = None
                     if not subscribed:
                         if isinstance(msg, wire.Ok) and msg.id == 0:

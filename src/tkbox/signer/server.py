@@ -347,7 +347,7 @@ class Signer:
         may ask it, then stage it; answer now, once durable, or from a task."""
         try:
             req = wire.parse_request(frame)
-        except wire.BadRequest as exc:
+        except wire.BadSignerRequest as exc:
             conn.send(wire.Refused(-1 if exc.id is None else exc.id, str(exc)))
             slots.release()
             return

@@ -2,8 +2,8 @@
 
 The promise (`tkbox.formats.wire.parse_request` and the frame reader in front
 of it): for any JSON value and any bytes, the result is one of the request
-classes or `BadRequest` (a `WireError`; the frame reader's own errors are
-`WireError` too), never any other exception. A `BadRequest`'s message is one
+classes or `BadSignerRequest` (a `WireError`; the frame reader's own errors are
+`WireError` too), never any other exception. A `BadSignerRequest`'s message is one
 line and quotes at most a few dozen characters of what the peer sent, however
 large. A parsed request re-encodes to canonical bytes that parse back to the
 same request, and a request built from the classes goes through the wire
@@ -51,11 +51,11 @@ requests = st.one_of(
       for c in (wire.Hold, wire.Release, wire.Quarantine)))
 
 
-def _parse(obj: Any) -> wire.Request | wire.BadRequest:
-    """parse_request's result, or its BadRequest: any other exception fails the test."""
+def _parse(obj: Any) -> wire.Request | wire.BadSignerRequest:
+    """parse_request's result, or its BadSignerRequest: any other exception fails the test."""
     try:
         req = wire.parse_request(obj)
-    except wire.BadRequest as exc:
+    except wire.BadSignerRequest as exc:
         msg = str(exc)
         assert "\n" not in msg and 0 < len(msg) <= MAX_MESSAGE, msg
         rid = obj.get("id") if isinstance(obj, dict) else None
@@ -91,7 +91,7 @@ def test_any_json_value_is_a_request_or_bad_request(obj: Any) -> None:
 def test_any_fields_under_any_op_is_a_request_or_bad_request(op: str, rid: int,
                                                            fields: dict[str, Any]) -> None:
     got = _parse({**fields, "id": rid, "op": op})
-    if isinstance(got, wire.BadRequest):
+    if isinstance(got, wire.BadSignerRequest):
         assert got.id == rid  # the id was readable: the refusal echoes it
 
 
@@ -144,5 +144,5 @@ def test_a_large_hostile_value_is_quoted_cut() -> None:
     for obj in ({"id": 1, "op": big}, {"id": 1, "op": "event", "run": "r", "kind": big,
                                        "body": {}}, {"id": 1, "op": "close", "run": "r", big: 1}):
         got = _parse(obj)
-        assert isinstance(got, wire.BadRequest) and got.id == 1
+        assert isinstance(got, wire.BadSignerRequest) and got.id == 1
         assert len(str(got)) <= MAX_MESSAGE and "x" * 50 not in str(got)

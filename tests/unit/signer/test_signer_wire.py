@@ -93,14 +93,14 @@ def test_parse_request_gives_the_class_of_its_op() -> None:
 ])
 def test_a_malformed_request_is_one_bad_request_with_its_id(obj: object, rid: int | None,
                                                             says: str) -> None:
-    with pytest.raises(wire.BadRequest) as e:
+    with pytest.raises(wire.BadSignerRequest) as e:
         wire.parse_request(obj)
     assert e.value.id == rid and says in str(e.value)
     assert isinstance(e.value, wire.WireError)
 
 
 def test_a_bad_request_quotes_a_few_dozen_characters_at_most() -> None:
-    with pytest.raises(wire.BadRequest) as e:
+    with pytest.raises(wire.BadSignerRequest) as e:
         wire.parse_request({"id": 1, "op": "z" * 10_000})
     assert len(str(e.value)) < 250 and "z" * 40 not in str(e.value)
 
@@ -121,7 +121,7 @@ def test_answers_and_pushes_parse_into_their_classes_and_back(frame: dict[str, o
 @pytest.mark.parametrize("frame", [{"id": 1, "ok": "yes"}, {"ok": True, "result": {}},
                                    {"push": "drop", "run": "r"}, {"id": 1, "part": "0"}])
 def test_an_answer_that_is_none_is_bad_answer(frame: dict[str, object]) -> None:
-    with pytest.raises(wire.BadAnswer):
+    with pytest.raises(wire.BadSignerAnswer):
         wire.parse_answer(frame)
 
 
