@@ -35,9 +35,9 @@ each of its type and within its bound: `run` a run id (`record.RUN_ID`),
 `facts`/`resource`/`context`/`outcome`/`body` objects, `action` 1-128
 printable characters, `decision` at most 160 characters, `kind` a record kind
 (`record.KIND`, at most 128 characters), `reason` at most 1000 characters,
-`token` at most 64 KiB. Anything else raises `BadSignerRequest` (its `id` when one
-was readable, so the answer can echo it; its message one line that quotes at
-most a few dozen characters of what the peer sent).
+`token` at most 64 KiB. Anything else raises `BadSignerRequest` (its `id`
+when one was readable, so the answer can echo it; its message one line that
+quotes at most a few dozen characters of what the peer sent).
 
 Answers: `{id, ok: true, result}` (`Ok`) or `{id, ok: false, error, kind}`,
 where `kind` is `refused` (`Refused`: a request the signer will not take: the
@@ -51,9 +51,9 @@ Every answer is sent only after what it reports is durable in the log.
 
 Errors:
 
-    WireError          the peer broke the framing (or an encode that cannot be one)
-    ├── BadSignerRequest     a frame that is not one of the requests (`.id`: its id or None)
-    └── BadSignerAnswer      a frame from the signer that is neither an answer nor a push
+    WireError            the peer broke the framing (or an encode that cannot be one)
+    ├── BadSignerRequest a frame that is not one of the requests (`.id`: its id or None)
+    └── BadSignerAnswer  a frame from the signer that is neither an answer nor a push
 """
 
 from __future__ import annotations
