@@ -25,7 +25,6 @@ MIN_WORDS = 8
 MARK = re.compile(r"^One idea: (.+?)(?:\n\n|\Z)", re.M | re.S)
 
 PENDING = {
-    "tkbox/signer/server.py": "wire",
 }
 
 

@@ -60,17 +60,6 @@ CANCEL_EXEMPT = {
     "tkbox/_threads.py:through": "waits out a thread that cannot be stopped, then hands "
                                  "the cancellation to its caller, which raises it",
 }
-#: violations other helpers of issue 36 are fixing in their own folders, at the same
-#: time: module path -> the helper. THE INTEGRATOR DELETES THIS once all are merged.
-PENDING_OTHER_HELPERS: dict[str, str] = {
-    "tkbox/signer/policy_worker.py": "wire",
-    "tkbox/signer/server.py": "wire",
-    "tkbox/record/unix.py": "wire",
-    "tkbox/record/tracekit.py": "wire",
-    "tests/unit/signer/test_record_client_failclosed.py": "wire",
-    "tests/unit/signer/test_signer_policy_workers.py": "wire",
-    "tests/unit/record/test_journal.py": "wire",
-}
 
 CANCEL_NAMES = {"BaseException", "CancelledError"}
 STARTERS = {"create_task", "ensure_future", "run_coroutine_threadsafe"}
@@ -269,12 +258,6 @@ def _function_at(tree: ast.AST, line: int) -> str:
     return best
 
 
-def _pending(rel: str) -> None:
-    """A module another helper is fixing is an expected failure until its merge."""
-    if rel in PENDING_OTHER_HELPERS:
-        pytest.xfail(f"{rel}: {PENDING_OTHER_HELPERS[rel]} is fixing it (issue 36)")
-
-
 @pytest.mark.parametrize("path", MODULES, ids=_rel)
 def test_every_task_has_an_owner(path: Path) -> None:
     rel = _rel(path)
@@ -282,7 +265,6 @@ def test_every_task_has_an_owner(path: Path) -> None:
         return
     found = unowned_tasks(path.read_text())
     if found:
-        _pending(rel)
         raise AssertionError(f"{rel}:{found}: start it with a TaskOwner "
                              "(or inside one `async with asyncio.TaskGroup()` block)")
 
@@ -295,7 +277,6 @@ def test_no_cancellation_is_swallowed(path: Path) -> None:
     found = [n for n in swallowed_cancellations(source)
              if f"{rel}:{_function_at(tree, n)}" not in CANCEL_EXEMPT]
     if found:
-        _pending(rel)
         raise AssertionError(f"{rel}:{found}: a cancellation is taken and not passed on")
 
 
@@ -304,7 +285,6 @@ def test_no_unit_test_sleeps_for_time_to_pass(path: Path) -> None:
     rel = _rel(path)
     found = sleeps(path.read_text())
     if found:
-        _pending(rel)
         raise AssertionError(f"{rel}:{found}: move a FakeClock, or wait for a signal "
                              "(or say why: `# sleep-ok: <reason>`)")
 
@@ -316,16 +296,6 @@ def test_the_exemptions_are_still_needed() -> None:
         source = (SRC.parent / module).read_text()
         tree = ast.parse(source)
         assert any(_function_at(tree, n) == function for n in swallowed_cancellations(source)), key
-    for rel in PENDING_OTHER_HELPERS:
-        path = SRC.parent / rel if rel.startswith("tkbox/") else REPO / rel
-        if not path.exists():
-            continue  # moved by its helper: the integrator drops the entry
-        source = path.read_text()
-        if rel.startswith("tests/"):
-            assert sleeps(source), f"{rel} is clean: drop it from PENDING_OTHER_HELPERS"
-        else:
-            assert unowned_tasks(source) or swallowed_cancellations(source), \
-                f"{rel} is clean: drop it from PENDING_OTHER_HELPERS"
 
 
 def test_the_checks_catch_hand_tracked_tasks() -> None:

@@ -11,12 +11,12 @@ offline verifier (`tkbox.verify`) is allowed to import.
 | `checkpoint`  | C2SP tlog-checkpoint                                      |
 | `cosignature` | C2SP tlog-cosignature, `cosignature/v1` (type 0x04)       |
 | `witness`     | C2SP tlog-witness `add-checkpoint` request and response   |
-| `policy`      | C2SP tlog-policy                                          |
+| `tlogpolicy`  | C2SP tlog-policy                                          |
 | `proof`       | C2SP tlog-proof                                           |
 | `canonjson`   | RFC 8785 canonical JSON (the subset records use)          |
 | `record`      | tkbox's log record (one leaf)                             |
 | `bundle`      | tkbox's `.tkb` bundle and `.trust.json` trust file        |
-| `wire`        | the signer's socket framing (signer and daemon share it)  |
+| `wire`        | the signer's framing and typed requests (both ends share) |
 | `workload`    | who recorded a remote run (the open record's `workload`)  |
 
 Errors:
@@ -28,6 +28,8 @@ tkbox.errors.BundleError          anything under verification is wrong
                                   `what` (one line for a person)
 tkbox.errors.RemoteError
 └── wire.WireError                the signer's peer broke the framing
+    ├── wire.BadSignerRequest           a frame that is not one of the requests (`.id`)
+    └── wire.BadSignerAnswer            a frame from the signer that is no answer or push
 ```
 
 Every parser bounds sizes before reading, accepts only the canonical form

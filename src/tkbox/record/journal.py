@@ -34,6 +34,7 @@ MAX_JOURNAL = 16 << 20
 MAX_FIELD = 512
 #: containers deeper than this are cut
 MAX_DEPTH = 6
+POLL_S = 1.0  # a follower looks again at least this often (it is woken by each line)
 
 
 def _bounded(v: Any, depth: int = 0) -> Any:
@@ -85,9 +86,7 @@ class Journals:
         finally:
             os.close(fd)
         self._sizes[run_id] = room if full else size + len(line)
-        ev = self._wake.pop(run_id, None)
-        if ev is not None:
-            ev.set()
+        self.wake(run_id)
 
     async def follow(self, run_id: str, *, follow: bool,
                      done: Callable[[], bool]) -> AsyncIterator[dict[str, Any]]:
@@ -113,9 +112,15 @@ class Journals:
             if not follow or done():
                 return
             try:
-                await asyncio.wait_for(wake.wait(), 1.0)
+                await asyncio.wait_for(wake.wait(), POLL_S)
             except TimeoutError:
                 pass
+
+    def wake(self, run_id: str) -> None:
+        """Each follower of `run_id` looks again now (and asks its `done()`)."""
+        ev = self._wake.pop(run_id, None)
+        if ev is not None:
+            ev.set()
 
 
 class JournalingSigner(ForwardingSigner):

@@ -31,7 +31,6 @@ import asyncio
 import json
 import os
 import ssl
-import time
 from abc import ABC, abstractmethod
 from dataclasses import dataclass
 from pathlib import Path
@@ -40,6 +39,7 @@ from urllib.parse import urlsplit
 
 import httpx
 
+from tkbox._clock import Clock, SystemClock
 from tkbox.errors import SignerUnavailable, UserError
 from tkbox.formats import wire
 from tkbox.record.unix import Streams, UnixSignerClient
@@ -150,7 +150,7 @@ def parse_url(url: str) -> tuple[str, int]:
 class RemoteSignerClient(UnixSignerClient):
     def __init__(self, url: str, *, ca: Path | None, cert: Path | None = None,
                  key: Path | None = None, token: TokenSource | None = None,
-                 max_skew: float = MAX_SKEW, **kw: Any) -> None:
+                 max_skew: float = MAX_SKEW, clock: Clock | None = None, **kw: Any) -> None:
         self.url = url.rstrip("/")
         self.host, self.port = parse_url(url)
         if cert is None and token is None:
@@ -161,6 +161,7 @@ class RemoteSignerClient(UnixSignerClient):
         self._ssl = self._context(ca, cert, key)
         self._token = token
         self.max_skew = max_skew
+        self._clock = clock or SystemClock()  # this host's time, beside the signer's
         self.workload = ""  # what the signer said this daemon is, once authenticated
         self._streams: set[asyncio.StreamWriter] = set()
         super().__init__(self.url, **kw)
@@ -203,11 +204,11 @@ class RemoteSignerClient(UnixSignerClient):
                                     ) from None
         try:
             if self._token is not None:
-                answer = await self._handshake(reader, writer, {"op": "auth",
-                                                                "token": await self._token.get()})
+                answer = await self._handshake(reader, writer,
+                                               wire.Auth(0, await self._token.get()))
                 self.workload = str(answer.get("workload", ""))
             else:
-                answer = await self._handshake(reader, writer, {"op": "ping"})
+                answer = await self._handshake(reader, writer, wire.Ping(0))
             self._check_clock(answer.get("time_ms"))
         except BaseException:
             await _closed(writer)
@@ -224,18 +225,18 @@ class RemoteSignerClient(UnixSignerClient):
             await _closed(w)
 
     async def _handshake(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                         req: dict[str, Any]) -> dict[str, Any]:
+                         req: wire.Auth | wire.Ping) -> dict[str, Any]:
         """One request before the connection is handed over (id 0; nothing else is in
         flight on it yet, and the signer sends nothing unasked before `subscribe`)."""
         decoder = wire.Decoder()
         try:
-            writer.write(wire.encode({"id": 0, **req}))
+            writer.write(req.encode())
             await writer.drain()
             while (frame := decoder.next()) is None:
                 data = await reader.read(1 << 16)
                 if not data:
                     raise SignerUnavailable(f"the signer at {self.url} closed the connection "
-                                            f"during {req['op']} (did it refuse this daemon's "
+                                            f"during {req.OP} (did it refuse this daemon's "
                                             "certificate?)")
                 decoder.feed(data)
         except wire.WireError as exc:
@@ -245,22 +246,25 @@ class RemoteSignerClient(UnixSignerClient):
                                     f"certificate ({_why(exc)})") from None
         except (ConnectionError, OSError) as exc:
             raise SignerUnavailable(f"the connection to the signer at {self.url} broke during "
-                                    f"{req['op']} ({_why(exc)}; did it refuse this daemon's "
+                                    f"{req.OP} ({_why(exc)}; did it refuse this daemon's "
                                     "certificate?)") from None
         if decoder.buffered:
-            raise SignerUnavailable("the signer sent more than the answer to " + req["op"])
-        result = frame.get("result")
-        if frame.get("id") != 0 or frame.get("ok") is not True or not isinstance(result, dict):
-            error = frame.get("error")
+            raise SignerUnavailable("the signer sent more than the answer to " + req.OP)
+        try:
+            answer = wire.parse_answer(frame)
+        except wire.BadSignerAnswer:
+            answer = None
+        if not isinstance(answer, wire.Ok) or answer.id != 0:
+            error = answer.error if isinstance(answer, wire.Refused | wire.Failed) else None
             raise SignerUnavailable(f"the signer at {self.url} refused this daemon: "
-                                    f"{error if isinstance(error, str) else 'no reason'}")
-        return result
+                                    f"{error if error is not None else 'no reason'}")
+        return answer.result
 
     def _check_clock(self, signer_ms: Any) -> None:
         if not isinstance(signer_ms, int) or isinstance(signer_ms, bool):
             raise SignerUnavailable("the signer did not say its time; refusing (the records' "
                                     "times could not be trusted)")
-        skew = abs(signer_ms / 1000 - time.time())
+        skew = abs(signer_ms / 1000 - self._clock.time())
         if skew > self.max_skew:
             raise SignerUnavailable(f"the signer's clock and this host's differ by {skew:.0f} s "
                                     f"(at most {self.max_skew:.0f} s); fix the clocks (NTP)")

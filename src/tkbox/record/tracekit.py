@@ -97,6 +97,7 @@ from pathlib import Path
 from typing import Any
 
 from tkbox._fs import write_atomic
+from tkbox._tasks import TaskOwner
 from tkbox.errors import HostError, SignerUnavailable, UserError
 from tkbox.record.client import (
     JSON,
@@ -432,7 +433,7 @@ class TracekitSignerClient(SignerClient):
         webhook configured, from the signer's incident records as it POSTs them."""
         if self._queue is None:
             self._queue = asyncio.Queue()
-        poller: asyncio.Task[None] | None = None
+        tasks = TaskOwner("tracekit pushes")  # the poller, ended with this iterator
         if self.webhook_port and self.webhook_secret:
             if self._server is None:
                 try:
@@ -443,17 +444,13 @@ class TracekitSignerClient(SignerClient):
                                             f"127.0.0.1:{self.webhook_port} "
                                             f"({_one_line(exc)})") from None
         else:  # no webhook (a system signer): read each open run's new records
-            poller = asyncio.get_running_loop().create_task(self._poll(), name="tracekit-poll")
+            tasks.spawn(self._poll(), "poll")
         try:
             while True:
                 yield await self._queue.get()
         finally:
-            if poller is not None:
-                poller.cancel()
-                # It ends; a cancellation of our own consumer still goes through.
-                await asyncio.wait([poller])
-                if not poller.cancelled():
-                    poller.exception()  # retrieved (the poller only ends by cancel)
+            # It ends; a cancellation of our own consumer still goes through.
+            await tasks.aclose()
 
     async def _poll(self) -> None:
         """Without a webhook: every POLL_S, `read` each open run from its last

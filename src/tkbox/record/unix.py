@@ -2,7 +2,9 @@
 
 One connection carries every request, pipelined (each has an id; answers
 may come in any order). A second connection, opened by `pushes()`, carries
-the signer's holds, releases and quarantines. Frames are `tkbox.formats.wire`.
+the signer's holds, releases and quarantines. Frames are `tkbox.formats.wire`:
+requests are built from its request classes (`wire.Decide(...)`, the same ones
+the signer parses into), answers read by `wire.parse_answer`.
 
 Fail closed: no socket, a connection that breaks, an answer that does not
 come within `timeout`, a frame we cannot read, or a request the signer will
@@ -20,6 +22,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from tkbox._tasks import TaskOwner
 from tkbox.errors import SignerRefused, SignerUnavailable
 from tkbox.formats import wire
 from tkbox.record.client import JSON, Action, Export, Push, SignerClient, Verdict
@@ -51,7 +54,7 @@ class UnixSignerClient(SignerClient):
         self._writer: asyncio.StreamWriter | None = None
         # Each connection's reader; owned here: one ends with its connection, and
         # `aclose` cancels and awaits any still running.
-        self._readers: set[asyncio.Task[None]] = set()
+        self._readers = TaskOwner("signer client")
         self._pending: dict[int, _Pending] = {}
         self._connect_lock = asyncio.Lock()
         self._push_writer: asyncio.StreamWriter | None = None
@@ -79,10 +82,7 @@ class UnixSignerClient(SignerClient):
                 return self._writer
             reader, writer = await self._open()
             self._writer = writer
-            task = asyncio.get_running_loop().create_task(
-                self._read_loop(reader, writer), name="signer-client-reader")
-            self._readers.add(task)
-            task.add_done_callback(self._readers.discard)
+            self._readers.spawn(self._read_loop(reader, writer), "reader")
             return writer
 
     async def _read_loop(self, reader: asyncio.StreamReader,
@@ -105,38 +105,41 @@ class UnixSignerClient(SignerClient):
             self._drop(writer, why)
 
     def _deliver(self, frame: dict[str, Any]) -> None:
-        rid = frame.get("id")
-        p = self._pending.get(rid) if isinstance(rid, int) else None
+        try:
+            answer = wire.parse_answer(frame)
+        except wire.BadSignerAnswer as exc:
+            p = self._pending.get(exc.id) if exc.id is not None else None
+            if p is not None and not p.fut.done():
+                p.fut.set_exception(SignerUnavailable(str(exc)))
+            return
+        if isinstance(answer, wire.Pushed):  # not asked for on this connection
+            return
+        p = self._pending.get(answer.id)
         if p is None or p.fut.done():
             return
-        if "part" in frame:
-            data = frame.get("data")
-            if p.result is None or frame.get("part") != len(p.parts) or not isinstance(data, str):
-                p.fut.set_exception(SignerUnavailable("the signer sent export parts out of order"))
-                return
-            try:
-                p.parts.append(base64.b64decode(data, validate=True))
-            except ValueError:
-                p.fut.set_exception(SignerUnavailable("the signer sent a bad export part"))
-                return
-            if len(p.parts) == p.expect:
-                p.fut.set_result(p.result)
-            return
-        if frame.get("ok") is True and isinstance(frame.get("result"), dict):
-            result = frame["result"]
-            parts = result.get("parts")
-            if isinstance(parts, int) and not isinstance(parts, bool) and parts > 0:
-                p.result, p.expect = result, parts
-                return
-            p.fut.set_result(result)
-            return
-        error = frame.get("error")
-        if frame.get("kind") == "refused" and isinstance(error, str):
-            p.fut.set_exception(SignerRefused(f"the signer refused: {error}"))
-            return
-        p.fut.set_exception(SignerUnavailable(
-            f"the signer refused: {error}" if isinstance(error, str) else
-            "the signer sent an answer that is neither a result nor an error"))
+        match answer:
+            case wire.Part(part=part, data=data):
+                if p.result is None or part != len(p.parts):
+                    p.fut.set_exception(SignerUnavailable(
+                        "the signer sent export parts out of order"))
+                    return
+                try:
+                    p.parts.append(base64.b64decode(data, validate=True))
+                except ValueError:
+                    p.fut.set_exception(SignerUnavailable("the signer sent a bad export part"))
+                    return
+                if len(p.parts) == p.expect:
+                    p.fut.set_result(p.result)
+            case wire.Ok(result=result):
+                parts = result.get("parts")
+                if isinstance(parts, int) and not isinstance(parts, bool) and parts > 0:
+                    p.result, p.expect = result, parts
+                    return
+                p.fut.set_result(result)
+            case wire.Refused(error=error):
+                p.fut.set_exception(SignerRefused(f"the signer refused: {error}"))
+            case wire.Failed(error=error):
+                p.fut.set_exception(SignerUnavailable(f"the signer refused: {error}"))
 
     def _drop(self, writer: asyncio.StreamWriter, why: str) -> None:
         if self._writer is writer:
@@ -147,11 +150,14 @@ class UnixSignerClient(SignerClient):
             if not p.fut.done():
                 p.fut.set_exception(SignerUnavailable(why))
 
-    async def _call(self, op: str, timeout: float | None = None,
-                    **args: Any) -> tuple[dict[str, Any], list[bytes]]:
+    async def _call(self, make: Callable[[int], wire.Request],
+                    timeout: float | None = None) -> tuple[dict[str, Any], list[bytes]]:
+        """One request, built by `make` from its id (a `wire` request class), answered."""
         rid = next(self._ids)
+        req = make(rid)
+        op = req.OP
         try:
-            frame = wire.encode({"id": rid, "op": op, **args})
+            frame = req.encode()
         except wire.WireError as exc:
             raise SignerUnavailable(f"{op} cannot be recorded: {exc} (records hold JSON "
                                     "objects, strings, booleans and integers only)") from None
@@ -185,35 +191,36 @@ class UnixSignerClient(SignerClient):
     # --- SignerClient ----------------------------------------------------------
 
     async def ping(self) -> JSON:
-        result, _ = await self._call("ping")
+        result, _ = await self._call(wire.Ping)
         return result
 
     async def status(self) -> JSON:
-        result, _ = await self._call("status")
+        result, _ = await self._call(wire.Status)
         return result
 
     async def open_run(self, run_id: str, facts: JSON) -> None:
-        await self._call("open", run=run_id, facts=dict(facts))
+        await self._call(lambda rid: wire.Open(rid, run_id, dict(facts)))
 
     async def decide(self, run_id: str, action: Action, resource: JSON, context: JSON) -> Verdict:
-        result, _ = await self._call("decide", run=run_id, action=action,
-                                     resource=dict(resource), context=dict(context))
+        result, _ = await self._call(
+            lambda rid: wire.Decide(rid, run_id, action, dict(resource), dict(context)))
         allowed, reason, did = result.get("allowed"), result.get("reason"), result.get("decision")
         if not isinstance(allowed, bool) or not isinstance(reason, str) or not isinstance(did, str):
             raise SignerUnavailable("the signer's decision is malformed; refusing")
         return Verdict(allowed, reason, did)
 
     async def complete(self, run_id: str, decision_id: str, outcome: JSON) -> None:
-        await self._call("complete", run=run_id, decision=decision_id, outcome=dict(outcome))
+        await self._call(lambda rid: wire.Complete(rid, run_id, decision_id, dict(outcome)))
 
     async def event(self, run_id: str, kind: str, body: JSON) -> None:
-        await self._call("event", run=run_id, kind=kind, body=dict(body))
+        await self._call(lambda rid: wire.Event(rid, run_id, kind, dict(body)))
 
     async def close_run(self, run_id: str) -> None:
-        await self._call("close", run=run_id)
+        await self._call(lambda rid: wire.Close(rid, run_id))
 
     async def export(self, run_id: str) -> Export:
-        result, parts = await self._call("export", timeout=self.export_timeout, run=run_id)
+        result, parts = await self._call(lambda rid: wire.Export(rid, run_id),
+                                         timeout=self.export_timeout)
         bundle = b"".join(parts)
         try:
             trust = base64.b64decode(str(result.get("trust", "")), validate=True)
@@ -224,13 +231,13 @@ class UnixSignerClient(SignerClient):
         return Export(bundle, trust)
 
     async def hold(self, run_id: str, reason: str = "") -> None:
-        await self._call("hold", run=run_id, reason=reason)
+        await self._call(lambda rid: wire.Hold(rid, run_id, reason))
 
     async def release(self, run_id: str, reason: str = "") -> None:
-        await self._call("release", run=run_id, reason=reason)
+        await self._call(lambda rid: wire.Release(rid, run_id, reason))
 
     async def quarantine(self, run_id: str, reason: str = "") -> None:
-        await self._call("quarantine", run=run_id, reason=reason)
+        await self._call(lambda rid: wire.Quarantine(rid, run_id, reason))
 
     async def pushes(self) -> AsyncIterator[Push]:
         """Holds, releases and quarantines. Raises SignerUnavailable when the
@@ -238,7 +245,7 @@ class UnixSignerClient(SignerClient):
         reader, writer = await self._open()
         self._push_writer = writer
         try:
-            writer.write(wire.encode({"id": 0, "op": "subscribe"}))
+            writer.write(wire.Subscribe(0).encode())
             await writer.drain()
             decoder = wire.Decoder()
             subscribed = False
@@ -258,16 +265,20 @@ class UnixSignerClient(SignerClient):
                 except wire.WireError as exc:
                     raise SignerUnavailable(f"the signer sent a bad push frame ({exc})") from None
                 for f in frames:
+                    try:
+                        msg: wire.Answer | wire.Pushed | None = wire.parse_answer(f)
+                    except wire.BadSignerAnswer:
+                        msg = None
                     if not subscribed:
-                        if f.get("id") == 0 and f.get("ok") is True:
+                        if isinstance(msg, wire.Ok) and msg.id == 0:
                             subscribed = True
                             continue
+                        error = msg.error if isinstance(msg, wire.Refused | wire.Failed) \
+                            else None
                         raise SignerUnavailable(f"the signer refused the subscription: "
-                                                f"{f.get('error')}")
-                    kind, run, reason = f.get("push"), f.get("run"), f.get("reason", "")
-                    if kind in ("hold", "release", "quarantine") and isinstance(run, str) \
-                            and isinstance(reason, str):
-                        yield Push(kind, run, reason)
+                                                f"{error}")
+                    if isinstance(msg, wire.Pushed):
+                        yield Push(msg.push, msg.run, msg.reason)
         finally:
             writer.close()
             if self._push_writer is writer:
@@ -278,15 +289,10 @@ class UnixSignerClient(SignerClient):
             self._drop(self._writer, "the client was closed")
         if self._push_writer is not None:
             self._push_writer.close()
-        readers = list(self._readers)
-        for task in readers:
-            task.cancel()
-        if readers:
-            # Wait for them to end; a cancellation of aclose itself still goes through.
-            await asyncio.wait(readers)
-            for task in readers:
-                if not task.cancelled():
-                    task.exception()  # retrieved: a reader's error was already reported
+        # The readers end; a cancellation of aclose itself still goes through. The
+        # client may connect again after (a reader per connection, a new owner).
+        readers, self._readers = self._readers, TaskOwner("signer client")
+        await readers.aclose()
 
 
 def _expire(fut: asyncio.Future[dict[str, Any]]) -> None:

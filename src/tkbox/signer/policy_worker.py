@@ -40,11 +40,12 @@ import logging
 import os
 import signal
 import sys
-import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, BinaryIO
 
+from tkbox._clock import Clock, SystemClock
+from tkbox._tasks import TaskOwner
 from tkbox.formats import wire
 from tkbox.signer.cedarpolicy import DEFAULT_PACKS, Decision, PolicyEngine
 
@@ -83,6 +84,7 @@ class _Worker:
     def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
         self.ready = False
+        self.ended = asyncio.Event()  # set once its reader has seen it go
         # request id -> (its future, when it was sent); in the order sent
         self.pending: dict[int, tuple[asyncio.Future[Decision | None], float]] = {}
 
@@ -92,8 +94,12 @@ class PolicyWorkers:
 
     def __init__(self, user_file: Path | None, count: int,
                  packs: tuple[str, ...] = DEFAULT_PACKS,
-                 command: Sequence[str] | None = None, timeout: float = 10.0) -> None:
+                 command: Sequence[str] | None = None, timeout: float = 10.0,
+                 clock: Clock | None = None) -> None:
         self.timeout = timeout
+        self._clock = clock or SystemClock()
+        # The watchdog, each start and each worker's reader: all end by `aclose`.
+        self._tasks = TaskOwner("policy workers", log)
         self._watch: asyncio.Task[None] | None = None
         self.count = count
         self._command = list(command) if command is not None else [
@@ -104,6 +110,7 @@ class PolicyWorkers:
         self._started: list[float] = [float("-inf")] * count  # when each slot last started
         self._starting: dict[int, asyncio.Task[None]] = {}  # slot -> its worker being started
         self._readers: set[asyncio.Task[None]] = set()  # one per worker, until it is reaped
+        self._any_ready = asyncio.Event()  # set while a worker is ready
         self._next_id = 0
         self._turn = 0
         self._closed = False
@@ -114,15 +121,15 @@ class PolicyWorkers:
         """Start every worker in the background (decisions go on meanwhile, on the loop)."""
         for i in range(self.count):
             self._start(i)
-        self._watch = asyncio.get_running_loop().create_task(self._watchdog())
+        self._watch = self._tasks.spawn(self._watchdog(), "watchdog")
 
     async def _watchdog(self) -> None:
         """A worker that holds a request longer than `timeout` is stopped: its requests
         go back to the loop (evaluating one request takes milliseconds; a worker that
         takes seconds is stuck, stopped by someone, or starved)."""
         while True:
-            await asyncio.sleep(min(1.0, self.timeout / 2))
-            now = time.monotonic()
+            await self._clock.sleep(min(1.0, self.timeout / 2))
+            now = self._clock.monotonic()
             for w in self._slots:
                 if w is not None and w.pending and \
                         now - next(iter(w.pending.values()))[1] > self.timeout:
@@ -135,14 +142,13 @@ class PolicyWorkers:
         """Start slot `i`'s worker, unless it has one or one is starting."""
         if self._closed or self._slots[i] is not None or i in self._starting:
             return
-        self._started[i] = time.monotonic()
-        task = asyncio.get_running_loop().create_task(self._spawn(i))
-        self._starting[i] = task  # until _spawn ends
+        self._started[i] = self._clock.monotonic()
+        self._starting[i] = self._tasks.spawn(self._spawn(i), f"start {i}")  # until it ends
 
     def _start_later(self, i: int) -> None:
         """Start slot `i` again RESTART_AFTER after it last started (at once if longer ago)."""
         if not self._closed:
-            wait = self._started[i] + RESTART_AFTER - time.monotonic()
+            wait = self._started[i] + RESTART_AFTER - self._clock.monotonic()
             asyncio.get_running_loop().call_later(max(0.0, wait), self._start, i)
 
     async def _spawn(self, i: int) -> None:
@@ -159,7 +165,7 @@ class PolicyWorkers:
             self._starting.pop(i, None)
         w = _Worker(proc)
         self._slots[i] = w
-        reader = asyncio.get_running_loop().create_task(self._read(i, w))
+        reader = self._tasks.spawn(self._read(i, w), f"reader {i}")
         self._readers.add(reader)
         reader.add_done_callback(self._readers.discard)
 
@@ -192,6 +198,7 @@ class PolicyWorkers:
     def _answer(self, w: _Worker, obj: dict[str, Any]) -> None:
         if obj.get("ready") is True and not w.ready:
             w.ready = True
+            self._any_ready.set()
             return
         rid = obj.get("id")
         held = w.pending.pop(rid, None) if isinstance(rid, int) else None
@@ -217,6 +224,9 @@ class PolicyWorkers:
         if self._slots[i] is w:
             self._slots[i] = None
         w.ready = False
+        w.ended.set()
+        if not self.ready():
+            self._any_ready.clear()
         for fut, _ in w.pending.values():
             if not fut.done():
                 self.fell_back += 1
@@ -229,6 +239,15 @@ class PolicyWorkers:
 
     def ready(self) -> bool:
         return any(w is not None and w.ready for w in self._slots)
+
+    async def wait_ready(self) -> None:
+        """Until a worker is ready (a test's signal; the signer never waits for one)."""
+        await self._any_ready.wait()
+
+    async def wait_started(self) -> None:
+        """Until every start under way has ended (started a worker, or failed to)."""
+        while self._starting:
+            await asyncio.wait(list(self._starting.values()))
 
     def status(self) -> dict[str, int]:
         return {"count": self.count,
@@ -250,7 +269,7 @@ class PolicyWorkers:
             return None
         assert w.proc.stdin is not None
         fut: asyncio.Future[Decision | None] = asyncio.get_running_loop().create_future()
-        w.pending[rid] = (fut, time.monotonic())
+        w.pending[rid] = (fut, self._clock.monotonic())
         try:
             w.proc.stdin.write(data)
         except (ConnectionError, RuntimeError):
@@ -282,6 +301,7 @@ class PolicyWorkers:
                 self._slots[i] = None
         if self._readers:  # each ends once its worker is reaped
             await asyncio.wait(list(self._readers))
+        await self._tasks.aclose()
 
     async def _stop(self, w: _Worker) -> None:
         if w.proc.stdin is not None:

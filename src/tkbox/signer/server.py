@@ -21,6 +21,11 @@ nothing may only `ping` and `auth`.
 
 Logging: requests at debug level name the op and run only; bodies are never
 logged.
+
+One idea: the signer's serving loop, from a parsed request to its durable answer;
+the parsing is `formats.wire`'s, the decisions `cedarpolicy`'s and the log `log`'s,
+and what stays here (each op's staging, the remote checks, the pushes) shares the
+loop's state.
 """
 
 from __future__ import annotations
@@ -38,13 +43,31 @@ import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal
 
 from tkbox import __version__
 from tkbox._process import undumpable
+from tkbox._tasks import TaskOwner
 from tkbox.errors import InternalError, UserError
 from tkbox.formats import bundle, note, record, wire, workload
 from tkbox.formats.errors import FormatError
+from tkbox.formats.wire import (
+    Auth,
+    Close,
+    Complete,
+    Decide,
+    Event,
+    Export,
+    Hold,
+    Open,
+    Ping,
+    Pushed,
+    Quarantine,
+    Release,
+    Request,
+    Status,
+    Subscribe,
+)
 from tkbox.signer import config as config_mod
 from tkbox.signer.cedarpolicy import Decision, PolicyEngine
 from tkbox.signer.checkpoints import Checkpointer
@@ -62,13 +85,14 @@ log = logging.getLogger("tkbox.signer")
 MAX_IN_FLIGHT = 256
 MAX_UNREAD_PUSHES = 1 << 20  # bytes a subscriber may leave unread before it is dropped
 EXPORT_PART = 512 * 1024
+#: the push an operator's record is announced by
+_PUSH: dict[str, Literal["hold", "release", "quarantine"]] = {
+    HOLD: "hold", RELEASE: "release", QUARANTINE: "quarantine"}
 #: kinds a client may not send as events: the signer writes these itself
 RESERVED_KINDS = frozenset({record.OPEN, record.CLOSE, record.DECISION, record.COMPLETE, HOLD,
                             RELEASE, QUARANTINE})
-#: ops that name a run a remote connection must own
-RUN_OPS = frozenset({"decide", "complete", "event", "close", "export"})
 #: what a remote connection that has proved nothing yet may ask
-UNAUTHENTICATED_OPS = frozenset({"ping", "auth"})
+UNAUTHENTICATED = (Ping, Auth)
 
 
 @dataclass(frozen=True)
@@ -112,18 +136,20 @@ class Conn:
     subscribed: bool = False
     identity: Identity | None = None  # what a remote connection proved (cert, then token)
     certificate: Identity | None = None  # its client certificate, if it presented one
-    tasks: set[asyncio.Task[None]] = field(default_factory=set)
-    waiting: set[asyncio.Future[None]] = field(default_factory=set)  # answers not yet durable
+    # the answers that wait on more than the log (an export, an operator's request, a
+    # decision a policy worker evaluates), each a task of this connection's
+    tasks: TaskOwner = field(default_factory=lambda: TaskOwner("signer connection", log))
+    waiting: set[asyncio.Future[Any]] = field(default_factory=set)  # answers not yet sent
 
     _out: list[bytes] = field(default_factory=list)
     _flush_soon: bool = False
 
-    def send(self, obj: dict[str, Any]) -> None:
+    def send(self, msg: wire.Answer | Pushed) -> None:
         """Queue one answer; the answers of one turn of the loop go in one write
         (32 requests in flight answered by one group commit: one syscall, not 32)."""
         if self.writer.is_closing():
             return
-        self._out.append(wire.encode(obj))
+        self._out.append(wire.encode(msg.to_wire()))
         if not self._flush_soon:
             self._flush_soon = True
             asyncio.get_running_loop().call_soon(self.flush)
@@ -162,14 +188,7 @@ class Signer:
         self._conn_tasks: set[asyncio.Task[None]] = set()
         self.uid = os.getuid()
         self._server: asyncio.AbstractServer | None = None
-        self._ops: dict[str, Callable[[Conn, dict[str, Any]], Awaitable[dict[str, Any]] |
-                                      Durable | dict[str, Any]]] = {
-            "ping": self._ping, "status": self._status, "open": self._open,
-            "decide": self._decide, "complete": self._complete, "event": self._event,
-            "close": self._close, "export": self._export, "hold": self._hold,
-            "release": self._release, "quarantine": self._quarantine,
-            "subscribe": self._subscribe, "auth": self._auth,
-        }
+        self._tasks = TaskOwner("signer", log)
 
     # --- serving -------------------------------------------------------------
 
@@ -207,12 +226,11 @@ class Signer:
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, stop.set)
         try:
-            async with asyncio.TaskGroup() as tg:
-                periodic = tg.create_task(
-                    self.checkpoints.run_periodically(self.cfg.checkpoint_interval))
-                await stop.wait()
-                periodic.cancel()
+            self._tasks.spawn(self.checkpoints.run_periodically(self.cfg.checkpoint_interval),
+                              "checkpoints")
+            await stop.wait()
         finally:
+            await self._tasks.aclose()
             await self.aclose()
 
     async def _listen(self, rc: RemoteConfig) -> None:
@@ -323,47 +341,41 @@ class Signer:
             pass
         finally:
             self.conns.discard(conn)
-            for t in list(conn.tasks):
-                await asyncio.wait({t})
-            if conn.waiting:
+            if conn.waiting:  # every request read is answered, then the connection ends
                 await asyncio.wait(set(conn.waiting))
+            await conn.tasks.aclose()
             conn.flush()
             writer.close()
 
     def _dispatch(self, conn: Conn, frame: dict[str, Any], slots: asyncio.Semaphore) -> None:
-        rid = frame.get("id")
-        op = frame.get("op")
-        if not isinstance(rid, int) or isinstance(rid, bool) or rid < 0:
-            conn.send({"id": -1, "ok": False, "kind": "refused",
-                       "error": "a request needs a non-negative integer id"})
+        """Parse the frame into its request (wire.parse_request, once, here), check who
+        may ask it, then stage it; answer now, once durable, or from a task."""
+        try:
+            req = wire.parse_request(frame)
+        except wire.BadSignerRequest as exc:
+            conn.send(wire.Refused(-1 if exc.id is None else exc.id, str(exc)))
             slots.release()
             return
-        handler = self._ops.get(op) if isinstance(op, str) else None
-        if handler is None:
-            known = ", ".join(sorted(wire.OPS))
-            conn.send({"id": rid, "ok": False, "kind": "refused",
-                       "error": f"unknown op {op!r}; the signer knows {known}"})
-            slots.release()
-            return
-        log.debug("peer %s: %s %s", _who(conn.peer), op, frame.get("run", ""))
+        rid = req.id
+        log.debug("peer %s: %s %s", _who(conn.peer), req.OP, getattr(req, "run", ""))
         try:
             if conn.peer.remote:
-                self._check_remote(conn, str(op), frame)  # who may do what, before anything
-            elif op in RUN_OPS and op != "export":
-                self._check_local(frame)
-            result = handler(conn, frame)  # checks and stages synchronously
+                self._check_remote(conn, req)  # who may do what, before anything
+            elif isinstance(req, Decide | Complete | Event | Close):
+                self._check_local(req.run)
+            result = self._handle(conn, req)  # checks and stages synchronously
         except (Refusal, LogError, wire.WireError) as exc:
-            conn.send({"id": rid, "ok": False, "kind": "refused", "error": str(exc)})
+            conn.send(wire.Refused(rid, str(exc)))
             slots.release()
             return
         except Exception as exc:  # noqa: BLE001 - our bug: answer "failed", keep serving
-            log.exception("%s failed", op)
-            conn.send({"id": rid, "ok": False, "kind": "failed",
-                       "error": f"{op} failed in the signer: {exc.__class__.__name__}"})
+            log.exception("%s failed", req.OP)
+            conn.send(wire.Failed(rid, f"{req.OP} failed in the signer: "
+                                       f"{exc.__class__.__name__}"))
             slots.release()
             return
         if isinstance(result, dict):
-            conn.send({"id": rid, "ok": True, "result": result})
+            conn.send(wire.Ok(rid, result))
             slots.release()
             return
         if isinstance(result, Durable):
@@ -375,14 +387,13 @@ class Signer:
                 slots.release()
                 exc = None if fut.cancelled() else fut.exception()
                 if fut.cancelled() or isinstance(exc, LogError):
-                    conn.send({"id": rid, "ok": False, "kind": "refused",
-                               "error": str(exc or "the signer is stopping")})
+                    conn.send(wire.Refused(rid, str(exc or "the signer is stopping")))
                 elif exc is not None:
-                    log.error("%s failed: %s", op, exc.__class__.__name__)
-                    conn.send({"id": rid, "ok": False, "kind": "failed",
-                               "error": f"{op} failed in the signer: {exc.__class__.__name__}"})
+                    log.error("%s failed: %s", req.OP, exc.__class__.__name__)
+                    conn.send(wire.Failed(rid, f"{req.OP} failed in the signer: "
+                                               f"{exc.__class__.__name__}"))
                 else:
-                    conn.send({"id": rid, "ok": True, "result": answer})
+                    conn.send(wire.Ok(rid, answer))
 
             result.fut.add_done_callback(durable)
             return
@@ -392,25 +403,56 @@ class Signer:
                 res = await awaitable
                 if "_parts" in res:
                     parts: list[bytes] = res.pop("_parts")
-                    conn.send({"id": rid, "ok": True, "result": res})
+                    conn.send(wire.Ok(rid, res))
                     for i, part in enumerate(parts):
-                        conn.send({"id": rid, "part": i, "data": base64.b64encode(part).decode()})
+                        conn.send(wire.Part(rid, i, base64.b64encode(part).decode()))
                         conn.flush()
                         await conn.writer.drain()
                 else:
-                    conn.send({"id": rid, "ok": True, "result": res})
+                    conn.send(wire.Ok(rid, res))
             except (Refusal, LogError, wire.WireError) as exc:
-                conn.send({"id": rid, "ok": False, "kind": "refused", "error": str(exc)})
+                conn.send(wire.Refused(rid, str(exc)))
             except Exception as exc:  # noqa: BLE001 - answer, then let the log decide
-                log.exception("%s failed", op)
-                conn.send({"id": rid, "ok": False, "kind": "failed",
-                           "error": f"{op} failed in the signer: {exc.__class__.__name__}"})
+                log.exception("%s failed", req.OP)
+                conn.send(wire.Failed(rid, f"{req.OP} failed in the signer: "
+                                           f"{exc.__class__.__name__}"))
             finally:
                 slots.release()
 
-        task = asyncio.get_running_loop().create_task(finish(result))
-        conn.tasks.add(task)
-        task.add_done_callback(conn.tasks.discard)
+        task = conn.tasks.spawn(finish(result), req.OP)
+        conn.waiting.add(task)
+        task.add_done_callback(conn.waiting.discard)
+
+    def _handle(self, conn: Conn, req: Request
+                ) -> Durable | Awaitable[dict[str, Any]] | dict[str, Any]:
+        """The request's handler; the most frequent first."""
+        match req:
+            case Decide():
+                return self._decide(conn, req)
+            case Event():
+                return self._event(req)
+            case Complete():
+                return self._complete(req)
+            case Open():
+                return self._open(conn, req)
+            case Close():
+                return self._append(req.run, record.CLOSE, {})
+            case Ping():
+                return self._ping(conn)
+            case Status():
+                return self._status(conn)
+            case Export():
+                return self._export(req)
+            case Hold():
+                return self._admin(conn, req.run, req.reason, HOLD)
+            case Release():
+                return self._admin(conn, req.run, req.reason, RELEASE)
+            case Quarantine():
+                return self._admin(conn, req.run, req.reason, QUARANTINE)
+            case Subscribe():
+                return self._subscribe(conn)
+            case Auth():
+                return self._auth(conn, req)
 
     # --- requests ------------------------------------------------------------
 
@@ -419,39 +461,40 @@ class Signer:
             return "remote"
         return "same-user" if conn.peer.uid == self.uid else "separate-user"
 
-    def _check_remote(self, conn: Conn, op: str, req: dict[str, Any]) -> None:
+    def _check_remote(self, conn: Conn, req: Request) -> None:
         """A remote connection: it has proved who it is, and writes only to its own runs
         (the principal of the identity that opened them); a token opens one run."""
         ident = conn.identity
         if ident is None:
-            if op not in UNAUTHENTICATED_OPS:
-                raise Refusal(f"{op}: authenticate first (a client certificate from the "
+            if not isinstance(req, UNAUTHENTICATED):
+                raise Refusal(f"{req.OP}: authenticate first (a client certificate from the "
                               "signer's CA, or a workload token with auth)")
             return
-        if op == "open":
-            if ident.jti is not None and ident.jti in self.log.jtis:
-                raise Refusal(f"this workload token opened run {self.log.jtis[ident.jti]} "
-                              "already: a token opens one run (replayed?); ask its issuer "
-                              "for a fresh one")
-        elif op in RUN_OPS:
-            run = req.get("run")
-            r = self.log.runs.get(run) if isinstance(run, str) else None
-            if r is not None and r.owner != ident.principal:
-                raise Refusal(f"run {run} belongs to another workload: this connection "
-                              f"({workload.describe(ident.workload)}) writes only to its own "
-                              "runs")
-        elif op == "status":
-            raise Refusal("status is for the signer's own host; ping says who it is")
+        match req:
+            case Open():
+                if ident.jti is not None and ident.jti in self.log.jtis:
+                    raise Refusal(f"this workload token opened run {self.log.jtis[ident.jti]} "
+                                  "already: a token opens one run (replayed?); ask its issuer "
+                                  "for a fresh one")
+            case Decide() | Complete() | Event() | Close() | Export():
+                r = self.log.runs.get(req.run)
+                if r is not None and r.owner != ident.principal:
+                    raise Refusal(f"run {req.run} belongs to another workload: this connection "
+                                  f"({workload.describe(ident.workload)}) writes only to its "
+                                  "own runs")
+            case Status():
+                raise Refusal("status is for the signer's own host; ping says who it is")
+            case _:
+                pass
 
-    def _check_local(self, req: dict[str, Any]) -> None:
+    def _check_local(self, run: str) -> None:
         """A run a remote workload opened takes records from that workload only."""
-        run = req.get("run")
-        r = self.log.runs.get(run) if isinstance(run, str) else None
+        r = self.log.runs.get(run)
         if r is not None and r.owner:
             raise Refusal(f"run {run} belongs to a remote workload; it takes records only "
                           "over the network listener, from that workload")
 
-    async def _auth(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+    async def _auth(self, conn: Conn, req: Auth) -> dict[str, Any]:
         """A workload token (`signer.oidc`): the connection becomes its workload."""
         if not conn.peer.remote:
             raise Refusal("auth is for the network listener; the socket's peer is its uid")
@@ -461,7 +504,7 @@ class Signer:
         from tkbox.signer.oidc import TokenRefused
 
         try:
-            ident = await self.oidc.verify(req.get("token"))
+            ident = await self.oidc.verify(req.token)
         except TokenRefused as exc:
             log.warning("peer %s: token refused: %s", _who(conn.peer), exc)
             raise Refusal(f"token refused: {exc}") from None
@@ -472,19 +515,19 @@ class Signer:
         log.info("peer %s: %s", _who(conn.peer), workload.describe(ident.workload))
         return {"workload": workload.describe(ident.workload), "time_ms": _now_ms()}
 
-    def _ping(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+    def _ping(self, conn: Conn) -> dict[str, Any]:
         return {"key": note.key_tag(self.key.name, self.key.key_id), "origin": self.key.name,
                 "vkey": self.key.verifier().vkey(), "isolation": self._isolation(conn),
                 "uid": self.uid, "peer_uid": conn.peer.uid, "version": __version__,
                 "time_ms": _now_ms()}
 
-    def _status(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+    def _status(self, conn: Conn) -> dict[str, Any]:
         states: dict[str, int] = {}
         for r in self.log.runs.values():
             states[r.state] = states.get(r.state, 0) + 1
         latest = self.checkpoints.latest
         return {
-            **self._ping(conn, req),
+            **self._ping(conn),
             "size": self.log.tree.size,
             "durable": self.log.durable_size,
             "undumpable": undumpable(),
@@ -509,11 +552,9 @@ class Signer:
         rec, fut = self.log.stage(run, kind, body)
         return Durable(fut, {"seq": rec.seq, **(result or {})})
 
-    def _open(self, conn: Conn, req: dict[str, Any]) -> Durable:
-        run = wire.need(req, "run", str)
-        facts = wire.need(req, "facts", dict)
+    def _open(self, conn: Conn, req: Open) -> Durable:
         body = {
-            "facts": facts,
+            "facts": req.facts,
             "isolation": self._isolation(conn),
             "peer": {"uid": conn.peer.uid, "gid": conn.peer.gid, "pid": conn.peer.pid},
             "signer": {"uid": self.uid, "version": __version__, "mode": self.cfg.mode},
@@ -523,14 +564,10 @@ class Signer:
             assert conn.identity is not None  # _check_remote
             body["peer"] = {"address": conn.peer.address}
             body["workload"] = conn.identity.workload
-        return self._append(run, record.OPEN, body)
+        return self._append(req.run, record.OPEN, body)
 
-    def _decide(self, conn: Conn, req: dict[str, Any]
-                ) -> Durable | Awaitable[dict[str, Any]]:
-        run = wire.need(req, "run", str)
-        action = wire.need(req, "action", str)
-        resource = wire.need(req, "resource", dict)
-        context = wire.need(req, "context", dict)
+    def _decide(self, conn: Conn, req: Decide) -> Durable | Awaitable[dict[str, Any]]:
+        run, action, resource, context = req.run, req.action, req.resource, req.context
         r = self.log.check(run, record.DECISION)
         if r.state in ("held", "quarantined"):
             d = _operator_refusal(run, r.state, r.reason)
@@ -569,10 +606,8 @@ class Signer:
         await staged.fut
         return staged.result
 
-    def _complete(self, conn: Conn, req: dict[str, Any]) -> Durable:
-        run = wire.need(req, "run", str)
-        did = wire.need(req, "decision", str)
-        outcome = wire.need(req, "outcome", dict)
+    def _complete(self, req: Complete) -> Durable:
+        run, did = req.run, req.decision
         r = self.log.check(run, record.COMPLETE)
         prefix, _, seq_s = did.rpartition("/")
         if prefix != run or not seq_s.isdigit() or int(seq_s) not in r.decisions:
@@ -582,30 +617,20 @@ class Signer:
             raise Refusal(f"decision {did} was a refusal; there is nothing to complete")
         if seq in r.completed:
             raise Refusal(f"decision {did} is completed already")
-        return self._append(run, record.COMPLETE, {"decision": seq, "outcome": outcome})
+        return self._append(run, record.COMPLETE, {"decision": seq, "outcome": req.outcome})
 
-    def _event(self, conn: Conn, req: dict[str, Any]) -> Durable:
-        run = wire.need(req, "run", str)
-        kind = wire.need(req, "kind", str)
-        body = wire.need(req, "body", dict)
-        if kind in RESERVED_KINDS or record.KIND.fullmatch(kind) is None:
-            raise Refusal(f"{kind!r} cannot be an event kind (a dotted lowercase name such as "
-                          "tkbox.gap, and not one the signer writes itself)")
-        return self._append(run, kind, body)
+    def _event(self, req: Event) -> Durable:
+        if req.kind in RESERVED_KINDS:  # its shape was checked at the edge (wire.py)
+            raise Refusal(f"{req.kind!r} cannot be an event kind (a dotted lowercase name "
+                          "such as tkbox.gap, and not one the signer writes itself)")
+        return self._append(req.run, req.kind, req.body)
 
-    def _close(self, conn: Conn, req: dict[str, Any]) -> Durable:
-        run = wire.need(req, "run", str)
-        return self._append(run, record.CLOSE, {})
-
-    def _admin(self, conn: Conn, req: dict[str, Any], kind: str) -> Awaitable[dict[str, Any]]:
+    def _admin(self, conn: Conn, run: str, reason: str, kind: str
+               ) -> Awaitable[dict[str, Any]]:
         if conn.peer.uid not in (self.uid, 0):
             raise Refusal("only the signer's own user may hold, release or quarantine a run")
-        run = wire.need(req, "run", str)
-        reason = req.get("reason", "")
-        if not isinstance(reason, str) or len(reason) > 1000:
-            raise Refusal("reason must be a string of at most 1000 characters")
         rec, fut = self.log.stage(run, kind, {"reason": reason, "by_uid": conn.peer.uid})
-        push = {"push": kind.rsplit(".", 1)[1], "run": run, "reason": reason}
+        push = Pushed(_PUSH[kind], run, reason)
 
         async def durable_then_push() -> dict[str, Any]:
             await fut
@@ -614,35 +639,27 @@ class Signer:
 
         return durable_then_push()
 
-    def _hold(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        return self._admin(conn, req, HOLD)
-
-    def _release(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        return self._admin(conn, req, RELEASE)
-
-    def _quarantine(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        return self._admin(conn, req, QUARANTINE)
-
-    def _subscribe(self, conn: Conn, req: dict[str, Any]) -> dict[str, Any]:
+    def _subscribe(self, conn: Conn) -> dict[str, Any]:
         conn.subscribed = True
         # A daemon that (re)subscribes learns the runs that are held or quarantined now.
         loop = asyncio.get_running_loop()
         for r in self.log.runs.values():
             if r.state in ("held", "quarantined") and self._may_see(conn, r.run):
-                kind = "hold" if r.state == "held" else "quarantine"
-                loop.call_soon(conn.send, {"push": kind, "run": r.run, "reason": r.reason})
+                kind: Literal["hold", "quarantine"] = \
+                    "hold" if r.state == "held" else "quarantine"
+                loop.call_soon(conn.send, Pushed(kind, r.run, r.reason))
         return {}
 
-    def _may_see(self, conn: Conn, run: Any) -> bool:
+    def _may_see(self, conn: Conn, run: str) -> bool:
         """A remote connection hears of its own runs only."""
         if not conn.peer.remote:
             return True
-        r = self.log.runs.get(run) if isinstance(run, str) else None
+        r = self.log.runs.get(run)
         return r is not None and conn.identity is not None and r.owner == conn.identity.principal
 
-    def push(self, msg: dict[str, Any]) -> None:
+    def push(self, msg: Pushed) -> None:
         for c in list(self.conns):
-            if not c.subscribed or not self._may_see(c, msg.get("run")):
+            if not c.subscribed or not self._may_see(c, msg.run):
                 continue
             if c.writer.transport.get_write_buffer_size() > MAX_UNREAD_PUSHES:
                 log.warning("peer %s does not read its pushes; dropping it", _who(c.peer))
@@ -650,8 +667,8 @@ class Signer:
                 continue
             c.send(msg)
 
-    def _export(self, conn: Conn, req: dict[str, Any]) -> Awaitable[dict[str, Any]]:
-        run = wire.need(req, "run", str)
+    def _export(self, req: Export) -> Awaitable[dict[str, Any]]:
+        run = req.run
         r = self.log.runs.get(run)
         if r is None:
             raise Refusal(f"run {run} is not known to this signer")

@@ -27,9 +27,9 @@ from tkbox.formats import (  # noqa: E402
     checkpoint,
     cosignature,
     note,
-    policy,
     proof,
     record,
+    tlogpolicy,
     wire,
 )
 from tkbox.formats import witness as wfmt  # noqa: E402
@@ -95,7 +95,7 @@ def test_parsers(data: bytes) -> None:
     _only_format_errors(lambda d: note.open_note(d, note.Verifiers([KIT.signer.verifier()])),
                         data)
     _only_format_errors(proof.parse, data)
-    _only_format_errors(policy.parse, data)
+    _only_format_errors(tlogpolicy.parse, data)
     _only_format_errors(record.parse, data)
     _only_format_errors(canonjson.loads, data)
     _only_format_errors(wfmt.parse_add_checkpoint, data)
@@ -153,7 +153,7 @@ def test_seeds_are_valid() -> None:
     assert record.parse(KIT.raw[0]).kind == record.OPEN
     assert wfmt.parse_add_checkpoint(SEEDS[4]) is not None
     assert proof.parse(SEEDS[5]) is not None
-    assert policy.parse(SEEDS[6]) is not None
+    assert tlogpolicy.parse(SEEDS[6]) is not None
     fresh = Witness(cosignature.generate("witness.test/seed"), [KIT.signer.verifier()],
                     Path(tempfile.mkdtemp(prefix="tkb-seed-")) / "w.db")
     assert fresh.add_checkpoint(SEEDS[4]).status == 200

@@ -21,8 +21,8 @@ import pytest
 from remote_kit import Issuer, Pki
 from signer_proc import SignerProc, free_port
 
+from tkbox._clock import FakeClock
 from tkbox.errors import SignerUnavailable
-from tkbox.record import remote as remote_mod
 from tkbox.record.remote import FileToken, RemoteSignerClient
 from tkbox.verify import verify_bundle
 from tkbox.verify.cli import render
@@ -289,11 +289,9 @@ def test_a_connection_that_proves_nothing_may_only_ping(remote: Remote) -> None:
     assert remote.size() == before
 
 
-def test_a_clock_out_of_range_refuses_the_connection(remote: Remote,
-                                                     monkeypatch: pytest.MonkeyPatch) -> None:
-    real = time.time
-    monkeypatch.setattr(remote_mod.time, "time", lambda: real() + 3600)
-    _refused(remote, remote.cert_client("skewed"), "clock")
+def test_a_clock_out_of_range_refuses_the_connection(remote: Remote) -> None:
+    clock = FakeClock(wall=time.time() + 3600)  # this host an hour ahead of the signer
+    _refused(remote, remote.cert_client("skewed", clock=clock), "clock")
 
 
 def test_a_signer_that_drops_mid_batch_fails_closed_and_takes_the_gap_when_back(

@@ -70,25 +70,30 @@ def test_a_journal_stops_at_its_bound_and_says_so(tmp_path: Path,
     assert got[-1]["op"] == "full" and sum(e["op"] == "full" for e in got) == 1
 
 
-def test_a_follower_sees_new_lines_as_they_come_and_ends_with_the_box(tmp_path: Path) -> None:
+def test_a_follower_sees_new_lines_as_they_come_and_ends_with_the_box(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # No poll within the test: a line seen at all was woken for, not polled for.
+    monkeypatch.setattr(journal, "POLL_S", 3600.0)
     j = Journals(tmp_path)
     state = {"done": False}
 
     async def go() -> list[object]:
         seen: list[object] = []
+        each: asyncio.Queue[object] = asyncio.Queue()
 
         async def follow() -> None:
             async for e in j.follow("r", follow=True, done=lambda: state["done"]):
                 seen.append(e["n"])
+                each.put_nowait(e["n"])
 
         task = asyncio.ensure_future(follow())
         for n in range(3):
-            await asyncio.sleep(0.05)
             j.append("r", {"op": "event", "kind": "k", "n": n})
-        await asyncio.sleep(0.1)
-        assert seen == [0, 1, 2]  # woken, not polled a second later
+            assert await asyncio.wait_for(each.get(), 30) == n
+        assert seen == [0, 1, 2]  # woken, not polled (POLL_S is an hour here)
         state["done"] = True
-        await asyncio.wait_for(task, 3)
+        j.wake("r")
+        await asyncio.wait_for(task, 30)
         return seen
 
     assert asyncio.run(go()) == [0, 1, 2]

@@ -219,7 +219,7 @@ def test_a_signer_that_stops_reading_times_out_the_call_not_the_client() -> None
     """A signer that takes no more bytes leaves the request in the socket's buffer: the call
     still ends at its timeout, as SignerUnavailable, instead of waiting on the write."""
     async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
-        await asyncio.sleep(3600)
+        await asyncio.Event().wait()  # never reads, never answers
 
     async def go() -> None:
         c, _ = _client(script, timeout=0.2)
@@ -234,9 +234,13 @@ def test_a_signer_that_stops_reading_times_out_the_call_not_the_client() -> None
 def test_a_cancelled_call_leaves_the_client_working() -> None:
     """The caller of one decision gives up (its task is cancelled): the answer that comes
     later is dropped, and the next call on the same connection gets its own answer."""
+    got_first, first_gone = asyncio.Event(), asyncio.Event()
+
     async def script(r: asyncio.StreamReader, w: asyncio.StreamWriter) -> None:
         while (req := await _frame(r)) is not None:
-            await asyncio.sleep(0.05)
+            if not got_first.is_set():  # the first is answered once its caller gave up
+                got_first.set()
+                await first_gone.wait()
             w.write(wire.encode({"id": req["id"], "ok": True, "result": {
                 "allowed": True, "reason": req["resource"]["command"], "decision": "r/1"}}))
             await w.drain()
@@ -244,10 +248,11 @@ def test_a_cancelled_call_leaves_the_client_working() -> None:
     async def go() -> None:
         c, opened = _client(script, timeout=5)
         first = asyncio.ensure_future(c.decide("r", "Bash", {"command": "first"}, {}))
-        await asyncio.sleep(0.01)
+        await got_first.wait()
         first.cancel()
         with pytest.raises(asyncio.CancelledError):
             await first
+        first_gone.set()
         v = await c.decide("r", "Bash", {"command": "second"}, {})
         assert v.reason == "second" and len(opened) == 1
         await c.aclose()

@@ -10,6 +10,7 @@ import pytest
 
 from tkbox.errors import InternalError
 from tkbox.formats import merkle, record
+from tkbox.signer import log as log_mod
 from tkbox.signer.log import HOLD, QUARANTINE, RELEASE, STATES, TRANSITIONS, Log, LogError
 
 
@@ -141,10 +142,12 @@ class _GatedLog(Log):
         import threading
 
         self.gate = threading.Event()
+        self.arrived = threading.Event()  # the writer has a batch and waits at the gate
         self.batches: list[int] = []
         super().__init__(path)
 
     def _write(self, batch: list) -> None:  # type: ignore[type-arg]
+        self.arrived.set()
         self.gate.wait(10)
         super()._write(batch)
         self.batches.append(len(batch))
@@ -162,14 +165,14 @@ def test_group_commit_requests_staged_together_share_one_commit_and_wait_for_it(
         lg.gate.set()
         await lg.wait_durable()
         lg.gate.clear()
+        lg.arrived.clear()
         first = [lg.stage("r", "tkbox.gap", {"i": i})[1] for i in range(32)]
-        for _ in range(20):  # the writer holds the batch at the gate: nothing is durable
-            await asyncio.sleep(0)
+        # the writer holds the batch at the gate: nothing is durable
+        assert await asyncio.to_thread(lg.arrived.wait, 10)
         assert not any(f.done() for f in first)
         assert lg.durable_size == 1 and lg.commits == 1
         second = [lg.stage("r", "tkbox.gap", {"i": i})[1] for i in range(32, 50)]
-        for _ in range(20):
-            await asyncio.sleep(0)
+        await asyncio.to_thread(lg.arrived.wait, 10)  # a turn of the loop, the writer held
         assert not any(f.done() for f in first + second)
         lg.gate.set()
         await asyncio.gather(*first)
@@ -193,9 +196,10 @@ def test_wait_durable_waits_on_the_last_record_not_a_polling_clock(
     async def go() -> None:
         lg = _GatedLog(tmp_path / "log.db")
         _open(lg, "r")
+        lg.arrived.clear()
         _, fut = lg.stage("r", "tkbox.gap", {})
         waiter = asyncio.ensure_future(lg.wait_durable())
-        await asyncio.wait({waiter}, timeout=0.05)
+        assert await asyncio.to_thread(lg.arrived.wait, 10)  # the record is at the gate
         assert not waiter.done() and not fut.done()
         lg.gate.set()
         await waiter
@@ -204,5 +208,5 @@ def test_wait_durable_waits_on_the_last_record_not_a_polling_clock(
         lg.close()
 
     with monkeypatch.context() as m:
-        m.setattr("tkbox.signer.log.asyncio.sleep", no_sleep)
+        m.setattr(log_mod.asyncio, "sleep", no_sleep)  # the log's asyncio, sleeping
         asyncio.run(go())

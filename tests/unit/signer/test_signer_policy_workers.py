@@ -98,11 +98,10 @@ def _fake(script: str) -> list[str]:
 
 
 async def _ready(w: pw.PolicyWorkers) -> None:
-    for _ in range(400):
-        if w.ready():
-            return
-        await asyncio.sleep(0.025)
-    raise AssertionError("the worker did not become ready")
+    try:
+        await asyncio.wait_for(w.wait_ready(), 10)
+    except TimeoutError:
+        raise AssertionError("the worker did not become ready") from None
 
 
 @pytest.mark.parametrize("answer", [
@@ -134,7 +133,8 @@ def test_a_worker_that_does_not_answer_hands_the_request_back(answer: str) -> No
 
 
 def test_a_stuck_worker_is_stopped_and_its_requests_handed_back() -> None:
-    script = "import time\ntime.sleep(60)\n"  # ready, then never reads or answers
+    # ready, then never reads or answers (a process of its own, stuck)
+    script = "import time\ntime.sleep(60)\n"  # sleep-ok: the fake worker's own, stuck
 
     async def go() -> None:
         w = pw.PolicyWorkers(None, 1, command=_fake(script), timeout=0.5)
@@ -165,10 +165,7 @@ def test_a_dead_worker_is_started_again_and_then_decides(monkeypatch: pytest.Mon
             assert first is not None
             first.proc.kill()
             await first.proc.wait()
-            for _ in range(400):  # the reader sees it go
-                if w._slots[0] is not first:
-                    break
-                await asyncio.sleep(0.025)
+            await asyncio.wait_for(first.ended.wait(), 10)  # the reader sees it go
             during = await w.decide(*REQUESTS[1])  # the loop's (None), or a new worker's
             assert during is None or during == PolicyEngine(None).decide(*REQUESTS[1])
             await _ready(w)
@@ -188,8 +185,8 @@ def test_no_worker_means_every_request_is_evaluated_by_the_caller() -> None:
     async def go() -> None:
         w = pw.PolicyWorkers(None, 1, command=["/nonexistent/python"])
         w.start()
-        await asyncio.sleep(0.2)
         try:
+            await asyncio.wait_for(w.wait_started(), 10)  # the start was tried, and failed
             assert not w.ready()
             assert await w.decide(*REQUESTS[0]) is None
         finally:
@@ -227,10 +224,11 @@ def test_a_worker_outlives_ctrl_c_and_ends_with_its_stdin() -> None:
             proc = w._slots[0]
             assert proc is not None
             os.kill(proc.proc.pid, signal.SIGINT)
-            await asyncio.sleep(0.3)
-            assert proc.proc.returncode is None
+            # The signal is pending at once and delivered before the worker next runs:
+            # an answer after it is the worker having taken it, and lived.
             d = await w.decide(*REQUESTS[0])
             assert d is not None and d.allowed
+            assert proc.proc.returncode is None and proc in w._slots
         finally:
             await w.aclose()
         assert proc.proc.returncode == 0
