@@ -17,6 +17,7 @@ offline verifier (`tkbox.verify`) is allowed to import.
 | `record`      | tkbox's log record (one leaf)                             |
 | `bundle`      | tkbox's `.tkb` bundle and `.trust.json` trust file        |
 | `wire`        | the signer's framing and typed requests (both ends share) |
+| `names`       | a run id and a record kind (shared by `record` and `wire`)  |
 | `workload`    | who recorded a remote run (the open record's `workload`)  |
 
 Errors:

@@ -34,11 +34,10 @@ from tkbox.formats import _strict, canonjson
 from tkbox.formats.canonjson import MAX_DEPTH, MAX_SAFE_INT
 from tkbox.formats.errors import FormatError
 from tkbox.formats.merkle import HASH_SIZE, leaf_hash
+from tkbox.formats.names import KIND, RUN_ID  # re-exported: what a record's run and kind are
 
 VERSION = 1
 MAX_RECORD = 64 * 1024
-RUN_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9._:-]{0,127}")
-KIND = re.compile(r"[a-z][a-z0-9_-]*(\.[a-z][a-z0-9_-]*){1,7}")
 TIME = re.compile(r"[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}Z")
 
 OPEN = "tkbox.run.open"

@@ -31,10 +31,10 @@ request into a `VmmAction`); clients build the same classes and send
 
 What `parse_request` checks, the same for every request: an object with an
 `id` (0..2^53-1) and a known `op`, exactly that op's fields and no others,
-each of its type and within its bound: `run` a run id (`record.RUN_ID`),
+each of its type and within its bound: `run` a run id (`names.RUN_ID`),
 `facts`/`resource`/`context`/`outcome`/`body` objects, `action` 1-128
 printable characters, `decision` at most 160 characters, `kind` a record kind
-(`record.KIND`, at most 128 characters), `reason` at most 1000 characters,
+(`names.KIND`, at most 128 characters), `reason` at most 1000 characters,
 `token` at most 64 KiB. Anything else raises `BadSignerRequest` (its `id`
 when one was readable, so the answer can echo it; its message one line that
 quotes at most a few dozen characters of what the peer sent).
@@ -66,7 +66,7 @@ from typing import Any, ClassVar, Literal
 from tkbox.errors import RemoteError
 from tkbox.formats import canonjson
 from tkbox.formats.errors import FormatError
-from tkbox.formats.record import KIND, RUN_ID  # re-exported: the bounds of a request
+from tkbox.formats.names import KIND, RUN_ID  # re-exported: the bounds of a request
 
 MAX_FRAME = 1 << 20
 MAX_ID = canonjson.MAX_SAFE_INT

@@ -189,7 +189,7 @@ class PolicyWorkers:
             # itself, and asyncio's own watcher then logs a child it cannot find.
             if not broken:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(asyncio.shield(w.proc.wait()), 2)
+                    await asyncio.wait_for(w.proc.wait(), 2)
             if w.proc.returncode is None:
                 with contextlib.suppress(ProcessLookupError):
                     w.proc.kill()

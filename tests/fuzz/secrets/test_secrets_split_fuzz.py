@@ -24,7 +24,7 @@ from html.entities import html5
 
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from tests.unit.secrets.redact_reference import (
+from tests.unit.doors.secrets.redact_reference import (
     NOISE,
     VALUES,
     bodies,
