@@ -231,13 +231,17 @@ class H2Relay:
             ended = eg.exceptions[0]  # type: ignore[assignment]
         except* ConnectionEnded as eg:
             raise eg.exceptions[0] from None
+        # Each matching clause runs: a side's own reasoned end (`_H2Ended`, say an origin
+        # cut off for flooding) is what the completion says, not the transport error
+        # another task of the group met while the connection was coming down.
         except* (TLSError, StreamClosed, OSError):
-            ended = _H2Ended("reset")
+            ended = ended or _H2Ended("reset")
         except* h2.exceptions.ProtocolError as eg:
             # a call `h2` refused in a state the handlers did not foresee: the
             # connection cannot go on (the class only: its text can quote a field)
-            ended = _H2Ended("refused request", "refused: the exchange cannot be relayed "
-                                            f"({eg.exceptions[0].__class__.__name__})")
+            ended = ended or _H2Ended("refused request",
+                                      "refused: the exchange cannot be relayed "
+                                      f"({eg.exceptions[0].__class__.__name__})")
         if ended is None:  # pragma: no cover - the readers only end by raising
             ended = _H2Ended("closed")
         self.stats["ended"] = ended.ended
