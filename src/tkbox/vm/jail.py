@@ -506,18 +506,19 @@ def userns_problem() -> str | None:
     return None
 
 
-def chroot_problem() -> str | None:
-    """Why no cell can be made from here when this process runs in a chroot (its `/` is
-    not PID 1's), or None: the kernel refuses a user namespace to a chrooted process and
-    cannot pivot a cell's root from a root that is not a mount point."""
+def chroot_problem(mountinfo: Path = Path("/proc/self/mountinfo")) -> str | None:
+    """Why no cell can be made from here when this process's `/` is not a mount point
+    (it runs in a chroot), or None: the kernel then refuses it a user namespace, and
+    neither a mount's propagation nor `pivot_root` can be changed from such a root.
+    Read from `mountinfo`: a chrooted process sees no mount at `/` (field 5)."""
     try:
-        here, init = os.stat("/"), os.stat("/proc/1/root/")
+        lines = mountinfo.read_text().splitlines()
     except OSError:
-        return None  # no /proc, or PID 1 is not ours to look at: try, and say what fails
-    if (here.st_dev, here.st_ino) == (init.st_dev, init.st_ino):
+        return None  # no /proc: try, and say what fails
+    if any(len(f := line.split(" ", 5)) > 4 and f[4] == "/" for line in lines):
         return None
-    return ("this daemon runs in a chroot: the kernel gives a chrooted process no user "
-            "namespace and no pivot_root (run it in a container or on the host)")
+    return ("this daemon runs in a chroot (its / is not a mount point): the kernel gives "
+            "it no user namespace and no pivot_root (run it in a container or on the host)")
 
 
 def decide(config: JailConfig, vmm: str, cache: Path) -> Jail:

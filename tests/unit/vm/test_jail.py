@@ -159,18 +159,19 @@ def test_a_template_memory_in_cells_cannot_be_written(tmp_path: Path) -> None:
 
 def test_in_a_chroot_no_cell_is_tried_and_the_reason_is_said(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    real = os.stat
-
-    def stat(path: str, *a: object, **k: object) -> os.stat_result:
-        # PID 1's root is another directory than this process's /: a chroot
-        return real(str(tmp_path) if path == "/proc/1/root/" else path)
-
-    monkeypatch.setattr(jail.os, "stat", stat)
-    why = jail.chroot_problem()
+    host = tmp_path / "host"
+    host.write_text("22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+                    "27 1 254:0 / / rw,relatime - ext4 /dev/vda rw\n")
+    chrooted = tmp_path / "chrooted"  # as a chroot sees it: no mount at /
+    chrooted.write_text("22 27 0:21 / /proc rw,relatime - proc proc rw\n"
+                        "23 27 0:22 / /sys rw,relatime - sysfs sysfs rw\n")
+    assert jail.chroot_problem(host) is None
+    assert jail.chroot_problem(tmp_path / "no-proc") is None
+    why = jail.chroot_problem(chrooted)
     assert why is not None and "chroot" in why
+    monkeypatch.setattr(jail, "chroot_problem", lambda: why)
     decided = jail.decide(jail.JailConfig(), "/bin/true", tmp_path / "cache")
     assert decided.mode == "off" and decided.missing == [why]
     assert "chroot" in decided.summary()
     with pytest.raises(HostError, match="chroot"):
         jail.decide(jail.JailConfig(mode="on"), "/bin/true", tmp_path / "cache")
-
