@@ -102,11 +102,18 @@ class H2Origin:
         writer.write(conn.data_to_send())
         requests: dict[int, dict[str, Any]] = {}
         answers = TaskOwner("h2 origin answers")  # this connection's; end with it
+        attacked = False
         try:
             while True:
                 data = await reader.read(65536)
                 if not data:
                     break
+                if attacked:
+                    # its raw frames went past `h2`, whose state no longer matches
+                    # (the door's SETTINGS ACKs would be errors to it): read on until
+                    # the door ends the connection, so the door reads the whole flood
+                    # and never meets a reset this stand-in made
+                    continue
                 try:
                     events = conn.receive_data(data)
                 except Exception:  # noqa: BLE001 - a stand-in: the door's GOAWAY or garbage
@@ -124,6 +131,7 @@ class H2Origin:
                         path = requests[ev.stream_id]["path"]
                         if path.startswith("/attack/"):
                             await self._attack(conn, writer, ev.stream_id, path[8:])
+                            attacked = path[8:] != "reset"
                     elif isinstance(ev, h2.events.DataReceived):
                         r = requests.get(ev.stream_id)
                         if r is not None:
