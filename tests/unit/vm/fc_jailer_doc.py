@@ -1,5 +1,5 @@
 """Firecracker's jailer interface, read from its documentation (tests/testdata/
-firecracker/jailer-v1.16.1.md, pinned byte for byte), and a check of a jailer
+firecracker/jailer-v1.16.1.md, pinned, its one edit in tests/testdata/SOURCES.md), and a check of a jailer
 command line against it.
 
 What is read, not restated: the "Jailer Usage" synopsis (each option, whether it is
