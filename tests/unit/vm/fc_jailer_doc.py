@@ -1,6 +1,6 @@
 """Firecracker's jailer interface, read from its documentation (tests/testdata/
-firecracker/jailer-v1.16.1.md, pinned, its one edit in tests/testdata/SOURCES.md), and a check of a jailer
-command line against it.
+firecracker/jailer-v1.16.1.md, pinned; its one edit is in tests/testdata/SOURCES.md),
+and a check of a jailer command line against it.
 
 What is read, not restated: the "Jailer Usage" synopsis (each option, whether it is
 required, whether it takes a value), which options may be given more than once,
