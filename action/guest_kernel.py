@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import os
 import re
-import struct
 import subprocess
 import sys
 from collections.abc import Callable
@@ -48,40 +47,27 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 
 from tkbox.errors import TkboxError  # noqa: E402
-from tkbox.image.kernel import _mod_name, extract_vmlinux, find_kernel  # noqa: E402
+from tkbox.image.kernel import (  # noqa: E402
+    ELF_MAGIC,
+    _mod_name,
+    extract_vmlinux,
+    find_kernel,
+    payload,
+)
 
 #: what the guest cannot start without: the virtio-mmio transport and its core, the
 #: disks, the serial ports (the mux), the image's squashfs, the overlays and ext4
 REQUIRED = ("virtio", "virtio_ring", "virtio_mmio", "virtio_blk", "virtio_console",
             "squashfs", "overlay", "ext4")
-#: a bzImage payload's first bytes, by compression (the kernel's Makefile.lib suffixes)
-PAYLOAD_MAGIC = (
-    (b"\xfd7zXZ\x00", "XZ"),
-    (b"\x28\xb5\x2f\xfd", "ZSTD"),
-    (b"\x02\x21\x4c\x18", "LZ4"),
-    (b"\x1f\x8b", "gzip"),
-    (b"BZh", "bzip2"),
-    (b"\x89LZO", "LZO"),
-    (b"\x5d\x00\x00", "LZMA"),
-)
-
-
 def payload_compression(image: bytes) -> str:
-    """The compression of a bzImage's payload, from its setup header (Linux
-    Documentation/arch/x86/boot.rst: `setup_sects` at 0x1f1, "HdrS" at 0x202,
-    `payload_offset` at 0x248 from the protected-mode code at (setup_sects+1)*512)."""
-    if image.startswith(b"\x7fELF"):
+    """The compression of a bzImage's payload, as `tkbox.image.kernel.payload` reads it
+    from the setup header (the same magic table the unpacking uses)."""
+    if image.startswith(ELF_MAGIC):
         return "none (an ELF kernel)"
-    if len(image) < 0x250 or image[0x202:0x206] != b"HdrS":
+    found = payload(image)
+    if found is None:
         return "unknown (not a bzImage)"
-    setup_sects = image[0x1F1] or 4
-    (offset,) = struct.unpack_from("<I", image, 0x248)
-    start = (setup_sects + 1) * 512 + offset
-    head = image[start:start + 8]
-    for magic, name in PAYLOAD_MAGIC:
-        if head.startswith(magic):
-            return name
-    return f"unknown (payload starts {head[:4].hex()})"
+    return found[0]
 
 
 @dataclass
