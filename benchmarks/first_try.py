@@ -51,7 +51,7 @@ sys.path.insert(0, str(ROOT / "src"))
 
 from action.testing.composite import ActionRun, run_action  # noqa: E402
 
-from tkbox.agents.testing import MessagesStandIn, fix_script  # noqa: E402
+from tkbox.agents.testing import MessagesStandIn, failing_checkout, fix_script  # noqa: E402
 from tkbox.image import tools  # noqa: E402
 from tkbox.image.testing import (  # noqa: E402
     LocalRegistry,
@@ -104,12 +104,7 @@ def python_image(reg: LocalRegistry) -> str:
 def checkout(root: Path) -> Path:
     ws = root / "repo"
     shutil.rmtree(ws, ignore_errors=True)
-    ws.mkdir(parents=True)
-    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (ws / "test_calc.py").write_text(
-        "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n")
-    subprocess.run(["git", "init", "-q", str(ws)], check=True)
-    return ws
+    return failing_checkout(ws)
 
 
 def summary_table(run: ActionRun, heading: str) -> dict[str, str]:

@@ -226,3 +226,14 @@ def export_verified(s: Stack, name: str, tmp: Path) -> list[dict[str, Any]]:
     recs = [record.parse(e.extra) for e in bundle.parse(out.read_bytes()).entries
             if e.extra is not None]
     return [{"kind": r.kind, "seq": r.seq, "body": r.body} for r in recs]
+
+
+def bundle_records(s: Stack, bundle: str) -> list[dict[str, Any]]:
+    """A job's bundle's records, whole as signed, after `tkbox verify` said it verifies
+    (with the trust file written beside it)."""
+    trust = bundle.removesuffix(".tkb") + ".trust.json"
+    v = s.tk("verify", bundle, "--trust", trust)
+    assert "Integrity: VERIFIED." in v.stdout, v.stdout + v.stderr
+    from tkbox.formats.bundle import parse
+
+    return [json.loads(e.extra or b"{}") for e in parse(Path(bundle).read_bytes()).entries]

@@ -38,9 +38,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_stack import TKBOX, Stack, fresh_name, make_home, stack_env
+from e2e_stack import TKBOX, Stack, bundle_records, fresh_name, make_home, stack_env
 
-from tkbox.agents.testing import MessagesStandIn, fix_script
+from tkbox.agents.testing import MessagesStandIn, failing_checkout, fix_script
 from tkbox.image.testing import LocalRegistry, ScratchCA, push_image
 
 # Each job is one booted box (a few minutes under emulation); the image is pushed once.
@@ -111,26 +111,6 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     reg.stop()
 
 
-def make_workspace(root: Path) -> Path:
-    ws = root / f"ws-{fresh_name('w')}"
-    ws.mkdir(parents=True)
-    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (ws / "test_calc.py").write_text(
-        "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n")
-    subprocess.run(["git", "init", "-q", str(ws)], check=True)
-    return ws
-
-
-def records(s: Stack, bundle: str) -> list[dict[str, Any]]:
-    """The bundle's records, after `tkbox verify` said it verifies."""
-    trust = bundle.removesuffix(".tkb") + ".trust.json"
-    v = s.tk("verify", bundle, "--trust", trust)
-    assert "Integrity: VERIFIED." in v.stdout, v.stdout + v.stderr
-    from tkbox.formats.bundle import parse
-
-    return [json.loads(e.extra or b"{}") for e in parse(Path(bundle).read_bytes()).entries]
-
-
 def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int,
               *, agent_result: bool = True) -> None:
     """What every driver's job must show, judged by its effects."""
@@ -152,7 +132,7 @@ def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int,
     if agent_result:
         res = outcome["agent_result"]
         assert res and res.get("is_error") is False and res.get("num_turns", 0) >= 3, res
-    recs = records(s, outcome["bundle"])
+    recs = bundle_records(s, outcome["bundle"])
     text = json.dumps(recs)
     assert KEY not in text
     kinds = [r["kind"] for r in recs]
@@ -178,7 +158,7 @@ def check_job(w: dict[str, Any], ws: Path, outcome: dict[str, Any], since: int,
 
 
 def test_no_daemon_empty_prompt_and_missing_key_are_one_line_errors(tmp_path: Path) -> None:
-    ws = make_workspace(tmp_path)
+    ws = failing_checkout(tmp_path / f"ws-{fresh_name('w')}")
     env = stack_env(tmp_path / "nohome")
     env["ANTHROPIC_API_KEY"] = KEY
     cases = [
@@ -199,7 +179,7 @@ def test_no_daemon_empty_prompt_and_missing_key_are_one_line_errors(tmp_path: Pa
 
 def test_claude_code_through_the_cli(world: dict[str, Any]) -> None:
     s: Stack = world["stack"]
-    ws = make_workspace(world["tmp"])
+    ws = failing_checkout(world["tmp"] / f"ws-{fresh_name('w')}")
     out = world["tmp"] / "cli-out"
     out.mkdir()
     since = len(world["log"])
@@ -217,7 +197,7 @@ def test_claude_code_through_the_sdk(world: dict[str, Any]) -> None:
     from tkbox.sdk import Client
 
     s: Stack = world["stack"]
-    ws = make_workspace(world["tmp"])
+    ws = failing_checkout(world["tmp"] / f"ws-{fresh_name('w')}")
     out = world["tmp"] / "sdk-out"
     out.mkdir()
     since = len(world["log"])
@@ -245,7 +225,7 @@ def test_claude_code_through_an_mcp_client_session(world: dict[str, Any]) -> Non
     from tkbox.agents.job import AgentSpec, agent_argv, box_options
 
     s: Stack = world["stack"]
-    ws = make_workspace(world["tmp"])
+    ws = failing_checkout(world["tmp"] / f"ws-{fresh_name('w')}")
     out = world["tmp"] / "mcp-out"
     out.mkdir()
     since = len(world["log"])
@@ -298,7 +278,7 @@ def test_claude_code_through_an_mcp_client_session(world: dict[str, Any]) -> Non
 
 def test_claude_code_through_the_actions_script(world: dict[str, Any]) -> None:
     s: Stack = world["stack"]
-    ws = make_workspace(world["tmp"])
+    ws = failing_checkout(world["tmp"] / f"ws-{fresh_name('w')}")
     temp = world["tmp"] / "runner-temp"
     temp.mkdir()
     gh_out = world["tmp"] / "github_output"
@@ -325,7 +305,7 @@ def test_claude_code_through_the_actions_script(world: dict[str, Any]) -> None:
     assert (ws / "calc.py").read_text().endswith("return a + b\n")
     applied = Path(o["applied-patch"]).read_bytes()
     assert applied == Path(o["patch"]).read_bytes() and o["held-back"] == "0"
-    writes = [r["body"]["resource"]["path"] for r in records(s, o["bundle"])
+    writes = [r["body"]["resource"]["path"] for r in bundle_records(s, o["bundle"])
               if r["kind"] == "tkbox.decision" and r["body"]["action"] == "Write"]
     assert "calc.py" in writes and all(f"b/{p}".encode() in applied for p in writes), writes
 
@@ -337,7 +317,7 @@ def test_claude_code_through_the_actions_script(world: dict[str, Any]) -> None:
 def test_failing_agents_still_export_their_bundle(world: dict[str, Any], command: str,
                                                    timeout: str, needle: str) -> None:
     s: Stack = world["stack"]
-    ws = make_workspace(world["tmp"])
+    ws = failing_checkout(world["tmp"] / f"ws-{fresh_name('w')}")
     out = world["tmp"] / f"fail-{fresh_name('o')}"
     out.mkdir()
     r = s.tk("agent", "command", "--agent-command", command, "--prompt", PROMPT,
@@ -348,7 +328,7 @@ def test_failing_agents_still_export_their_bundle(world: dict[str, Any], command
     assert last.startswith("tkbox: error: ") and needle in last
     outcome = json.loads(r.stdout)
     assert needle in outcome["error"]
-    recs = records(s, outcome["bundle"])
+    recs = bundle_records(s, outcome["bundle"])
     assert any("setpriv" in json.dumps(x) for x in recs), "the agent's command is recorded"
     if "sleep" in command:
         assert "+started" in Path(outcome["patch"]).read_text()

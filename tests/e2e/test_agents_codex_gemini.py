@@ -22,16 +22,16 @@ from __future__ import annotations
 import http.server
 import json
 import ssl
-import subprocess
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
-from e2e_stack import REAL_HOME, Stack, fresh_name, make_home, stack_env
+from e2e_stack import REAL_HOME, Stack, bundle_records, fresh_name, make_home, stack_env
 from model_stand_ins import GEMINI_USAGE, RESPONSES_USAGE, make_handler
 
+from tkbox.agents.testing import failing_checkout
 from tkbox.image.testing import ScratchCA
 
 pytestmark = pytest.mark.timeout(3600)
@@ -76,30 +76,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     httpd.server_close()
 
 
-def make_workspace(root: Path) -> Path:
-    ws = root / f"ws-{fresh_name('w')}"
-    ws.mkdir(parents=True)
-    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
-    (ws / "test_calc.py").write_text(
-        "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n")
-    subprocess.run(["git", "init", "-q", str(ws)], check=True)
-    return ws
-
-
-def records(s: Stack, bundle: str) -> list[dict[str, Any]]:
-    """The bundle's records, after `tkbox verify` said it verifies."""
-    trust = bundle.removesuffix(".tkb") + ".trust.json"
-    v = s.tk("verify", bundle, "--trust", trust)
-    assert "Integrity: VERIFIED." in v.stdout, v.stdout + v.stderr
-    from tkbox.formats.bundle import parse
-
-    return [json.loads(e.extra or b"{}") for e in parse(Path(bundle).read_bytes()).entries]
-
-
 @pytest.mark.parametrize("agent", ["codex", "gemini"])
 def test_the_agent_fixes_the_code_through_the_doors(world: dict[str, Any], agent: str) -> None:
     s: Stack = world["stack"]
-    ws = make_workspace(world["tmp"])
+    ws = failing_checkout(world["tmp"] / f"ws-{fresh_name('w')}")
     out = world["tmp"] / f"{agent}-out"
     out.mkdir()
     since = len(world["log"])
@@ -134,7 +114,7 @@ def test_the_agent_fixes_the_code_through_the_doors(world: dict[str, Any], agent
     # its own report: a success
     assert outcome["agent_result"], outcome
     # the bundle verifies, with model calls carrying the model and the token counts
-    recs = records(s, outcome["bundle"])
+    recs = bundle_records(s, outcome["bundle"])
     text = json.dumps(recs)
     assert key not in text
     opened = next(rec["body"]["facts"] for rec in recs if rec["kind"] == "tkbox.run.open")

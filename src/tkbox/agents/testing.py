@@ -20,14 +20,16 @@ from __future__ import annotations
 import http.server
 import json
 import ssl
+import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from tkbox.image.testing import ScratchCA
 
-__all__ = ["MessagesStandIn", "fix_script", "sse"]
+__all__ = ["MessagesStandIn", "failing_checkout", "fix_script", "sse"]
 
 Block = dict[str, Any]
 
@@ -59,6 +61,17 @@ def sse(model: str, blocks: Sequence[Block], stop: str, *, input_tokens: int = 3
                                   "usage": {"output_tokens": output_tokens}}))
     evs.append(("message_stop", {"type": "message_stop"}))
     return b"".join(f"event: {n}\ndata: {json.dumps(d)}\n\n".encode() for n, d in evs)
+
+
+def failing_checkout(ws: Path) -> Path:
+    """`ws` made the git checkout `fix_script` fixes: `add` subtracts, and the test of
+    it (`python3 test_calc.py`) fails until it adds."""
+    ws.mkdir(parents=True)
+    (ws / "calc.py").write_text("def add(a, b):\n    return a - b\n")
+    (ws / "test_calc.py").write_text(
+        "from calc import add\n\nassert add(2, 3) == 5, add(2, 3)\nprint('ok')\n")
+    subprocess.run(["git", "init", "-q", str(ws)], check=True)
+    return ws
 
 
 def fix_script(bash: str) -> list[Block]:
